@@ -1,0 +1,397 @@
+//! Where a tensor's elements sit in its buffer: dtype, shape, strides and offset, and the views
+//! (narrow, split, reshape) that re-describe the same bytes without copying them.
+//!
+//! Strides and offsets count elements, not bytes; a stride may be zero only along a dimension of
+//! size one. Views are pure arithmetic on a [`Layout`], so they are the same for every backend.
+
+use std::ops::Range;
+
+use crate::dtype::DType;
+use crate::error::ViewError;
+
+/// Shape, strides and offset of a strided view over one buffer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    dtype: DType,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// Row-major strides of a contiguous tensor of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1].max(1);
+    }
+    strides
+}
+
+impl Layout {
+    /// A dense row-major layout starting at element 0.
+    pub fn contiguous(dtype: DType, shape: &[usize]) -> Self {
+        Self { dtype, shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 }
+    }
+
+    /// A layout from explicit strides and offset (in elements); ranks must agree.
+    pub fn strided(
+        dtype: DType,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<Self, ViewError> {
+        if shape.len() != strides.len() {
+            return Err(ViewError::RankMismatch {
+                op: "strided",
+                shape: shape.to_vec(),
+                strides: strides.to_vec(),
+            });
+        }
+        let layout = Self { dtype, shape: shape.to_vec(), strides: strides.to_vec(), offset };
+        // The last element's offset must be representable.
+        layout.max_offset().ok_or_else(|| ViewError::Overflow { op: "strided" })?;
+        Ok(layout)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Offset of the first element, in elements.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Size of dimension `dim`, or an error naming the op that asked.
+    pub fn dim(&self, op: &'static str, dim: usize) -> Result<usize, ViewError> {
+        self.shape.get(dim).copied().ok_or(ViewError::DimOutOfRange { op, dim, rank: self.rank() })
+    }
+
+    /// True when the elements are dense and in row-major order (size-1 dims may have any stride).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1;
+        for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
+            if size != 1 && stride != expected {
+                return false;
+            }
+            expected *= size;
+        }
+        true
+    }
+
+    /// True when no two elements share an offset, so the view can be written in parallel.
+    pub fn is_non_overlapping(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
+        let mut dims: Vec<(usize, usize)> =
+            self.shape.iter().copied().zip(self.strides.iter().copied()).filter(|&(n, _)| n > 1).collect();
+        dims.sort_by_key(|&(_, stride)| stride);
+        // `extent` is the number of offsets spanned by the smaller-stride dims seen so far.
+        let mut extent = 1;
+        for (n, stride) in dims {
+            if stride < extent {
+                return false;
+            }
+            extent += stride * (n - 1);
+        }
+        true
+    }
+
+    /// Offset of the last element (the largest offset), or `None` for an empty view or overflow.
+    fn max_offset(&self) -> Option<usize> {
+        if self.numel() == 0 {
+            return Some(self.offset);
+        }
+        self.shape.iter().zip(&self.strides).try_fold(self.offset, |acc, (&n, &s)| {
+            (n - 1).checked_mul(s).and_then(|d| acc.checked_add(d))
+        })
+    }
+
+    /// The bytes of the buffer this view can touch: from its first to one past its last element.
+    /// Empty for a view with no elements. Strided views may skip bytes inside the range.
+    pub fn byte_span(&self) -> Range<usize> {
+        let size = self.dtype.size_bytes();
+        if self.numel() == 0 {
+            return self.offset * size..self.offset * size;
+        }
+        let last = self.max_offset().unwrap_or(usize::MAX / size - 1);
+        self.offset * size..(last + 1) * size
+    }
+
+    /// Narrow dimension `dim` to `start..start + len`.
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self, ViewError> {
+        let size = self.dim("narrow", dim)?;
+        match start.checked_add(len) {
+            Some(end) if end <= size => {}
+            _ => return Err(ViewError::RangeOutOfBounds { op: "narrow", dim, start, len, size }),
+        }
+        let mut out = self.clone();
+        out.shape[dim] = len;
+        if len > 0 {
+            out.offset += start * self.strides[dim];
+        }
+        Ok(out)
+    }
+
+    /// Split dimension `dim` into consecutive pieces of the given sizes, which must add up to the
+    /// dimension's size (as `torch.split` with a list).
+    pub fn split(&self, dim: usize, sizes: &[usize]) -> Result<Vec<Self>, ViewError> {
+        let size = self.dim("split", dim)?;
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if total != Some(size) {
+            return Err(ViewError::SplitSizes { dim, sizes: sizes.to_vec(), size });
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&len| {
+                let piece = self.narrow(dim, start, len);
+                start += len;
+                piece
+            })
+            .collect()
+    }
+
+    /// Re-describe the same elements with a new shape, without copying. Works whenever the
+    /// existing strides allow it (the rule of `torch.Tensor.view`): a contiguous tensor can take
+    /// any shape with the same element count, and a column slice `[T, lh*D]` of a wider matrix
+    /// can still be viewed as `[T, lh, D]`.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self, ViewError> {
+        let numel: Option<usize> = shape.iter().try_fold(1usize, |a, &s| a.checked_mul(s));
+        if numel != Some(self.numel()) {
+            return Err(ViewError::ReshapeNumel { from: self.shape.clone(), to: shape.to_vec() });
+        }
+        let strides = view_strides(&self.shape, &self.strides, shape).ok_or_else(|| {
+            ViewError::ReshapeIncompatible {
+                from: self.shape.clone(),
+                strides: self.strides.clone(),
+                to: shape.to_vec(),
+            }
+        })?;
+        Ok(Self { dtype: self.dtype, shape: shape.to_vec(), strides, offset: self.offset })
+    }
+
+    /// Split dimension `dim` of size `heads * d` into `[heads, d]` (e.g. `[T, lh*D]` to
+    /// `[T, lh, D]`).
+    pub fn split_heads(&self, dim: usize, heads: usize) -> Result<Self, ViewError> {
+        let size = self.dim("split_heads", dim)?;
+        if heads == 0 || size % heads != 0 {
+            return Err(ViewError::HeadsDoNotDivide { dim, size, heads });
+        }
+        let mut shape = self.shape.clone();
+        shape.splice(dim..=dim, [heads, size / heads]);
+        self.reshape(&shape)
+    }
+
+    /// Element offsets of every element, in row-major logical order.
+    pub fn offsets(&self) -> Offsets<'_> {
+        Offsets::new(self)
+    }
+}
+
+/// Strides for viewing (`shape`, `strides`) as `new_shape`, or `None` when that needs a copy.
+///
+/// Walks both shapes from the innermost dimension, grouping old dimensions into chunks that are
+/// contiguous with each other; every chunk must be re-divided exactly by the new dimensions.
+fn view_strides(shape: &[usize], strides: &[usize], new_shape: &[usize]) -> Option<Vec<usize>> {
+    if shape.iter().product::<usize>() == 0 || shape.is_empty() {
+        return Some(contiguous_strides(new_shape));
+    }
+    let mut new_strides = vec![0; new_shape.len()];
+    let mut view_d = new_shape.len();
+    let mut chunk_base = *strides.last()?;
+    let mut tensor_numel = 1;
+    let mut view_numel = 1;
+    for d in (0..shape.len()).rev() {
+        tensor_numel *= shape[d];
+        let chunk_ends =
+            d == 0 || (shape[d - 1] != 1 && strides[d - 1] != tensor_numel * chunk_base);
+        if !chunk_ends {
+            continue;
+        }
+        while view_d > 0 && (view_numel < tensor_numel || new_shape[view_d - 1] == 1) {
+            new_strides[view_d - 1] = view_numel * chunk_base;
+            view_numel *= new_shape[view_d - 1];
+            view_d -= 1;
+        }
+        if view_numel != tensor_numel {
+            return None;
+        }
+        if d > 0 {
+            chunk_base = strides[d - 1];
+            tensor_numel = 1;
+            view_numel = 1;
+        }
+    }
+    (view_d == 0).then_some(new_strides)
+}
+
+/// Iterator over the element offsets of a [`Layout`] in row-major order.
+#[derive(Debug)]
+pub struct Offsets<'a> {
+    layout: &'a Layout,
+    index: Vec<usize>,
+    next: Option<usize>,
+}
+
+impl<'a> Offsets<'a> {
+    fn new(layout: &'a Layout) -> Self {
+        let next = (layout.numel() > 0).then_some(layout.offset);
+        Self { layout, index: vec![0; layout.rank()], next }
+    }
+}
+
+impl Iterator for Offsets<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let current = self.next?;
+        let (shape, strides) = (&self.layout.shape, &self.layout.strides);
+        let mut offset = current;
+        let mut d = shape.len();
+        self.next = loop {
+            if d == 0 {
+                break None;
+            }
+            d -= 1;
+            if self.index[d] + 1 < shape[d] {
+                self.index[d] += 1;
+                break Some(offset + strides[d]);
+            }
+            offset -= self.index[d] * strides[d];
+            self.index[d] = 0;
+        };
+        Some(current)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn l(shape: &[usize]) -> Layout {
+        Layout::contiguous(DType::F32, shape)
+    }
+
+    #[test]
+    fn contiguous_strides_are_row_major() {
+        assert_eq!(l(&[2, 3, 4]).strides(), &[12, 4, 1]);
+        assert_eq!(l(&[]).strides(), &[] as &[usize]);
+        assert!(l(&[2, 3, 4]).is_contiguous());
+    }
+
+    #[test]
+    fn narrow_moves_offset_and_keeps_strides() {
+        let v = l(&[4, 10]).narrow(1, 3, 5).unwrap();
+        assert_eq!((v.shape(), v.strides(), v.offset()), (&[4, 5][..], &[10, 1][..], 3));
+        assert!(!v.is_contiguous());
+        assert_eq!(v.offsets().take(7).collect::<Vec<_>>(), vec![3, 4, 5, 6, 7, 13, 14]);
+        assert_eq!(v.byte_span(), 12..(3 * 10 + 8) * 4);
+    }
+
+    #[test]
+    fn split_matches_bfg_layout() {
+        // Fused BFG output [T, lh + 2*lp] with lh = 2, lp = 6 (D = 3).
+        let bfg = l(&[5, 14]);
+        let parts = bfg.split(1, &[2, 6, 6]).unwrap();
+        assert_eq!(parts.iter().map(Layout::offset).collect::<Vec<_>>(), vec![0, 2, 8]);
+        let g = parts[2].split_heads(1, 2).unwrap();
+        assert_eq!((g.shape(), g.strides(), g.offset()), (&[5, 2, 3][..], &[14, 3, 1][..], 8));
+        // Element [t=1, head=1, d=2] of g is column 8 + 3 + 2 of row 1.
+        assert_eq!(g.offsets().nth(6 + 3 + 2).unwrap(), 14 + 8 + 3 + 2);
+    }
+
+    #[test]
+    fn out_of_range_views_are_errors() {
+        let t = l(&[4, 10]);
+        assert!(matches!(t.narrow(2, 0, 1), Err(ViewError::DimOutOfRange { dim: 2, rank: 2, .. })));
+        assert!(matches!(t.narrow(1, 8, 3), Err(ViewError::RangeOutOfBounds { .. })));
+        assert!(matches!(t.narrow(1, usize::MAX, 2), Err(ViewError::RangeOutOfBounds { .. })));
+        assert!(matches!(t.split(1, &[3, 3]), Err(ViewError::SplitSizes { .. })));
+        assert!(matches!(t.reshape(&[3, 13]), Err(ViewError::ReshapeNumel { .. })));
+        assert!(matches!(t.split_heads(1, 3), Err(ViewError::HeadsDoNotDivide { .. })));
+        let cols = t.narrow(1, 0, 6).unwrap();
+        assert!(matches!(cols.reshape(&[24]), Err(ViewError::ReshapeIncompatible { .. })));
+        assert!(Layout::strided(DType::F32, &[2], &[1, 1], 0).is_err());
+        assert!(Layout::strided(DType::F32, &[3], &[usize::MAX], 0).is_err());
+    }
+
+    #[test]
+    fn overlap_detection() {
+        assert!(l(&[3, 4]).is_non_overlapping());
+        assert!(l(&[3, 4]).narrow(1, 1, 2).unwrap().is_non_overlapping());
+        assert!(Layout::strided(DType::F32, &[3, 4], &[1, 3], 0).unwrap().is_non_overlapping());
+        assert!(!Layout::strided(DType::F32, &[3, 4], &[0, 1], 0).unwrap().is_non_overlapping());
+        assert!(!Layout::strided(DType::F32, &[3, 4], &[2, 1], 0).unwrap().is_non_overlapping());
+        assert!(Layout::strided(DType::F32, &[1, 4], &[0, 1], 0).unwrap().is_non_overlapping());
+    }
+
+    #[test]
+    fn reshape_of_transposed_is_rejected_but_size_one_dims_are_free() {
+        let t = Layout::strided(DType::F32, &[3, 4], &[1, 3], 0).unwrap();
+        assert!(t.reshape(&[12]).is_err());
+        let r = l(&[3, 4]).reshape(&[1, 3, 1, 4]).unwrap();
+        assert_eq!(r.offsets().collect::<Vec<_>>(), (0..12).collect::<Vec<_>>());
+    }
+
+    /// Gather the offsets a view addresses, by brute force from the parent's multi-index.
+    fn narrowed_offsets(parent: &Layout, dim: usize, start: usize, len: usize) -> Vec<usize> {
+        let all: Vec<usize> = parent.offsets().collect();
+        let inner: usize = parent.shape()[dim + 1..].iter().product();
+        all.into_iter()
+            .enumerate()
+            .filter(|(i, _)| {
+                let along = (i / inner) % parent.shape()[dim];
+                (start..start + len).contains(&along)
+            })
+            .map(|(_, o)| o)
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn narrow_selects_exactly_the_parent_elements(
+            shape in proptest::collection::vec(1usize..5, 1..4),
+            dim_seed in 0usize..8, start_seed in 0usize..8, len_seed in 0usize..8,
+        ) {
+            let parent = l(&shape);
+            let dim = dim_seed % shape.len();
+            let start = start_seed % shape[dim];
+            let len = len_seed % (shape[dim] - start + 1);
+            let v = parent.narrow(dim, start, len).unwrap();
+            prop_assert_eq!(v.offsets().collect::<Vec<_>>(), narrowed_offsets(&parent, dim, start, len));
+        }
+
+        #[test]
+        fn reshape_preserves_element_order(
+            shape in proptest::collection::vec(1usize..5, 1..4),
+            cut in 0usize..4,
+        ) {
+            // Narrow the outermost dim (keeps viewability), then flatten and re-split.
+            let parent = l(&shape);
+            let v = parent.narrow(0, 0, shape[0] - cut.min(shape[0] - 1)).unwrap();
+            let flat = v.reshape(&[v.numel()]).unwrap();
+            prop_assert_eq!(flat.offsets().collect::<Vec<_>>(), v.offsets().collect::<Vec<_>>());
+            let back = flat.reshape(v.shape()).unwrap();
+            prop_assert_eq!(back.offsets().collect::<Vec<_>>(), v.offsets().collect::<Vec<_>>());
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! `kda-core`: what every kda backend and tool shares.
+//!
+//! - [`hal`]: the [`Backend`] trait (streams, events, buffers, one `launch` entry point) and its
+//!   stream/event and error-reporting semantics;
+//! - [`dtype`]: element types (bf16, f16, f32, i32, u8, E4M3, E8M0);
+//! - [`layout`] and [`tensor`]: strided device tensors and their copy-free views;
+//! - [`op`]: device ops described as data.
+//!
+//! Later layers (MX codec, recording and analysis, config and weights, schedules, the KDA layer)
+//! live here too, generic over the HAL, so every backend runs the same code.
+
+pub mod dtype;
+pub mod error;
+pub mod hal;
+pub mod layout;
+pub mod op;
+pub mod tensor;
+
+pub use dtype::{DType, E8M0, Element, F8E4M3};
+pub use error::{Error, Result, ViewError};
+pub use hal::{
+    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, EventHandle, EventId, InstanceId,
+    StreamHandle, StreamId,
+};
+pub use layout::Layout;
+pub use op::{DownloadSlot, GemmDims, HostFn, Op};
+pub use tensor::Tensor;

@@ -1,0 +1,242 @@
+//! Device ops described as data. Every op is a value of [`Op`] launched through
+//! [`Backend::launch`](crate::Backend::launch); the one chokepoint gives validation, tracing, and
+//! later recording, capture and replay without per-op wrappers.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::hal::{Backend, BufferHandle, InstanceId};
+use crate::tensor::Tensor;
+
+/// One device op with its input and output views.
+pub enum Op<B: Backend> {
+    /// Dense Linear-layout GEMM `y[M, N] = x[M, K] · w[N, K]^T`, fp32 accumulation.
+    /// `x`, `w`: bf16, f16 or f32 (mixed allowed); `y`: bf16, f16 or f32.
+    Gemm { x: Tensor<B>, w: Tensor<B>, y: Tensor<B> },
+    /// Element-wise copy between two views of the same dtype and shape.
+    Copy { src: Tensor<B>, dst: Tensor<B> },
+    /// Set every element of `dst` to `value`. For floats the value is rounded to the dtype; for
+    /// `i32` it must be an integer in range; for `u8`, `e4m3` and `e8m0` it is the raw byte.
+    Fill { dst: Tensor<B>, value: f64 },
+    /// Write staged host bytes (row-major, `dst.numel()` elements) into `dst`.
+    Upload { dst: Tensor<B>, data: Arc<[u8]> },
+    /// Read `src` (row-major) into a host slot, in stream order.
+    Download { src: Tensor<B>, slot: DownloadSlot },
+    /// Run a host function in stream order (CUDA's `cudaLaunchHostFunc`, ACL's
+    /// `aclrtLaunchCallback`). An `Err` fails the stream like any op failure.
+    Host { name: &'static str, f: HostFn },
+}
+
+/// A host function queued on a stream.
+#[derive(Clone)]
+pub struct HostFn(Arc<dyn Fn() -> std::result::Result<(), String> + Send + Sync>);
+
+impl HostFn {
+    pub fn new(f: impl Fn() -> std::result::Result<(), String> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    pub fn call(&self) -> std::result::Result<(), String> {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for HostFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HostFn")
+    }
+}
+
+/// Where a [`Op::Download`] leaves its bytes.
+#[derive(Clone, Debug, Default)]
+pub struct DownloadSlot(Arc<Mutex<Option<Vec<u8>>>>);
+
+impl DownloadSlot {
+    pub fn put(&self, bytes: Vec<u8>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(bytes);
+    }
+
+    pub fn take(&self) -> Option<Vec<u8>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+impl<B: Backend> fmt::Debug for Op<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct(self.name());
+        for (name, t) in self.inputs().into_iter().chain(self.outputs()) {
+            d.field(name, t);
+        }
+        d.finish()
+    }
+}
+
+/// The sizes of a validated [`Op::Gemm`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GemmDims {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl<B: Backend> Op<B> {
+    /// The op's name, used in spans, traces and diagnostics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Gemm { .. } => "gemm",
+            Op::Copy { .. } => "copy",
+            Op::Fill { .. } => "fill",
+            Op::Upload { .. } => "upload",
+            Op::Download { .. } => "download",
+            Op::Host { name, .. } => name,
+        }
+    }
+
+    /// Views the op reads, with their parameter names.
+    pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
+        match self {
+            Op::Gemm { x, w, .. } => vec![("x", x), ("w", w)],
+            Op::Copy { src, .. } | Op::Download { src, .. } => vec![("src", src)],
+            Op::Fill { .. } | Op::Upload { .. } | Op::Host { .. } => vec![],
+        }
+    }
+
+    /// Views the op writes, with their parameter names.
+    pub fn outputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
+        match self {
+            Op::Gemm { y, .. } => vec![("y", y)],
+            Op::Copy { dst, .. } | Op::Fill { dst, .. } | Op::Upload { dst, .. } => {
+                vec![("dst", dst)]
+            }
+            Op::Download { .. } | Op::Host { .. } => vec![],
+        }
+    }
+
+    /// Check everything that can be checked before running: handles belong to `instance`,
+    /// shapes and dtypes agree, outputs neither overlap themselves nor any input.
+    pub fn validate(&self, instance: InstanceId) -> Result<()> {
+        let op = self.name();
+        let (inputs, outputs) = (self.inputs(), self.outputs());
+        for (_, t) in inputs.iter().chain(&outputs) {
+            let handle = t.buffer().id().instance;
+            if handle != instance {
+                return Err(Error::ForeignHandle { what: "buffer", handle, backend: instance });
+            }
+        }
+        for (param, out) in &outputs {
+            if !out.layout().is_non_overlapping() {
+                return Err(Error::SelfOverlap {
+                    op,
+                    param,
+                    shape: out.shape().to_vec(),
+                    strides: out.layout().strides().to_vec(),
+                });
+            }
+            for (other, inp) in &inputs {
+                if overlaps(out, inp) {
+                    let span = out.byte_span();
+                    return Err(Error::Aliasing { op, param, other, actual: (span.start, span.end) });
+                }
+            }
+        }
+        match self {
+            Op::Gemm { x, w, y } => gemm_dims(x, w, y).map(|_| ()),
+            Op::Copy { src, dst } => {
+                expect_dtype(op, "dst", dst.dtype(), src.dtype(), src.dtype().name())?;
+                expect_shape(op, "dst", dst.shape(), src.shape())
+            }
+            Op::Fill { dst, value } => check_fill_value(dst.dtype(), *value),
+            Op::Upload { dst, data } => {
+                let expected = dst.numel() * dst.dtype().size_bytes();
+                if data.len() != expected {
+                    return Err(Error::HostSize { op, param: "data", expected, actual: data.len() });
+                }
+                Ok(())
+            }
+            Op::Download { .. } | Op::Host { .. } => Ok(()),
+        }
+    }
+}
+
+/// Two views may share bytes (conservative: compares the spans they can touch).
+fn overlaps<B: Backend>(a: &Tensor<B>, b: &Tensor<B>) -> bool {
+    let (sa, sb) = (a.byte_span(), b.byte_span());
+    a.buffer().id() == b.buffer().id() && !sa.is_empty() && !sb.is_empty()
+        && sa.start < sb.end
+        && sb.start < sa.end
+}
+
+fn expect_dtype(
+    op: &'static str,
+    param: &'static str,
+    actual: DType,
+    want: DType,
+    expected: &str,
+) -> Result<()> {
+    if actual == want {
+        Ok(())
+    } else {
+        Err(Error::DType { op, param, expected: expected.to_string(), actual })
+    }
+}
+
+fn expect_shape(op: &'static str, param: &'static str, actual: &[usize], want: &[usize]) -> Result<()> {
+    if actual == want {
+        Ok(())
+    } else {
+        Err(Error::Shape { op, param, expected: format!("{want:?}"), actual: actual.to_vec() })
+    }
+}
+
+fn expect_float(op: &'static str, param: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(Error::DType { op, param, expected: "bf16, f16 or f32".into(), actual: dtype })
+    }
+}
+
+/// Validate the operands of `y = x · w^T` and return its sizes.
+pub fn gemm_dims<B: Backend>(x: &Tensor<B>, w: &Tensor<B>, y: &Tensor<B>) -> Result<GemmDims> {
+    const OP: &str = "gemm";
+    for (param, t) in [("x", x), ("w", w), ("y", y)] {
+        expect_float(OP, param, t.dtype())?;
+        if t.shape().len() != 2 {
+            let expected = match param {
+                "x" => "[M, K]",
+                "w" => "[N, K]",
+                _ => "[M, N]",
+            };
+            return Err(Error::Shape { op: OP, param, expected: expected.into(), actual: t.shape().to_vec() });
+        }
+    }
+    let (m, k) = (x.shape()[0], x.shape()[1]);
+    let n = w.shape()[0];
+    if w.shape()[1] != k {
+        return Err(Error::Shape {
+            op: OP,
+            param: "w",
+            expected: format!("[N, {k}] (K of x)"),
+            actual: w.shape().to_vec(),
+        });
+    }
+    expect_shape(OP, "y", y.shape(), &[m, n])?;
+    Ok(GemmDims { m, n, k })
+}
+
+fn check_fill_value(dtype: DType, value: f64) -> Result<()> {
+    let ok = match dtype {
+        DType::F32 => !value.is_finite() || value.abs() <= f32::MAX as f64,
+        DType::BF16 => !value.is_finite() || value.abs() <= half::bf16::MAX.to_f64(),
+        DType::F16 => !value.is_finite() || value.abs() <= half::f16::MAX.to_f64(),
+        DType::I32 => value.fract() == 0.0 && (i32::MIN as f64..=i32::MAX as f64).contains(&value),
+        DType::U8 | DType::E4M3 | DType::E8M0 => value.fract() == 0.0 && (0.0..=255.0).contains(&value),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Value { op: "fill", param: "value", value: value.to_string(), dtype })
+    }
+}
