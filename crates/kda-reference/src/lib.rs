@@ -1,1 +1,197 @@
+//! `kda-reference`: the CPU backend, and the numerical oracle every other backend is compared
+//! with.
+//!
+//! Streams are real: each is a worker thread with a FIFO queue, [`Backend::launch`] returns as
+//! soon as the op is queued, and events are snapshots of a stream's completion counter (see
+//! [`stream`]). So overlap is real, ordering bugs are real, and the sanitizer has something to
+//! catch. Two execution modes ([`ExecutionMode`]): one core per stream (each op runs on its
+//! stream's thread alone, which shows overlap), or a shared thread pool that every op uses for
+//! intra-op parallelism (throughput).
+//!
+//! Errors follow [`kda_core::hal`]: argument errors at the call, execution failures at the next
+//! `synchronize` of the stream.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod buffer;
+mod kernels;
+pub mod stream;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kda_core::hal::check_instance;
+use kda_core::{
+    Backend, BackendInfo, BufferId, Capabilities, DType, Error, EventHandle, EventId, InstanceId,
+    Op, Result, StreamHandle, StreamId,
+};
+
+pub use buffer::RefBuffer;
+use kernels::Exec;
+pub use stream::{Jitter, RefEvent, RefStream};
+
+/// How the reference backend uses the host's cores.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ExecutionMode {
+    /// Each op runs single-threaded on its stream's worker: one core per stream.
+    PerStream,
+    /// Ops parallelise across one pool of `threads` threads shared by all streams.
+    SharedPool { threads: usize },
+}
+
+/// Options for [`ReferenceBackend::with_options`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReferenceOptions {
+    pub mode: ExecutionMode,
+    /// Random delays injected before every queued item (tests of event ordering).
+    pub jitter: Option<Jitter>,
+}
+
+impl Default for ReferenceOptions {
+    fn default() -> Self {
+        Self { mode: ExecutionMode::PerStream, jitter: None }
+    }
+}
+
+/// The CPU reference backend. Cheap to clone; clones are the same instance.
+#[derive(Clone, Debug)]
+pub struct ReferenceBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    instance: InstanceId,
+    options: ReferenceOptions,
+    exec: Exec,
+    next_stream: AtomicU64,
+    next_event: AtomicU64,
+    next_buffer: AtomicU64,
+}
+
+impl Default for ReferenceBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReferenceBackend {
+    /// One core per stream, no jitter.
+    pub fn new() -> Self {
+        let inner = Inner::new(ReferenceOptions::default(), Exec::Serial);
+        Self { inner: Arc::new(inner) }
+    }
+
+    pub fn with_options(options: ReferenceOptions) -> Result<Self> {
+        let exec = match options.mode {
+            ExecutionMode::PerStream => Exec::Serial,
+            ExecutionMode::SharedPool { threads } => {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads.max(1))
+                    .thread_name(|i| format!("kda-ref-pool-{i}"))
+                    .build()
+                    .map_err(|e| Error::Backend {
+                        backend: "reference",
+                        message: format!("cannot start a pool of {threads} threads: {e}"),
+                    })?;
+                Exec::Pool(Arc::new(pool))
+            }
+        };
+        Ok(Self { inner: Arc::new(Inner::new(options, exec)) })
+    }
+
+    pub fn options(&self) -> &ReferenceOptions {
+        &self.inner.options
+    }
+}
+
+impl Inner {
+    fn new(options: ReferenceOptions, exec: Exec) -> Self {
+        Self {
+            instance: InstanceId::fresh(),
+            options,
+            exec,
+            next_stream: AtomicU64::new(0),
+            next_event: AtomicU64::new(0),
+            next_buffer: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self, counter: &AtomicU64) -> u64 {
+        counter.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Backend for ReferenceBackend {
+    type Stream = RefStream;
+    type Event = RefEvent;
+    type Buffer = RefBuffer;
+
+    fn info(&self) -> BackendInfo {
+        let execution = match self.inner.options.mode {
+            ExecutionMode::PerStream => "one core per stream".to_string(),
+            ExecutionMode::SharedPool { .. } => "shared thread pool".to_string(),
+        };
+        BackendInfo {
+            name: "reference",
+            instance: self.inner.instance,
+            capabilities: Capabilities {
+                concurrent_streams: true,
+                shared_matrix_units: false,
+                execution,
+                threads: self.inner.exec.threads(),
+                gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],
+            },
+        }
+    }
+
+    fn instance(&self) -> InstanceId {
+        self.inner.instance
+    }
+
+    fn new_stream(&self) -> Result<RefStream> {
+        let inner = &self.inner;
+        let id = StreamId { instance: inner.instance, index: inner.next(&inner.next_stream) };
+        RefStream::spawn(id, inner.exec.clone(), inner.options.jitter)
+    }
+
+    fn new_event(&self) -> Result<RefEvent> {
+        let inner = &self.inner;
+        Ok(RefEvent::new(EventId { instance: inner.instance, index: inner.next(&inner.next_event) }))
+    }
+
+    fn record(&self, event: &RefEvent, stream: &RefStream) -> Result<()> {
+        check_instance(self, "event", event.id().instance)?;
+        check_instance(self, "stream", stream.id().instance)?;
+        event.set(stream.snapshot());
+        Ok(())
+    }
+
+    fn wait(&self, stream: &RefStream, event: &RefEvent) -> Result<()> {
+        check_instance(self, "event", event.id().instance)?;
+        check_instance(self, "stream", stream.id().instance)?;
+        if let Some(snapshot) = event.get() {
+            stream.wait_for(&snapshot);
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self, stream: &RefStream) -> Result<()> {
+        check_instance(self, "stream", stream.id().instance)?;
+        stream.synchronize()
+    }
+
+    fn alloc_buffer(&self, bytes: usize) -> Result<RefBuffer> {
+        let inner = &self.inner;
+        let id = BufferId { instance: inner.instance, index: inner.next(&inner.next_buffer) };
+        RefBuffer::new(id, bytes)
+    }
+
+    fn submit(&self, stream: &RefStream, op: Op<Self>) -> Result<()> {
+        // `launch` has validated already; checking again here keeps the kernels' unsafe
+        // preconditions (no aliasing, shapes agree) true even for a direct caller.
+        op.validate(self.inner.instance)?;
+        stream.submit(op);
+        Ok(())
+    }
+}

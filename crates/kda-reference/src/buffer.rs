@@ -1,0 +1,150 @@
+//! Host memory shared by every stream worker of a backend instance.
+//!
+//! A buffer is plain heap memory that several worker threads may touch at once. That is sound
+//! only under the stream contract: two ops that touch overlapping bytes, at least one writing,
+//! are ordered by stream order or events. `kda-core`'s checked mode verifies that contract at
+//! run time; the kernels here rely on it, and on [`kda_core::Op::validate`] having rejected
+//! outputs that overlap their own inputs or themselves.
+
+use std::alloc::{self, Layout as AllocLayout};
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use kda_core::{BufferHandle, BufferId, Error, Layout, Result};
+
+/// Alignment of every allocation: a cache line, and enough for any element type.
+const ALIGN: usize = 64;
+
+struct Storage {
+    id: BufferId,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: `Storage` owns its allocation; concurrent access goes through raw pointers in kernels,
+// which the stream contract (see module docs) keeps free of data races.
+unsafe impl Send for Storage {}
+// SAFETY: as above; `&Storage` only hands out raw pointers.
+unsafe impl Sync for Storage {}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `RefBuffer::new` with exactly this size and alignment.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), alloc_layout(self.len)) };
+        }
+    }
+}
+
+fn alloc_layout(len: usize) -> AllocLayout {
+    // `len` was validated against `isize::MAX` when allocating, so this cannot fail.
+    AllocLayout::from_size_align(len, ALIGN).unwrap_or(AllocLayout::new::<u8>())
+}
+
+/// A reference-backend buffer handle (shared ownership).
+#[derive(Clone)]
+pub struct RefBuffer(Arc<Storage>);
+
+impl fmt::Debug for RefBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RefBuffer({}, {} bytes)", self.0.id, self.0.len)
+    }
+}
+
+impl BufferHandle for RefBuffer {
+    fn id(&self) -> BufferId {
+        self.0.id
+    }
+
+    fn len_bytes(&self) -> usize {
+        self.0.len
+    }
+}
+
+impl RefBuffer {
+    /// Allocate `len` zeroed bytes.
+    pub(crate) fn new(id: BufferId, len: usize) -> Result<Self> {
+        if len > isize::MAX as usize - ALIGN {
+            return Err(Error::OutOfMemory { bytes: len });
+        }
+        let ptr = if len == 0 {
+            NonNull::<u64>::dangling().cast()
+        } else {
+            // SAFETY: the layout has a non-zero size.
+            NonNull::new(unsafe { alloc::alloc_zeroed(alloc_layout(len)) })
+                .ok_or(Error::OutOfMemory { bytes: len })?
+        };
+        Ok(Self(Arc::new(Storage { id, ptr, len })))
+    }
+
+    /// Typed pointer to element 0 of the buffer.
+    fn base<T>(&self) -> *mut T {
+        self.0.ptr.as_ptr().cast()
+    }
+
+    /// The elements of a contiguous view as a slice.
+    ///
+    /// # Safety
+    /// `layout` is contiguous, has elements of `T`'s size and lies inside the buffer; no other thread
+    /// writes those bytes while the slice lives (the stream contract).
+    pub(crate) unsafe fn slice<T: Pod>(&self, layout: &Layout) -> &[T] {
+        debug_assert!(layout.is_contiguous() && layout.dtype().size_bytes() == size_of::<T>());
+        // SAFETY: in bounds and aligned (64-byte base, element-sized offset) per the contract.
+        unsafe { std::slice::from_raw_parts(self.base::<T>().add(layout.offset()), layout.numel()) }
+    }
+
+    /// The elements of a contiguous view as a mutable slice.
+    ///
+    /// # Safety
+    /// As [`RefBuffer::slice`], and no other thread reads or writes those bytes while the slice
+    /// lives.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slice_mut<T: Pod>(&self, layout: &Layout) -> &mut [T] {
+        debug_assert!(layout.is_contiguous() && layout.dtype().size_bytes() == size_of::<T>());
+        // SAFETY: in bounds, aligned and exclusive per the contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base::<T>().add(layout.offset()), layout.numel())
+        }
+    }
+
+    /// Read the elements of any view, in row-major order.
+    ///
+    /// # Safety
+    /// `layout` has elements of `T`'s size and lies inside the buffer; no other thread writes its bytes
+    /// meanwhile.
+    pub(crate) unsafe fn gather<T: Pod>(&self, layout: &Layout) -> Vec<T> {
+        if layout.is_contiguous() {
+            // SAFETY: forwarded contract.
+            return unsafe { self.slice::<T>(layout) }.to_vec();
+        }
+        let base = self.base::<T>();
+        // SAFETY: every offset of the view is inside the buffer.
+        layout.offsets().map(|o| unsafe { base.add(o).read() }).collect()
+    }
+
+    /// Write `values` (row-major) into any view whose elements do not overlap each other.
+    ///
+    /// # Safety
+    /// `layout` has elements of `T`'s size, lies inside the buffer and is non-overlapping; no other
+    /// thread touches its bytes meanwhile.
+    pub(crate) unsafe fn scatter<T: Pod>(&self, layout: &Layout, values: &[T]) {
+        debug_assert_eq!(values.len(), layout.numel());
+        if layout.is_contiguous() {
+            // SAFETY: forwarded contract.
+            unsafe { self.slice_mut::<T>(layout) }.copy_from_slice(values);
+            return;
+        }
+        let base = self.base::<T>();
+        for (o, v) in layout.offsets().zip(values) {
+            // SAFETY: in bounds; exclusive per the contract.
+            unsafe { base.add(o).write(*v) };
+        }
+    }
+
+    /// Raw pointer to element `offset` of a `T` view, for kernels that pass strides to a GEMM.
+    pub(crate) fn element_ptr<T>(&self, offset: usize) -> *mut T {
+        self.base::<T>().wrapping_add(offset)
+    }
+}

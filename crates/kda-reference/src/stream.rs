@@ -1,0 +1,266 @@
+//! Streams as worker threads with FIFO queues, and events as snapshots of a stream's completion
+//! counter.
+//!
+//! Each stream counts the items ever queued (`enqueued`) and finished (`completed`); items finish
+//! strictly in order. Recording an event stores `(stream, enqueued)`; waiting on it queues an item
+//! that blocks the waiting stream's worker until the recorded stream's `completed` reaches that
+//! count. Because a record only ever names work that is already queued, waits cannot form a cycle.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kda_core::{Error, EventHandle, EventId, Op, Result, StreamHandle, StreamId};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::ReferenceBackend;
+use crate::kernels::{self, Exec};
+
+/// Random delays before each queued item, to shake out ordering bugs in tests.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Jitter {
+    pub seed: u64,
+    pub max: Duration,
+}
+
+enum Item {
+    Op(Op<ReferenceBackend>),
+    Wait { upstream: Arc<Shared>, target: u64 },
+}
+
+struct State {
+    queue: VecDeque<Item>,
+    enqueued: u64,
+    completed: u64,
+    /// The first execution failure not yet reported by `synchronize`, with the item's number.
+    error: Option<(u64, Error)>,
+    closing: bool,
+}
+
+/// What a stream's handle, its worker and events recorded on it share.
+pub(crate) struct Shared {
+    id: StreamId,
+    state: Mutex<State>,
+    /// Signalled when an item is queued, an item completes, or the stream closes.
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave `State` inconsistent (every update is a
+        // single assignment), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait_until(&self, mut done: impl FnMut(&State) -> bool) -> MutexGuard<'_, State> {
+        let mut state = self.lock();
+        while !done(&state) {
+            state = self.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+        state
+    }
+}
+
+/// A reference-backend stream. Dropping the last handle lets the worker finish the queued work
+/// and exit.
+#[derive(Clone)]
+pub struct RefStream(Arc<Handle>);
+
+struct Handle {
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shared.lock().closing = true;
+        self.shared.changed.notify_all();
+        if let Some(worker) = self.worker.take() {
+            // Work queued before the drop still completes; a worker that panicked has already
+            // recorded its failure, so the join result carries nothing new.
+            let _ = worker.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for RefStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RefStream({})", self.0.shared.id)
+    }
+}
+
+impl StreamHandle for RefStream {
+    fn id(&self) -> StreamId {
+        self.0.shared.id
+    }
+}
+
+impl RefStream {
+    pub(crate) fn spawn(id: StreamId, exec: Exec, jitter: Option<Jitter>) -> Result<Self> {
+        let shared = Arc::new(Shared {
+            id,
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                enqueued: 0,
+                completed: 0,
+                error: None,
+                closing: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let worker_shared = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name(format!("kda-ref-{id}"))
+            .spawn(move || run_worker(&worker_shared, &exec, jitter))
+            .map_err(|e| Error::Backend {
+                backend: "reference",
+                message: format!("cannot start the worker thread of stream {id}: {e}"),
+            })?;
+        Ok(Self(Arc::new(Handle { shared, worker: Some(worker) })))
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.0.shared
+    }
+
+    fn push(&self, item: Item) {
+        let shared = self.shared();
+        let mut state = shared.lock();
+        state.queue.push_back(item);
+        state.enqueued += 1;
+        drop(state);
+        shared.changed.notify_all();
+    }
+
+    pub(crate) fn submit(&self, op: Op<ReferenceBackend>) {
+        self.push(Item::Op(op));
+    }
+
+    /// Queue a wait for `snapshot` (nothing to do if it names this very stream).
+    pub(crate) fn wait_for(&self, snapshot: &Snapshot) {
+        if !Arc::ptr_eq(&snapshot.stream, self.shared()) {
+            self.push(Item::Wait { upstream: Arc::clone(&snapshot.stream), target: snapshot.target });
+        }
+    }
+
+    /// The work queued so far, as an event snapshot.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let target = self.shared().lock().enqueued;
+        Snapshot { stream: Arc::clone(self.shared()), target }
+    }
+
+    /// Block until everything queued so far has finished; report and clear a pending failure.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let shared = self.shared();
+        let target = shared.lock().enqueued;
+        let mut state = shared.wait_until(|s| s.completed >= target);
+        match state.error.take() {
+            Some((_, error)) => Err(error),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An event's most recent record: "the first `target` items of `stream`".
+#[derive(Clone)]
+pub(crate) struct Snapshot {
+    stream: Arc<Shared>,
+    target: u64,
+}
+
+/// A reference-backend event.
+#[derive(Clone)]
+pub struct RefEvent(pub(crate) Arc<EventState>);
+
+pub(crate) struct EventState {
+    pub(crate) id: EventId,
+    pub(crate) last: Mutex<Option<Snapshot>>,
+}
+
+impl std::fmt::Debug for RefEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RefEvent({})", self.0.id)
+    }
+}
+
+impl EventHandle for RefEvent {
+    fn id(&self) -> EventId {
+        self.0.id
+    }
+}
+
+impl RefEvent {
+    pub(crate) fn new(id: EventId) -> Self {
+        Self(Arc::new(EventState { id, last: Mutex::new(None) }))
+    }
+
+    pub(crate) fn set(&self, snapshot: Snapshot) {
+        *self.0.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(snapshot);
+    }
+
+    pub(crate) fn get(&self) -> Option<Snapshot> {
+        self.0.last.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+fn run_worker(shared: &Shared, exec: &Exec, jitter: Option<Jitter>) {
+    let mut rng = jitter.map(|j| (ChaCha8Rng::seed_from_u64(j.seed ^ shared.id.index), j.max));
+    loop {
+        let (item, seq) = {
+            let mut state = shared.wait_until(|s| !s.queue.is_empty() || s.closing);
+            match state.queue.pop_front() {
+                Some(item) => (item, state.completed + 1),
+                None => return,
+            }
+        };
+        if let Some((rng, max)) = rng.as_mut() {
+            let micros = rng.random_range(0..=max.as_micros() as u64);
+            std::thread::sleep(Duration::from_micros(micros));
+        }
+        let failure = run_item(shared, item, seq, exec);
+        let mut state = shared.lock();
+        if let Some(error) = failure {
+            state.error.get_or_insert((seq, error));
+        }
+        state.completed = seq;
+        drop(state);
+        shared.changed.notify_all();
+    }
+}
+
+/// Run one item; returns the failure to record, if any.
+fn run_item(shared: &Shared, item: Item, seq: u64, exec: &Exec) -> Option<Error> {
+    match item {
+        Item::Wait { upstream, target } => {
+            let state = upstream.wait_until(|s| s.completed >= target);
+            match &state.error {
+                Some((failed_at, error)) if *failed_at <= target => Some(Error::DependencyFailed {
+                    stream: shared.id,
+                    upstream: upstream.id,
+                    message: error.to_string(),
+                }),
+                _ => None,
+            }
+        }
+        // After a failure, ops are skipped until `synchronize` reports it.
+        Item::Op(_) if shared.lock().error.is_some() => None,
+        Item::Op(op) => {
+            let name = op.name();
+            let _span = tracing::debug_span!("op", name, stream = %shared.id, seq).entered();
+            let outcome = catch_unwind(AssertUnwindSafe(|| kernels::execute(&op, exec)))
+                .unwrap_or_else(|panic| Err(format!("kernel panicked: {}", panic_message(&panic))));
+            outcome.err().map(|message| Error::OpFailed { op: name.to_string(), stream: shared.id, message })
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
