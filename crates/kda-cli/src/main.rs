@@ -1,1 +1,55 @@
-fn main() {}
+//! `kda`: the command-line face of kda. Each subcommand lives in `cmd/`.
+
+mod cmd;
+mod error;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::CliError;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kda",
+    version,
+    about = "Kimi Delta Attention on accelerators: run, inspect, benchmark"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Backends compiled in, their capabilities, execution modes and threads.
+    Info,
+    /// The main job on an embedded default (today: the K3 TP8 projection GEMMs on two streams).
+    Run(cmd::run::RunArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KDA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result: Result<(), CliError> = match cli.command {
+        Command::Info => cmd::info::run(),
+        Command::Run(args) => cmd::run::run(&args),
+        Command::Bench(bench) => cmd::bench::run(&bench),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

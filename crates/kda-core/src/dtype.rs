@@ -23,15 +23,8 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, for exhaustive tests and CLI listings.
-    pub const ALL: [DType; 7] = [
-        DType::BF16,
-        DType::F16,
-        DType::F32,
-        DType::I32,
-        DType::U8,
-        DType::E4M3,
-        DType::E8M0,
-    ];
+    pub const ALL: [DType; 7] =
+        [DType::BF16, DType::F16, DType::F32, DType::I32, DType::U8, DType::E4M3, DType::E8M0];
 
     /// Bytes per element.
     pub const fn size_bytes(self) -> usize {

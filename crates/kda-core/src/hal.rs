@@ -172,15 +172,21 @@ pub trait Backend: Send + Sync + fmt::Debug + Sized + 'static {
     /// Allocate a dense tensor of `dtype` and `shape`.
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self>> {
         let layout = Layout::contiguous(dtype, shape);
-        let bytes = layout.numel().checked_mul(dtype.size_bytes()).ok_or(Error::OutOfMemory {
-            bytes: usize::MAX,
-        })?;
+        let bytes = layout
+            .numel()
+            .checked_mul(dtype.size_bytes())
+            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
         Tensor::new(self.alloc_buffer(bytes)?, layout)
     }
 
     /// Queue a copy of host `data` into `dst` on `stream` (the data is staged, so the caller may
     /// drop it at once).
-    fn upload<T: Element>(&self, stream: &Self::Stream, dst: &Tensor<Self>, data: &[T]) -> Result<()> {
+    fn upload<T: Element>(
+        &self,
+        stream: &Self::Stream,
+        dst: &Tensor<Self>,
+        data: &[T],
+    ) -> Result<()> {
         if T::DTYPE != dst.dtype() {
             return Err(Error::DType {
                 op: "upload",
@@ -213,11 +219,11 @@ pub trait Backend: Send + Sync + fmt::Debug + Sized + 'static {
 }
 
 /// Reject a handle created by another backend instance.
-pub fn check_instance<B: Backend>(backend: &B, what: &'static str, handle: InstanceId) -> Result<()> {
+pub fn check_instance<B: Backend>(
+    backend: &B,
+    what: &'static str,
+    handle: InstanceId,
+) -> Result<()> {
     let own = backend.instance();
-    if handle == own {
-        Ok(())
-    } else {
-        Err(Error::ForeignHandle { what, handle, backend: own })
-    }
+    if handle == own { Ok(()) } else { Err(Error::ForeignHandle { what, handle, backend: own }) }
 }

@@ -49,7 +49,7 @@ impl Layout {
         }
         let layout = Self { dtype, shape: shape.to_vec(), strides: strides.to_vec(), offset };
         // The last element's offset must be representable.
-        layout.max_offset().ok_or_else(|| ViewError::Overflow { op: "strided" })?;
+        layout.max_offset().ok_or(ViewError::Overflow { op: "strided" })?;
         Ok(layout)
     }
 
@@ -100,8 +100,13 @@ impl Layout {
         if self.numel() == 0 {
             return true;
         }
-        let mut dims: Vec<(usize, usize)> =
-            self.shape.iter().copied().zip(self.strides.iter().copied()).filter(|&(n, _)| n > 1).collect();
+        let mut dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .copied()
+            .zip(self.strides.iter().copied())
+            .filter(|&(n, _)| n > 1)
+            .collect();
         dims.sort_by_key(|&(_, stride)| stride);
         // `extent` is the number of offsets spanned by the smaller-stride dims seen so far.
         let mut extent = 1;

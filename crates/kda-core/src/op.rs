@@ -137,7 +137,12 @@ impl<B: Backend> Op<B> {
             for (other, inp) in &inputs {
                 if overlaps(out, inp) {
                     let span = out.byte_span();
-                    return Err(Error::Aliasing { op, param, other, actual: (span.start, span.end) });
+                    return Err(Error::Aliasing {
+                        op,
+                        param,
+                        other,
+                        actual: (span.start, span.end),
+                    });
                 }
             }
         }
@@ -151,7 +156,12 @@ impl<B: Backend> Op<B> {
             Op::Upload { dst, data } => {
                 let expected = dst.numel() * dst.dtype().size_bytes();
                 if data.len() != expected {
-                    return Err(Error::HostSize { op, param: "data", expected, actual: data.len() });
+                    return Err(Error::HostSize {
+                        op,
+                        param: "data",
+                        expected,
+                        actual: data.len(),
+                    });
                 }
                 Ok(())
             }
@@ -163,7 +173,9 @@ impl<B: Backend> Op<B> {
 /// Two views may share bytes (conservative: compares the spans they can touch).
 fn overlaps<B: Backend>(a: &Tensor<B>, b: &Tensor<B>) -> bool {
     let (sa, sb) = (a.byte_span(), b.byte_span());
-    a.buffer().id() == b.buffer().id() && !sa.is_empty() && !sb.is_empty()
+    a.buffer().id() == b.buffer().id()
+        && !sa.is_empty()
+        && !sb.is_empty()
         && sa.start < sb.end
         && sb.start < sa.end
 }
@@ -182,7 +194,12 @@ fn expect_dtype(
     }
 }
 
-fn expect_shape(op: &'static str, param: &'static str, actual: &[usize], want: &[usize]) -> Result<()> {
+fn expect_shape(
+    op: &'static str,
+    param: &'static str,
+    actual: &[usize],
+    want: &[usize],
+) -> Result<()> {
     if actual == want {
         Ok(())
     } else {
@@ -209,7 +226,12 @@ pub fn gemm_dims<B: Backend>(x: &Tensor<B>, w: &Tensor<B>, y: &Tensor<B>) -> Res
                 "w" => "[N, K]",
                 _ => "[M, N]",
             };
-            return Err(Error::Shape { op: OP, param, expected: expected.into(), actual: t.shape().to_vec() });
+            return Err(Error::Shape {
+                op: OP,
+                param,
+                expected: expected.into(),
+                actual: t.shape().to_vec(),
+            });
         }
     }
     let (m, k) = (x.shape()[0], x.shape()[1]);
@@ -232,7 +254,9 @@ fn check_fill_value(dtype: DType, value: f64) -> Result<()> {
         DType::BF16 => !value.is_finite() || value.abs() <= half::bf16::MAX.to_f64(),
         DType::F16 => !value.is_finite() || value.abs() <= half::f16::MAX.to_f64(),
         DType::I32 => value.fract() == 0.0 && (i32::MIN as f64..=i32::MAX as f64).contains(&value),
-        DType::U8 | DType::E4M3 | DType::E8M0 => value.fract() == 0.0 && (0.0..=255.0).contains(&value),
+        DType::U8 | DType::E4M3 | DType::E8M0 => {
+            value.fract() == 0.0 && (0.0..=255.0).contains(&value)
+        }
     };
     if ok {
         Ok(())

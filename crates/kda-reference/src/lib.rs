@@ -157,7 +157,10 @@ impl Backend for ReferenceBackend {
 
     fn new_event(&self) -> Result<RefEvent> {
         let inner = &self.inner;
-        Ok(RefEvent::new(EventId { instance: inner.instance, index: inner.next(&inner.next_event) }))
+        Ok(RefEvent::new(EventId {
+            instance: inner.instance,
+            index: inner.next(&inner.next_event),
+        }))
     }
 
     fn record(&self, event: &RefEvent, stream: &RefStream) -> Result<()> {

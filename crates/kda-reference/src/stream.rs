@@ -142,7 +142,10 @@ impl RefStream {
     /// Queue a wait for `snapshot` (nothing to do if it names this very stream).
     pub(crate) fn wait_for(&self, snapshot: &Snapshot) {
         if !Arc::ptr_eq(&snapshot.stream, self.shared()) {
-            self.push(Item::Wait { upstream: Arc::clone(&snapshot.stream), target: snapshot.target });
+            self.push(Item::Wait {
+                upstream: Arc::clone(&snapshot.stream),
+                target: snapshot.target,
+            });
         }
     }
 
@@ -252,7 +255,11 @@ fn run_item(shared: &Shared, item: Item, seq: u64, exec: &Exec) -> Option<Error>
             let _span = tracing::debug_span!("op", name, stream = %shared.id, seq).entered();
             let outcome = catch_unwind(AssertUnwindSafe(|| kernels::execute(&op, exec)))
                 .unwrap_or_else(|panic| Err(format!("kernel panicked: {}", panic_message(&panic))));
-            outcome.err().map(|message| Error::OpFailed { op: name.to_string(), stream: shared.id, message })
+            outcome.err().map(|message| Error::OpFailed {
+                op: name.to_string(),
+                stream: shared.id,
+                message,
+            })
         }
     }
 }

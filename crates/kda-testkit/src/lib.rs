@@ -1,1 +1,23 @@
+//! `kda-testkit`: what kda's tests share, so every crate checks numbers the same way.
+//!
+//! - [`tolerance`]: [`Tolerance`] (relative + absolute, per dtype, NaN/Inf-aware) and the
+//!   [`Mismatches`] report that names the first offending elements;
+//! - [`generate`]: [`Gen`], seeded inputs that reproduce bit-for-bit on every machine;
+//! - [`oracle`]: slow, obviously-correct f64 formulations to check the reference against.
+//!
+//! - [`conformance`]: the backend conformance suite, test bodies generic over `Backend` that
+//!   each backend crate instantiates with [`conformance_tests!`].
 
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test bodies fail by panicking"
+)]
+pub mod conformance;
+pub mod generate;
+pub mod oracle;
+pub mod tolerance;
+
+pub use generate::Gen;
+pub use tolerance::{AsF64, Mismatches, Tolerance};

@@ -65,7 +65,12 @@ fn widen(t: &T, exec: &Exec) -> Vec<f32> {
 }
 
 /// Apply `f` to matching chunks of `src` and `dst`, across the pool when there is one.
-fn par_zip<A: Sync, B: Send>(exec: &Exec, src: &[A], dst: &mut [B], f: impl Fn(&[A], &mut [B]) + Sync) {
+fn par_zip<A: Sync, B: Send>(
+    exec: &Exec,
+    src: &[A],
+    dst: &mut [B],
+    f: impl Fn(&[A], &mut [B]) + Sync,
+) {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 16;
     if exec.threads() == 1 || src.len() <= CHUNK {

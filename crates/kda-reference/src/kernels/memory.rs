@@ -13,9 +13,18 @@ type T = Tensor<ReferenceBackend>;
 macro_rules! by_width {
     ($dtype:expr, $E:ident => $body:expr) => {
         match $dtype.size_bytes() {
-            1 => { type $E = u8; $body }
-            2 => { type $E = u16; $body }
-            _ => { type $E = u32; $body }
+            1 => {
+                type $E = u8;
+                $body
+            }
+            2 => {
+                type $E = u16;
+                $body
+            }
+            _ => {
+                type $E = u32;
+                $body
+            }
         }
     };
 }

@@ -1,0 +1,25 @@
+//! One module per `kda` subcommand, plus what they share.
+
+pub mod bench;
+pub mod info;
+pub mod run;
+
+use std::time::{Duration, Instant};
+
+/// Time `f` `repeats` times (after one warm-up call) and return the median.
+pub fn median_time<E>(repeats: usize, mut f: impl FnMut() -> Result<(), E>) -> Result<Duration, E> {
+    f()?;
+    let mut times = Vec::with_capacity(repeats.max(1));
+    for _ in 0..repeats.max(1) {
+        let start = Instant::now();
+        f()?;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+/// Milliseconds, for reports.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

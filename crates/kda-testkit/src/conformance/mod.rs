@@ -1,0 +1,81 @@
+//! The backend conformance suite: test bodies generic over [`Backend`], instantiated for each
+//! backend crate by [`conformance_tests!`](crate::conformance_tests).
+//!
+//! Every body checks real values against an independent computation (f64 oracles, or values
+//! that only the right event order can produce). Bodies that could hang on a broken backend run
+//! under a watchdog, so a wrong implementation fails instead of stalling CI.
+
+pub mod gemm;
+pub mod streams;
+pub mod views;
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use kda_core::Backend;
+
+/// Instantiate the whole suite as `#[test]` functions in the calling module.
+///
+/// `$plain` builds a fresh backend instance; `$jittered` builds one that injects random delays
+/// before queued work (or a plain one, for a backend without such a hook).
+#[macro_export]
+macro_rules! conformance_tests {
+    (plain: $plain:expr, jittered: $jittered:expr $(,)?) => {
+        $crate::conformance_tests!(@tests $plain, $jittered;
+            streams_run_concurrently => streams::run_concurrently(&$plain),
+            wait_before_record_is_a_no_op => streams::wait_before_record_is_a_no_op(&$plain),
+            rerecord_after_wait_keeps_the_earlier_snapshot =>
+                streams::rerecord_after_wait_keeps_the_earlier_snapshot(&$plain),
+            event_chain_across_two_streams_under_jitter =>
+                streams::event_chain_across_two_streams(&$jittered, 1000),
+            execution_errors_surface_at_synchronize =>
+                streams::execution_errors_surface_at_synchronize(&$plain),
+            handles_of_another_instance_are_rejected =>
+                streams::handles_of_another_instance_are_rejected(&$plain),
+            gemm_matches_f64_at_small_shapes => gemm::matches_f64_at_small_shapes(&$plain),
+            gemm_matches_f64_at_k3_tp8_shapes => gemm::matches_f64_at_k3_tp8_shapes(&$plain),
+            gemm_reads_and_writes_strided_views => gemm::reads_and_writes_strided_views(&$plain),
+            gemm_rejects_bad_operands => gemm::rejects_bad_operands(&$plain),
+            views_share_the_buffer => views::share_the_buffer(&$plain),
+            views_copy_and_fill_address_the_right_elements =>
+                views::copy_and_fill_address_the_right_elements(&$plain),
+            views_bad_input_is_an_error => views::bad_input_is_an_error(&$plain),
+        );
+    };
+    (@tests $plain:expr, $jittered:expr; $($name:ident => $module:ident :: $body:ident ( $($arg:tt)* )),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::conformance::$module::$body($($arg)*);
+            }
+        )*
+    };
+}
+
+/// Run `f` on its own thread and fail if it does not finish within `limit` (a hang in a broken
+/// backend becomes a test failure). Panics inside `f` are re-raised.
+pub fn with_watchdog<R: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let r = f();
+        let _ = tx.send(());
+        r
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        },
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: did not finish within {limit:?} (hang or serialised streams)")
+        }
+    }
+}
+
+/// Build a fresh backend from a factory expression.
+pub trait Factory<B: Backend>: Fn() -> B + Send + Sync + Clone + 'static {}
+impl<B: Backend, F: Fn() -> B + Send + Sync + Clone + 'static> Factory<B> for F {}

@@ -1,0 +1,129 @@
+//! Views (narrow, split, reshape) on device tensors: no copies, the right elements, and errors
+//! for views that do not fit.
+
+use kda_core::{Backend, BufferHandle, DType, Error, Layout, Op, Tensor, ViewError};
+
+use super::Factory;
+
+/// Views keep the buffer (same id) and describe it with the expected strides and offsets.
+pub fn share_the_buffer<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    // The K3 TP8 fused BFG output, [T, lh + 2*lp] = [4, 12 + 1536 + 1536].
+    let bfg = b.alloc(DType::BF16, &[4, 3084]).unwrap();
+    let parts = bfg.split(1, &[12, 1536, 1536]).unwrap();
+    for p in &parts {
+        assert_eq!(p.buffer().id(), bfg.buffer().id());
+        assert_eq!(p.layout().strides(), &[3084, 1]);
+    }
+    assert_eq!(parts.iter().map(|p| p.layout().offset()).collect::<Vec<_>>(), vec![0, 12, 1548]);
+    let g1 = parts[1].split_heads(1, 12).unwrap().reshape(&[1, 4, 12, 128]).unwrap();
+    assert_eq!(g1.buffer().id(), bfg.buffer().id());
+    assert_eq!(
+        (g1.shape(), g1.layout().strides()),
+        (&[1, 4, 12, 128][..], &[4 * 3084, 3084, 128, 1][..])
+    );
+    let row = bfg.narrow(0, 2, 1).unwrap();
+    assert_eq!(row.layout().offset(), 2 * 3084);
+    assert!(row.layout().is_contiguous());
+    // Byte spans follow the dtype: bf16 is two bytes an element.
+    assert_eq!(parts[2].byte_span(), 1548 * 2..(3 * 3084 + 3084) * 2);
+}
+
+/// Copies out of and fills into strided views touch exactly the viewed elements.
+pub fn copy_and_fill_address_the_right_elements<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let (rows, cols) = (3, 10);
+    let m = b.alloc(DType::I32, &[rows, cols]).unwrap();
+    let values: Vec<i32> = (0..(rows * cols) as i32).collect();
+    b.upload(&s, &m, &values).unwrap();
+
+    // Copy columns 4..9 as [rows, 2 heads, 3] into a dense tensor.
+    let heads = m.narrow(1, 4, 6).unwrap().split_heads(1, 2).unwrap();
+    let dense = b.alloc(DType::I32, &[rows, 2, 3]).unwrap();
+    b.launch(&s, Op::Copy { src: heads, dst: dense.clone() }).unwrap();
+    let got: Vec<i32> = b.download(&s, &dense).unwrap();
+    let expected: Vec<i32> =
+        (0..rows as i32).flat_map(|r| (4..10).map(move |c| r * 10 + c)).collect();
+    assert_eq!(got, expected);
+
+    // Fill column 1 and the last row; everything else keeps its value.
+    b.launch(&s, Op::Fill { dst: m.narrow(1, 1, 1).unwrap(), value: -1.0 }).unwrap();
+    b.launch(&s, Op::Fill { dst: m.narrow(0, 2, 1).unwrap(), value: -2.0 }).unwrap();
+    let got: Vec<i32> = b.download(&s, &m).unwrap();
+    let expected: Vec<i32> = values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| match (i / cols, i % cols) {
+            (2, _) => -2,
+            (_, 1) => -1,
+            _ => v,
+        })
+        .collect();
+    assert_eq!(got, expected);
+
+    // A transposed view downloads in its own logical order.
+    let t = Tensor::new(
+        m.buffer().clone(),
+        Layout::strided(DType::I32, &[cols, rows], &[1, cols], 0).unwrap(),
+    )
+    .unwrap();
+    let got: Vec<i32> = b.download(&s, &t).unwrap();
+    assert_eq!(got[..3], [expected[0], expected[10], expected[20]]);
+}
+
+/// Out-of-range views, mismatched transfers and copies, and unrepresentable fill values are
+/// errors, not panics.
+pub fn bad_input_is_an_error<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let t = b.alloc(DType::F32, &[4, 6]).unwrap();
+    assert!(matches!(
+        t.narrow(1, 5, 2),
+        Err(Error::View(ViewError::RangeOutOfBounds { dim: 1, size: 6, .. }))
+    ));
+    assert!(matches!(
+        t.narrow(2, 0, 1),
+        Err(Error::View(ViewError::DimOutOfRange { dim: 2, rank: 2, .. }))
+    ));
+    assert!(matches!(t.split(0, &[1, 2]), Err(Error::View(ViewError::SplitSizes { .. }))));
+    assert!(matches!(t.reshape(&[5, 5]), Err(Error::View(ViewError::ReshapeNumel { .. }))));
+    assert!(matches!(t.split_heads(1, 4), Err(Error::View(ViewError::HeadsDoNotDivide { .. }))));
+    let past_end = Layout::strided(DType::F32, &[4, 6], &[6, 1], 1).unwrap();
+    assert!(matches!(
+        Tensor::<B>::new(t.buffer().clone(), past_end),
+        Err(Error::OutOfBounds { len: 96, needed: (4, 100), .. })
+    ));
+
+    match b.upload(&s, &t, &[0f32; 5]) {
+        Err(Error::HostSize { op: "upload", expected: 96, actual: 20, .. }) => {}
+        other => panic!("short upload: {other:?}"),
+    }
+    match b.upload(&s, &t, &[0i32; 24]) {
+        Err(Error::DType { op: "upload", actual: DType::I32, .. }) => {}
+        other => panic!("upload of the wrong type: {other:?}"),
+    }
+    let other = b.alloc(DType::BF16, &[4, 6]).unwrap();
+    match b.launch(&s, Op::Copy { src: t.clone(), dst: other }) {
+        Err(Error::DType { op: "copy", param: "dst", actual: DType::BF16, .. }) => {}
+        other => panic!("copy across dtypes: {other:?}"),
+    }
+    match b.launch(&s, Op::Copy { src: t.clone(), dst: b.alloc(DType::F32, &[6, 4]).unwrap() }) {
+        Err(Error::Shape { op: "copy", param: "dst", actual, .. }) => {
+            assert_eq!(actual, vec![6, 4])
+        }
+        other => panic!("copy across shapes: {other:?}"),
+    }
+    let bytes = b.alloc(DType::U8, &[3]).unwrap();
+    for bad in [256.0, -1.0, 0.5, f64::NAN] {
+        match b.launch(&s, Op::Fill { dst: bytes.clone(), value: bad }) {
+            Err(Error::Value { op: "fill", dtype: DType::U8, .. }) => {}
+            other => panic!("fill u8 with {bad}: {other:?}"),
+        }
+    }
+    match b.launch(&s, Op::Fill { dst: b.alloc(DType::BF16, &[1]).unwrap(), value: 1e300 }) {
+        Err(Error::Value { op: "fill", dtype: DType::BF16, .. }) => {}
+        other => panic!("fill bf16 with 1e300: {other:?}"),
+    }
+    b.synchronize(&s).expect("rejected ops never reach the stream");
+}
