@@ -1,5 +1,5 @@
 //! Device ops described as data. Every op is a value of [`Op`] launched through
-//! [`Backend::launch`](crate::Backend::launch); the one chokepoint gives validation, tracing, and
+//! [`Backend::launch`]; the one chokepoint gives validation, tracing, and
 //! later recording, capture and replay without per-op wrappers.
 
 use std::fmt;

@@ -78,13 +78,13 @@ impl Default for ReferenceBackend {
 impl ReferenceBackend {
     /// One core per stream, no jitter.
     pub fn new() -> Self {
-        let inner = Inner::new(ReferenceOptions::default(), Exec::Serial);
+        let inner = Inner::new(ReferenceOptions::default(), Exec::serial());
         Self { inner: Arc::new(inner) }
     }
 
     pub fn with_options(options: ReferenceOptions) -> Result<Self> {
         let exec = match options.mode {
-            ExecutionMode::PerStream => Exec::Serial,
+            ExecutionMode::PerStream => Exec::serial(),
             ExecutionMode::SharedPool { threads } => {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads.max(1))
@@ -94,7 +94,7 @@ impl ReferenceBackend {
                         backend: "reference",
                         message: format!("cannot start a pool of {threads} threads: {e}"),
                     })?;
-                Exec::Pool(Arc::new(pool))
+                Exec::pooled(pool)
             }
         };
         Ok(Self { inner: Arc::new(Inner::new(options, exec)) })

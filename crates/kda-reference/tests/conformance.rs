@@ -1,4 +1,5 @@
 //! The backend conformance suite on the reference backend, in both execution modes.
+#![allow(clippy::expect_used, reason = "test setup")]
 
 use std::time::Duration;
 

@@ -7,34 +7,82 @@
 mod gemm;
 mod memory;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use kda_core::Op;
 use rayon::ThreadPool;
 
 use crate::ReferenceBackend;
 
-/// How a kernel may parallelise: alone on its stream's thread, or across a shared pool.
-#[derive(Clone, Debug)]
-pub(crate) enum Exec {
-    Serial,
-    Pool(Arc<ThreadPool>),
+/// What kernels run with: the shared pool, if any, and reusable scratch memory.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Exec {
+    pool: Option<Arc<ThreadPool>>,
+    scratch: Arc<ScratchPool>,
 }
 
 impl Exec {
+    /// Each op alone on its stream's thread.
+    pub(crate) fn serial() -> Self {
+        Self::default()
+    }
+
+    /// Ops parallelise across `pool`.
+    pub(crate) fn pooled(pool: ThreadPool) -> Self {
+        Self { pool: Some(Arc::new(pool)), scratch: Arc::default() }
+    }
+
     /// Threads one kernel may use.
     pub(crate) fn threads(&self) -> usize {
-        match self {
-            Exec::Serial => 1,
-            Exec::Pool(pool) => pool.current_num_threads(),
-        }
+        self.pool.as_ref().map_or(1, |pool| pool.current_num_threads())
     }
 
     /// Run `f` where rayon's parallel iterators use this context's threads.
     pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match self {
-            Exec::Serial => f(),
-            Exec::Pool(pool) => pool.install(f),
+        match &self.pool {
+            None => f(),
+            Some(pool) => pool.install(f),
+        }
+    }
+
+    /// A scratch vector, returned to the pool when dropped.
+    pub(crate) fn scratch(&self) -> Scratch<'_> {
+        let buf = self.scratch.0.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        Scratch { buf: buf.unwrap_or_default(), pool: &self.scratch }
+    }
+}
+
+/// Scratch vectors kept between ops. Large temporaries freshly allocated per op come from new
+/// pages, and the page faults alone cost more than widening a bf16 weight; reusing them keeps the
+/// pages mapped. (A thread-local would not do: in the shared pool a waiting thread may start
+/// another op's kernel on the same thread.)
+#[derive(Debug, Default)]
+pub(crate) struct ScratchPool(Mutex<Vec<Vec<f32>>>);
+
+/// Scratch vectors kept at most; more are freed when returned.
+const MAX_SCRATCH: usize = 8;
+
+/// A borrowed scratch vector (contents unspecified).
+pub(crate) struct Scratch<'a> {
+    buf: Vec<f32>,
+    pool: &'a ScratchPool,
+}
+
+impl Scratch<'_> {
+    /// The first `len` elements, growing the vector if needed (contents unspecified).
+    pub(crate) fn take(&mut self, len: usize) -> &mut [f32] {
+        if self.buf.len() < len {
+            self.buf.resize(len, 0.0);
+        }
+        &mut self.buf[..len]
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        let mut kept = self.pool.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() < MAX_SCRATCH {
+            kept.push(std::mem::take(&mut self.buf));
         }
     }
 }

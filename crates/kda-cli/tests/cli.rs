@@ -1,0 +1,55 @@
+//! The `kda` binary end to end: exit codes and the lines a user reads.
+
+use std::process::{Command, Output};
+
+fn kda(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("the kda binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn info_lists_the_reference_backend_in_both_modes() {
+    let o = kda(&["info"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("one core per stream"), "{out}");
+    assert!(out.contains("shared thread pool"), "{out}");
+    assert!(out.contains("concurrent streams: yes"), "{out}");
+}
+
+#[test]
+fn run_reports_both_orders_and_that_they_agree() {
+    let o = kda(&["run", "--tokens", "3", "--repeats", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in ["QKV x[3, 7168]", "BFG x[3, 7168]", "serial (one stream)", "speedup", "identical bit for bit"] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+}
+
+#[test]
+fn bench_gemm_prints_gflops() {
+    let o = kda(&["bench", "gemm", "--m", "3", "--n", "5", "--k", "7", "--dtype", "bf16", "--repeats", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("gemm m=3 n=5 k=7 dtype=bf16 threads=1") && out.contains("GFLOP/s"), "{out}");
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    for (args, needle) in [
+        (&["bench", "gemm", "--threads", "0"][..], "--threads"),
+        (&["run", "--tokens", "0"][..], "--tokens"),
+    ] {
+        let o = kda(args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}
