@@ -4,7 +4,8 @@
 //!   with warnings denied. What CI runs.
 //! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports.
 
-use std::process::{Command, ExitCode};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
 fn main() -> ExitCode {
@@ -52,8 +53,64 @@ fn test() -> Result<(), String> {
         &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
         &[],
     )?;
-    step("test", &cargo, &["test", "--workspace", "--release"], &[])?;
-    step("doc", &cargo, &["doc", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])
+    let counts = run_tests(&cargo)?;
+    step("doc", &cargo, &["doc", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])?;
+    // One closing line for the whole suite, so CI reads the total, not the last binary's count.
+    println!(
+        "tests: {} passed, {} failed, {} skipped",
+        counts.passed, counts.failed, counts.ignored
+    );
+    if counts.passed == 0 {
+        return Err("test (no test ran)".into());
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+/// `cargo test --workspace --release`, echoing its output and adding up its `test result:` lines.
+fn run_tests(cargo: &str) -> Result<Counts, String> {
+    let args = ["test", "--workspace", "--release"];
+    eprintln!("==> test: {cargo} {}", args.join(" "));
+    let start = Instant::now();
+    let mut child = Command::new(cargo)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("test: cannot start {cargo}: {e}"))?;
+    let mut counts = Counts::default();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            println!("{line}");
+            if let Some(summary) = line.strip_prefix("test result: ") {
+                add_counts(&mut counts, summary);
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| format!("test: {e}"))?;
+    eprintln!("    test took {:.1} s", start.elapsed().as_secs_f64());
+    if status.success() { Ok(counts) } else { Err(format!("test ({status})")) }
+}
+
+/// Add `ok. 26 passed; 0 failed; 1 ignored; ...` to the totals.
+fn add_counts(counts: &mut Counts, summary: &str) {
+    for part in summary.split([';', '.']) {
+        let mut words = part.split_whitespace();
+        if let (Some(n), Some(what)) = (words.next(), words.next()) {
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => counts.passed += n,
+                "failed" => counts.failed += n,
+                "ignored" => counts.ignored += n,
+                _ => {}
+            }
+        }
+    }
 }
 
 fn bench() -> Result<(), String> {
@@ -65,4 +122,23 @@ fn bench() -> Result<(), String> {
         step("bench gemm", &cargo, &args, &[])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_across_summaries() {
+        let mut c = Counts::default();
+        add_counts(
+            &mut c,
+            "ok. 26 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 7.07s",
+        );
+        add_counts(
+            &mut c,
+            "FAILED. 3 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.5s",
+        );
+        assert_eq!((c.passed, c.failed, c.ignored), (29, 2, 1));
+    }
 }

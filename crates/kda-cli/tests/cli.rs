@@ -1,4 +1,5 @@
 //! The `kda` binary end to end: exit codes and the lines a user reads.
+#![allow(clippy::expect_used, reason = "test setup")]
 
 use std::process::{Command, Output};
 
@@ -29,17 +30,39 @@ fn run_reports_both_orders_and_that_they_agree() {
     let o = kda(&["run", "--tokens", "3", "--repeats", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    for needle in ["QKV x[3, 7168]", "BFG x[3, 7168]", "serial (one stream)", "speedup", "identical bit for bit"] {
+    for needle in [
+        "QKV x[3, 7168]",
+        "BFG x[3, 7168]",
+        "serial (one stream)",
+        "speedup",
+        "identical bit for bit",
+    ] {
         assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
     }
 }
 
 #[test]
 fn bench_gemm_prints_gflops() {
-    let o = kda(&["bench", "gemm", "--m", "3", "--n", "5", "--k", "7", "--dtype", "bf16", "--repeats", "1"]);
+    let o = kda(&[
+        "bench",
+        "gemm",
+        "--m",
+        "3",
+        "--n",
+        "5",
+        "--k",
+        "7",
+        "--dtype",
+        "bf16",
+        "--repeats",
+        "1",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("gemm m=3 n=5 k=7 dtype=bf16 threads=1") && out.contains("GFLOP/s"), "{out}");
+    assert!(
+        out.contains("gemm m=3 n=5 k=7 dtype=bf16 threads=1") && out.contains("GFLOP/s"),
+        "{out}"
+    );
 }
 
 #[test]
