@@ -13,6 +13,7 @@ pub mod dtype;
 pub mod error;
 pub mod hal;
 pub mod layout;
+pub mod mx;
 pub mod op;
 pub mod tensor;
 

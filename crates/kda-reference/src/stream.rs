@@ -79,9 +79,13 @@ impl Drop for Handle {
         self.shared.lock().closing = true;
         self.shared.changed.notify_all();
         if let Some(worker) = self.worker.take() {
-            // Work queued before the drop still completes; a worker that panicked has already
-            // recorded its failure, so the join result carries nothing new.
-            let _ = worker.join();
+            // The last handle can be dropped on the worker itself (a host function that owned
+            // it); that thread exits on its own once `closing` is seen, and cannot join itself.
+            if worker.thread().id() != std::thread::current().id() {
+                // Work queued before the drop still completes; a worker that panicked has
+                // already recorded its failure, so the join result carries nothing new.
+                let _ = worker.join();
+            }
         }
     }
 }
