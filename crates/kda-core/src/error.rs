@@ -73,6 +73,12 @@ pub enum Error {
     #[error("stream {stream} is no longer running")]
     StreamLost { stream: StreamId },
 
+    #[error(transparent)]
+    Hazard(Box<crate::sanitize::Hazard>),
+
+    #[error(transparent)]
+    Capture(#[from] crate::sanitize::CaptureError),
+
     #[error("{backend} backend: {message}")]
     Backend { backend: &'static str, message: String },
 }

@@ -30,7 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::op::{DownloadSlot, Op};
+use crate::op::{DownloadSlot, HostFn, Op};
+use crate::sanitize::{CaptureError, Graph, Instrumentation, Node};
 use crate::tensor::Tensor;
 
 /// Identifies one backend instance; handles carry it so that mixing instances is an error.
@@ -127,9 +128,12 @@ pub struct BackendInfo {
 
 /// A device: streams, events, memory, and ops launched on streams.
 ///
-/// Implementors provide the raw verbs; [`Backend::launch`] is the one entry point every op goes
-/// through (validation, tracing, and later recording and capture all wrap it).
-pub trait Backend: Send + Sync + fmt::Debug + Sized + 'static {
+/// Implementors provide the raw verbs (`raw_*`, [`Backend::submit`]) and an
+/// [`Instrumentation`]; callers use the provided verbs, which validate arguments, open tracing
+/// spans, and route every call through the instrumentation (checked-mode recording and hazard
+/// analysis, graph capture) before the raw verb runs. [`Backend::launch`] is the one entry point
+/// for ops.
+pub trait Backend: Clone + Send + Sync + fmt::Debug + Sized + 'static {
     type Stream: StreamHandle;
     type Event: EventHandle;
     type Buffer: BufferHandle;
@@ -140,53 +144,109 @@ pub trait Backend: Send + Sync + fmt::Debug + Sized + 'static {
     /// This instance's id; every handle it creates carries it.
     fn instance(&self) -> InstanceId;
 
+    /// This instance's recorder, analyser and capture state.
+    fn instrumentation(&self) -> &Instrumentation<Self>;
+
     fn new_stream(&self) -> Result<Self::Stream>;
 
     fn new_event(&self) -> Result<Self::Event>;
 
-    /// Snapshot the work queued on `stream` so far into `event` (replacing any earlier record).
-    fn record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
+    /// Backend part of [`Backend::record`]; arguments are already checked.
+    fn raw_record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()>;
 
-    /// Order later work on `stream` after `event`'s most recent record (no-op if never recorded).
-    fn wait(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
+    /// Backend part of [`Backend::wait`]; arguments are already checked.
+    fn raw_wait(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()>;
 
-    /// Block until all work launched on `stream` has finished; returns the stream's pending
-    /// execution error, if any.
-    fn synchronize(&self, stream: &Self::Stream) -> Result<()>;
+    /// Backend part of [`Backend::synchronize`]; arguments are already checked.
+    fn raw_synchronize(&self, stream: &Self::Stream) -> Result<()>;
 
     /// Allocate `bytes` bytes of device memory (zero-initialised is not promised).
-    fn alloc_buffer(&self, bytes: usize) -> Result<Self::Buffer>;
+    fn raw_alloc(&self, bytes: usize) -> Result<Self::Buffer>;
+
+    /// Release `buffer` in the order of `stream`. The default drops the handle when the stream
+    /// reaches this point; a caching allocator makes the memory reusable there instead.
+    fn raw_free(&self, stream: &Self::Stream, buffer: Self::Buffer) -> Result<()> {
+        let hold = HostFn::new(move || {
+            let _ = buffer.id();
+            Ok(())
+        });
+        self.submit(stream, Op::Host { name: "free", f: hold })
+    }
 
     /// Queue an already validated op on `stream`. Call [`Backend::launch`] instead.
     fn submit(&self, stream: &Self::Stream, op: Op<Self>) -> Result<()>;
 
-    /// Validate `op`, open its tracing span and queue it on `stream`. Returns as soon as it is
-    /// queued.
-    fn launch(&self, stream: &Self::Stream, op: Op<Self>) -> Result<()> {
-        let _span = tracing::trace_span!("launch", op = op.name(), stream = %stream.id()).entered();
+    /// Snapshot the work queued on `stream` so far into `event` (replacing any earlier record).
+    fn record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()> {
+        check_instance(self, "event", event.id().instance)?;
         check_instance(self, "stream", stream.id().instance)?;
-        op.validate(self.instance())?;
-        self.submit(stream, op)
+        self.instrumentation().record(event.id(), stream.id(), || self.raw_record(event, stream))
+    }
+
+    /// Order later work on `stream` after `event`'s most recent record (no-op if never recorded).
+    fn wait(&self, stream: &Self::Stream, event: &Self::Event) -> Result<()> {
+        check_instance(self, "event", event.id().instance)?;
+        check_instance(self, "stream", stream.id().instance)?;
+        self.instrumentation().wait(stream.id(), event.id(), || self.raw_wait(stream, event))
+    }
+
+    /// Block until all work launched on `stream` has finished; returns the stream's pending
+    /// execution error, if any.
+    fn synchronize(&self, stream: &Self::Stream) -> Result<()> {
+        blocking_sync(self, stream, "synchronize")
+    }
+
+    /// Allocate `bytes` bytes of device memory.
+    fn alloc_buffer(&self, bytes: usize) -> Result<Self::Buffer> {
+        let buffer = self.raw_alloc(bytes)?;
+        if self.instrumentation().is_checked() {
+            self.instrumentation().alloc(buffer.id(), bytes);
+        }
+        Ok(buffer)
     }
 
     /// Allocate a dense tensor of `dtype` and `shape`.
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self>> {
         let layout = Layout::contiguous(dtype, shape);
-        let bytes = layout
-            .numel()
-            .checked_mul(dtype.size_bytes())
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+        let bytes = layout.numel().checked_mul(dtype.size_bytes()).ok_or(Error::OutOfMemory {
+            bytes: usize::MAX,
+        })?;
         Tensor::new(self.alloc_buffer(bytes)?, layout)
+    }
+
+    /// Release `buffer` in the order of `stream`: work on `stream` after this point may reuse its
+    /// memory, so every use on another stream must be ordered before it (checked mode reports
+    /// [`HazardKind::FreeWhileInUse`](crate::sanitize::HazardKind::FreeWhileInUse) otherwise).
+    fn free(&self, stream: &Self::Stream, buffer: Self::Buffer) -> Result<()> {
+        check_instance(self, "stream", stream.id().instance)?;
+        check_instance(self, "buffer", buffer.id().instance)?;
+        let id = buffer.id();
+        self.instrumentation().free(stream.id(), id, || self.raw_free(stream, buffer))
+    }
+
+    /// Validate `op`, open its tracing span and queue it on `stream` under its own name. Returns
+    /// as soon as it is queued.
+    fn launch(&self, stream: &Self::Stream, op: Op<Self>) -> Result<()> {
+        let label = op.name();
+        self.launch_labeled(stream, label, op)
+    }
+
+    /// [`Backend::launch`] under a label of the caller's (the name diagnostics and traces use,
+    /// e.g. `project_bfg`).
+    fn launch_labeled(&self, stream: &Self::Stream, label: &str, op: Op<Self>) -> Result<()> {
+        let _span = tracing::trace_span!("launch", op = label, stream = %stream.id()).entered();
+        check_instance(self, "stream", stream.id().instance)?;
+        op.validate(self.instance())?;
+        let instrumentation = self.instrumentation();
+        if !instrumentation.is_active() {
+            return self.submit(stream, op);
+        }
+        instrumentation.launch(stream.id(), label, op, |op| self.submit(stream, op))
     }
 
     /// Queue a copy of host `data` into `dst` on `stream` (the data is staged, so the caller may
     /// drop it at once).
-    fn upload<T: Element>(
-        &self,
-        stream: &Self::Stream,
-        dst: &Tensor<Self>,
-        data: &[T],
-    ) -> Result<()> {
+    fn upload<T: Element>(&self, stream: &Self::Stream, dst: &Tensor<Self>, data: &[T]) -> Result<()> {
         if T::DTYPE != dst.dtype() {
             return Err(Error::DType {
                 op: "upload",
@@ -212,10 +272,54 @@ pub trait Backend: Send + Sync + fmt::Debug + Sized + 'static {
         }
         let slot = DownloadSlot::default();
         self.launch(stream, Op::Download { src: src.clone(), slot: slot.clone() })?;
-        self.synchronize(stream)?;
+        blocking_sync(self, stream, "download")?;
         let bytes = slot.take().ok_or(Error::StreamLost { stream: stream.id() })?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
+
+    /// Start capturing work on `origin` (and on every stream that joins by waiting on a
+    /// captured event) into a graph instead of running it.
+    fn begin_capture(&self, origin: &Self::Stream) -> Result<()> {
+        check_instance(self, "stream", origin.id().instance)?;
+        self.instrumentation().begin_capture(origin.id())
+    }
+
+    /// End the capture begun on `origin`; fails, naming the stream, unless every captured stream
+    /// was joined back to `origin` after its last work and no captured stream blocked the host
+    /// or waited on an event recorded outside the capture.
+    fn end_capture(&self, origin: &Self::Stream) -> Result<Graph<Self>> {
+        check_instance(self, "stream", origin.id().instance)?;
+        self.instrumentation().end_capture(origin.id(), self.instance())
+    }
+
+    /// Run a captured graph on `stream` (its origin), with the captured order: forked streams
+    /// and events are this instance's own, created on the first launch and reused after.
+    fn launch_graph(&self, graph: &Graph<Self>, stream: &Self::Stream) -> Result<()> {
+        check_instance(self, "stream", stream.id().instance)?;
+        if graph.instance != self.instance() {
+            return Err(CaptureError::ForeignGraph { graph: graph.instance, backend: self.instance() }.into());
+        }
+        let (forks, events) = graph.replay_handles(self)?;
+        let stream_of = |i: usize| if i == 0 { stream } else { &forks[i - 1] };
+        for node in &graph.nodes {
+            match node {
+                Node::Launch { stream, label, op } => self.launch_labeled(stream_of(*stream), label, op.clone())?,
+                Node::Record { stream, event } => self.record(&events[*event], stream_of(*stream))?,
+                Node::Wait { stream, event } => self.wait(stream_of(*stream), &events[*event])?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A host block on `stream`, named by the call that blocks.
+fn blocking_sync<B: Backend>(backend: &B, stream: &B::Stream, call: &'static str) -> Result<()> {
+    check_instance(backend, "stream", stream.id().instance)?;
+    let instrumentation = backend.instrumentation();
+    if !instrumentation.is_active() {
+        return backend.raw_synchronize(stream);
+    }
+    instrumentation.synchronize(stream.id(), call, || backend.raw_synchronize(stream))
 }
 
 /// Reject a handle created by another backend instance.

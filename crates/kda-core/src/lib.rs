@@ -15,6 +15,7 @@ pub mod hal;
 pub mod layout;
 pub mod mx;
 pub mod op;
+pub mod sanitize;
 pub mod tensor;
 
 pub use dtype::{DType, E8M0, Element, F8E4M3};

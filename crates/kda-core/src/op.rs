@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 use crate::hal::{Backend, BufferHandle, InstanceId};
 use crate::tensor::Tensor;
 
-/// One device op with its input and output views.
+/// One device op with its input and output views. Cloning shares the views (and staged
+/// data), as replaying a captured graph does.
+#[derive(Clone)]
 pub enum Op<B: Backend> {
     /// Dense Linear-layout GEMM `y[M, N] = x[M, K] · w[N, K]^T`, fp32 accumulation.
     /// `x`, `w`: bf16, f16 or f32 (mixed allowed); `y`: bf16, f16 or f32.

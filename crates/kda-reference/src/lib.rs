@@ -20,10 +20,10 @@ pub mod stream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kda_core::hal::check_instance;
+use kda_core::sanitize::{Instrumentation, checked_from_env};
 use kda_core::{
-    Backend, BackendInfo, BufferId, Capabilities, DType, Error, EventHandle, EventId, InstanceId,
-    Op, Result, StreamHandle, StreamId,
+    Backend, BackendInfo, BufferId, Capabilities, DType, Error, EventId, InstanceId, Op, Result,
+    StreamId,
 };
 
 pub use buffer::RefBuffer;
@@ -45,11 +45,14 @@ pub struct ReferenceOptions {
     pub mode: ExecutionMode,
     /// Random delays injected before every queued item (tests of event ordering).
     pub jitter: Option<Jitter>,
+    /// Checked mode: record every call and reject ops that race (see [`kda_core::sanitize`]).
+    pub checked: bool,
 }
 
 impl Default for ReferenceOptions {
+    /// One core per stream, no jitter, checked mode as `KDA_SANITIZE` says (off when unset).
     fn default() -> Self {
-        Self { mode: ExecutionMode::PerStream, jitter: None }
+        Self { mode: ExecutionMode::PerStream, jitter: None, checked: checked_from_env(false) }
     }
 }
 
@@ -64,6 +67,7 @@ struct Inner {
     instance: InstanceId,
     options: ReferenceOptions,
     exec: Exec,
+    instrumentation: Instrumentation<ReferenceBackend>,
     next_stream: AtomicU64,
     next_event: AtomicU64,
     next_buffer: AtomicU64,
@@ -109,6 +113,7 @@ impl Inner {
     fn new(options: ReferenceOptions, exec: Exec) -> Self {
         Self {
             instance: InstanceId::fresh(),
+            instrumentation: Instrumentation::new(options.checked),
             options,
             exec,
             next_stream: AtomicU64::new(0),
@@ -149,6 +154,10 @@ impl Backend for ReferenceBackend {
         self.inner.instance
     }
 
+    fn instrumentation(&self) -> &Instrumentation<Self> {
+        &self.inner.instrumentation
+    }
+
     fn new_stream(&self) -> Result<RefStream> {
         let inner = &self.inner;
         let id = StreamId { instance: inner.instance, index: inner.next(&inner.next_stream) };
@@ -163,28 +172,23 @@ impl Backend for ReferenceBackend {
         }))
     }
 
-    fn record(&self, event: &RefEvent, stream: &RefStream) -> Result<()> {
-        check_instance(self, "event", event.id().instance)?;
-        check_instance(self, "stream", stream.id().instance)?;
+    fn raw_record(&self, event: &RefEvent, stream: &RefStream) -> Result<()> {
         event.set(stream.snapshot());
         Ok(())
     }
 
-    fn wait(&self, stream: &RefStream, event: &RefEvent) -> Result<()> {
-        check_instance(self, "event", event.id().instance)?;
-        check_instance(self, "stream", stream.id().instance)?;
+    fn raw_wait(&self, stream: &RefStream, event: &RefEvent) -> Result<()> {
         if let Some(snapshot) = event.get() {
             stream.wait_for(&snapshot);
         }
         Ok(())
     }
 
-    fn synchronize(&self, stream: &RefStream) -> Result<()> {
-        check_instance(self, "stream", stream.id().instance)?;
+    fn raw_synchronize(&self, stream: &RefStream) -> Result<()> {
         stream.synchronize()
     }
 
-    fn alloc_buffer(&self, bytes: usize) -> Result<RefBuffer> {
+    fn raw_alloc(&self, bytes: usize) -> Result<RefBuffer> {
         let inner = &self.inner;
         let id = BufferId { instance: inner.instance, index: inner.next(&inner.next_buffer) };
         RefBuffer::new(id, bytes)

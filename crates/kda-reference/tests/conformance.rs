@@ -3,10 +3,19 @@
 
 use std::time::Duration;
 
+use kda_core::sanitize::checked_from_env;
 use kda_reference::{ExecutionMode, Jitter, ReferenceBackend, ReferenceOptions};
 
+/// Checked mode is on in these tests unless `KDA_SANITIZE=0` says otherwise.
 fn backend(mode: ExecutionMode, jitter: Option<Jitter>) -> ReferenceBackend {
-    ReferenceBackend::with_options(ReferenceOptions { mode, jitter }).expect("reference backend")
+    let options = ReferenceOptions { mode, jitter, checked: checked_from_env(true) };
+    ReferenceBackend::with_options(options).expect("reference backend")
+}
+
+/// Always checked: the sanitizer's own tests.
+fn checked(mode: ExecutionMode) -> ReferenceBackend {
+    let options = ReferenceOptions { mode, jitter: None, checked: true };
+    ReferenceBackend::with_options(options).expect("reference backend")
 }
 
 const JITTER: Jitter = Jitter { seed: 0x5eed, max: Duration::from_micros(150) };
@@ -16,6 +25,7 @@ mod per_stream {
     kda_testkit::conformance_tests!(
         plain: || backend(ExecutionMode::PerStream, None),
         jittered: || backend(ExecutionMode::PerStream, Some(JITTER)),
+        checked: || checked(ExecutionMode::PerStream),
     );
 }
 
@@ -24,5 +34,6 @@ mod shared_pool {
     kda_testkit::conformance_tests!(
         plain: || backend(ExecutionMode::SharedPool { threads: 2 }, None),
         jittered: || backend(ExecutionMode::SharedPool { threads: 2 }, Some(JITTER)),
+        checked: || checked(ExecutionMode::SharedPool { threads: 2 }),
     );
 }

@@ -64,7 +64,7 @@ pub fn reference_with_threads(threads: usize) -> Result<ReferenceBackend, CliErr
         1 => ExecutionMode::PerStream,
         threads => ExecutionMode::SharedPool { threads },
     };
-    Ok(ReferenceBackend::with_options(ReferenceOptions { mode, jitter: None })?)
+    Ok(ReferenceBackend::with_options(ReferenceOptions { mode, ..ReferenceOptions::default() })?)
 }
 
 fn gemm(args: &GemmArgs) -> Result<(), CliError> {

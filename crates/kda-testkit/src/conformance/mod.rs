@@ -6,6 +6,7 @@
 //! under a watchdog, so a wrong implementation fails instead of stalling CI.
 
 pub mod gemm;
+pub mod sanitize;
 pub mod streams;
 pub mod views;
 
@@ -17,11 +18,12 @@ use kda_core::Backend;
 /// Instantiate the whole suite as `#[test]` functions in the calling module.
 ///
 /// `$plain` builds a fresh backend instance; `$jittered` builds one that injects random delays
-/// before queued work (or a plain one, for a backend without such a hook).
+/// before queued work (or a plain one, for a backend without such a hook); `$checked` builds one
+/// in checked mode (the sanitizer's own tests).
 #[macro_export]
 macro_rules! conformance_tests {
-    (plain: $plain:expr, jittered: $jittered:expr $(,)?) => {
-        $crate::conformance_tests!(@tests $plain, $jittered;
+    (plain: $plain:expr, jittered: $jittered:expr, checked: $checked:expr $(,)?) => {
+        $crate::conformance_tests!(@tests
             streams_run_concurrently => streams::run_concurrently(&$plain),
             wait_before_record_is_a_no_op => streams::wait_before_record_is_a_no_op(&$plain),
             rerecord_after_wait_keeps_the_earlier_snapshot =>
@@ -40,9 +42,22 @@ macro_rules! conformance_tests {
             views_copy_and_fill_address_the_right_elements =>
                 views::copy_and_fill_address_the_right_elements(&$plain),
             views_bad_input_is_an_error => views::bad_input_is_an_error(&$plain),
+            sanitize_fork_join_is_clean => sanitize::fork_join_is_clean(&$checked),
+            sanitize_missing_join_names_the_consumer =>
+                sanitize::missing_join_names_the_consumer(&$checked),
+            sanitize_disjoint_views_do_not_conflict =>
+                sanitize::disjoint_views_do_not_conflict(&$checked),
+            sanitize_free_while_in_use_is_reported =>
+                sanitize::free_while_in_use_is_reported(&$checked),
+            sanitize_log_can_be_edited_and_reanalysed =>
+                sanitize::log_can_be_edited_and_reanalysed(&$checked),
+            capture_fork_join_replays_to_identical_results =>
+                sanitize::capture_fork_join_replays_to_identical_results(&$checked),
+            capture_invalid_cases_are_rejected => sanitize::capture_invalid_cases_are_rejected(&$plain),
+            capture_bad_calls_are_typed_errors => sanitize::capture_bad_calls_are_typed_errors(&$plain),
         );
     };
-    (@tests $plain:expr, $jittered:expr; $($name:ident => $module:ident :: $body:ident ( $($arg:tt)* )),* $(,)?) => {
+    (@tests $($name:ident => $module:ident :: $body:ident ( $($arg:tt)* )),* $(,)?) => {
         $(
             #[test]
             fn $name() {

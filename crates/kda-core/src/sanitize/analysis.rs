@@ -1,0 +1,213 @@
+//! Happens-before over a recorded log, with vector clocks, and the hazards it implies.
+//!
+//! Each stream `s` has a vector clock `C[s]`; `C[s][s]` counts the ops (and frees) queued on
+//! `s`, and `C[s][t]` is how many of `t`'s ops are known to finish before whatever `s` runs next.
+//! A record snapshots `C[s]` into the event; a wait joins the event's snapshot of its most
+//! recent record into the waiting stream; a host synchronize joins `C[s]` into the host's clock,
+//! which every later call joins in turn (the host issues it afterwards). Op `a` (the `i`-th on
+//! stream `s`) happens before a later op `b` on stream `t` iff `C_b[s] >= i`.
+//!
+//! The verdict for a pair is final as soon as the later op is queued: nothing queued afterwards
+//! can order an op before one already queued. So hazards are found online, at the call that
+//! creates them.
+
+use std::collections::HashMap;
+
+use crate::hal::{BufferId, EventId, StreamId};
+use crate::sanitize::hazard::{Hazard, HazardKind, HazardSide};
+use crate::sanitize::log::{Access, Entry, OpRef};
+use crate::sanitize::ranges::ByteRanges;
+
+type Clock = Vec<u64>;
+
+fn join(into: &mut Clock, other: &Clock) {
+    if into.len() < other.len() {
+        into.resize(other.len(), 0);
+    }
+    for (a, &b) in into.iter_mut().zip(other) {
+        *a = (*a).max(b);
+    }
+}
+
+/// A past access still able to conflict with future ones.
+#[derive(Clone, Debug)]
+struct Past {
+    side: HazardSide,
+    stream: usize,
+    /// The op's own component: it is the `pos`-th op on its stream.
+    pos: u64,
+    bytes: ByteRanges,
+    free: bool,
+}
+
+/// The online analysis: feed it entries in host order, get the hazards each one creates.
+#[derive(Debug, Default)]
+pub struct Analyzer {
+    streams: HashMap<StreamId, usize>,
+    clocks: Vec<Clock>,
+    host: Clock,
+    events: HashMap<EventId, Clock>,
+    /// Memory each buffer lives on: its own, or a freed buffer's it reuses.
+    regions: HashMap<BufferId, BufferId>,
+    sizes: HashMap<BufferId, usize>,
+    freed: HashMap<BufferId, OpRef>,
+    past: HashMap<BufferId, Vec<Past>>,
+    entries: usize,
+}
+
+impl Analyzer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Entries seen so far.
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    fn stream(&mut self, id: StreamId) -> usize {
+        let next = self.streams.len();
+        let s = *self.streams.entry(id).or_insert(next);
+        if s == self.clocks.len() {
+            self.clocks.push(Clock::new());
+        }
+        // The host issued this call after everything it has synchronised with.
+        let host = self.host.clone();
+        join(&mut self.clocks[s], &host);
+        s
+    }
+
+    fn tick(&mut self, s: usize) -> u64 {
+        let clock = &mut self.clocks[s];
+        if clock.len() <= s {
+            clock.resize(s + 1, 0);
+        }
+        clock[s] += 1;
+        clock[s]
+    }
+
+    fn region(&self, buffer: BufferId) -> BufferId {
+        self.regions.get(&buffer).copied().unwrap_or(buffer)
+    }
+
+    /// Analyse the next entry; returns the hazards it creates.
+    pub fn push(&mut self, entry: &Entry) -> Vec<Hazard> {
+        let index = self.entries;
+        self.entries += 1;
+        match entry {
+            Entry::Launch { stream, label, reads, writes } => {
+                let s = self.stream(*stream);
+                let pos = self.tick(s);
+                let op = OpRef { index, label: label.clone(), stream: *stream };
+                let mut hazards = Vec::new();
+                let accesses = reads.iter().map(|a| (a, false)).chain(writes.iter().map(|a| (a, true)));
+                let accesses: Vec<(&Access, bool)> = accesses.collect();
+                for &(access, write) in &accesses {
+                    let side = HazardSide { op: op.clone(), param: access.param, buffer: access.buffer, writes: write };
+                    if let Some(free) = self.freed.get(&access.buffer) {
+                        hazards.push(Hazard {
+                            kind: HazardKind::UseAfterFree,
+                            first: HazardSide { op: free.clone(), param: "free", buffer: access.buffer, writes: true },
+                            second: side.clone(),
+                            bytes: access.bytes.hull(),
+                        });
+                    }
+                    self.check(&mut hazards, s, &side, &access.bytes, false);
+                }
+                for (access, write) in accesses {
+                    let side = HazardSide { op: op.clone(), param: access.param, buffer: access.buffer, writes: write };
+                    let region = self.region(access.buffer);
+                    let past = Past { side, stream: s, pos, bytes: access.bytes.clone(), free: false };
+                    self.past.entry(region).or_default().push(past);
+                }
+                hazards
+            }
+            Entry::Record { stream, event } => {
+                let s = self.stream(*stream);
+                self.events.insert(*event, self.clocks[s].clone());
+                Vec::new()
+            }
+            Entry::Wait { stream, event } => {
+                let s = self.stream(*stream);
+                if let Some(snapshot) = self.events.get(event).cloned() {
+                    join(&mut self.clocks[s], &snapshot);
+                }
+                Vec::new()
+            }
+            Entry::Synchronize { stream } => {
+                let s = self.stream(*stream);
+                let clock = self.clocks[s].clone();
+                join(&mut self.host, &clock);
+                self.prune();
+                Vec::new()
+            }
+            Entry::Alloc { buffer, bytes } => {
+                self.sizes.insert(*buffer, *bytes);
+                Vec::new()
+            }
+            Entry::Free { stream, buffer } => {
+                let s = self.stream(*stream);
+                let pos = self.tick(s);
+                let op = OpRef { index, label: "free".into(), stream: *stream };
+                let side = HazardSide { op: op.clone(), param: "buffer", buffer: *buffer, writes: true };
+                let region = self.region(*buffer);
+                let len = self.sizes.get(&region).copied().unwrap_or(usize::MAX);
+                let bytes = ByteRanges::span(0..len);
+                let mut hazards = Vec::new();
+                self.check(&mut hazards, s, &side, &bytes, true);
+                self.past.entry(region).or_default().push(Past { side, stream: s, pos, bytes, free: true });
+                self.freed.insert(*buffer, op);
+                hazards
+            }
+            Entry::Reuse { buffer, previous } => {
+                let region = self.region(*previous);
+                self.regions.insert(*buffer, region);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Compare one access with every past access to the same memory.
+    fn check(&self, out: &mut Vec<Hazard>, s: usize, side: &HazardSide, bytes: &ByteRanges, free: bool) {
+        let region = self.region(side.buffer);
+        let Some(past) = self.past.get(&region) else { return };
+        let clock = &self.clocks[s];
+        for p in past {
+            let ordered = p.stream == s || clock.get(p.stream).copied().unwrap_or(0) >= p.pos;
+            if ordered || !(p.side.writes || side.writes) {
+                continue;
+            }
+            let Some(overlap) = p.bytes.first_overlap(bytes) else { continue };
+            let kind = if free {
+                HazardKind::FreeWhileInUse
+            } else if p.free {
+                HazardKind::UseAfterFree
+            } else {
+                match (p.side.writes, side.writes) {
+                    (true, false) => HazardKind::ReadAfterWrite,
+                    (false, true) => HazardKind::WriteAfterRead,
+                    _ => HazardKind::WriteAfterWrite,
+                }
+            };
+            out.push(Hazard { kind, first: p.side.clone(), second: side.clone(), bytes: overlap });
+        }
+    }
+
+    /// Forget accesses every later call is ordered after (the host has synchronised past them).
+    fn prune(&mut self) {
+        let host = &self.host;
+        for past in self.past.values_mut() {
+            past.retain(|p| host.get(p.stream).copied().unwrap_or(0) < p.pos);
+        }
+    }
+}
+
+/// Analyse a whole log; returns every hazard, in the order the entries create them.
+pub fn analyze(log: &[Entry]) -> Vec<Hazard> {
+    let mut analyzer = Analyzer::new();
+    log.iter().flat_map(|e| analyzer.push(e)).collect()
+}

@@ -1,0 +1,256 @@
+//! Graph capture with the ACL rule: every stream forked into a capture must be joined back to
+//! the origin stream before the capture ends.
+//!
+//! While a capture is open, work queued on a captured stream is not run: it becomes a node of
+//! the graph. A stream joins the capture by waiting on an event recorded inside it (directly or
+//! through another captured stream). [`Capture::finish`] checks the rules with vector clocks
+//! over the captured nodes, as the device runtime would reject the capture.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use thiserror::Error;
+
+use crate::error::Result;
+use crate::hal::{Backend, EventId, InstanceId, StreamId};
+use crate::op::Op;
+
+/// Why a capture could not begin, continue or end, or a graph could not be launched.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum CaptureError {
+    #[error("end_capture on stream {stream}: no capture was begun on it")]
+    NotCapturing { stream: StreamId },
+    #[error("begin_capture on stream {stream}: a capture from stream {origin} is already open")]
+    AlreadyCapturing { stream: StreamId, origin: StreamId },
+    #[error(
+        "capture from stream {origin}: stream {stream} was forked into the capture but its last \
+         work was never joined back to the origin (record an event on it and wait on that event \
+         from the origin)"
+    )]
+    NotJoined { stream: StreamId, origin: StreamId },
+    #[error(
+        "capture from stream {origin}: stream {stream} received `{label}` after it was joined \
+         back; join it again after its last work"
+    )]
+    WorkAfterJoin { stream: StreamId, origin: StreamId, label: String },
+    #[error("capture from stream {origin}: {call} of captured stream {stream} blocks the host inside the capture")]
+    HostSyncInCapture { stream: StreamId, origin: StreamId, call: &'static str },
+    #[error(
+        "capture from stream {origin}: captured stream {stream} waits on event {event}, which was \
+         not recorded inside the capture"
+    )]
+    ExternalEvent { stream: StreamId, origin: StreamId, event: EventId },
+    #[error("graph captured on backend instance {graph} cannot be launched on instance {backend}")]
+    ForeignGraph { graph: InstanceId, backend: InstanceId },
+}
+
+/// One captured call.
+#[derive(Debug)]
+pub enum Node<B: Backend> {
+    Launch { stream: usize, label: String, op: Op<B> },
+    Record { stream: usize, event: usize },
+    Wait { stream: usize, event: usize },
+}
+
+/// A captured, validated graph: replayable with [`Backend::launch_graph`]. Stream 0 is the
+/// origin; the others are forked and joined inside.
+pub struct Graph<B: Backend> {
+    pub(crate) instance: InstanceId,
+    pub(crate) nodes: Vec<Node<B>>,
+    pub(crate) streams: usize,
+    pub(crate) events: usize,
+    /// The forked streams and events replays use, made on the first replay.
+    handles: Mutex<Option<ReplayHandles<B>>>,
+}
+
+type ReplayHandles<B> = (Vec<<B as Backend>::Stream>, Vec<<B as Backend>::Event>);
+
+impl<B: Backend> std::fmt::Debug for Graph<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("instance", &self.instance)
+            .field("nodes", &self.nodes.len())
+            .field("streams", &self.streams)
+            .field("events", &self.events)
+            .finish()
+    }
+}
+
+impl<B: Backend> Graph<B> {
+    /// Captured streams, the origin included.
+    pub fn streams(&self) -> usize {
+        self.streams
+    }
+
+    /// Labels of the captured ops, in capture order, with their stream (0 = origin).
+    pub fn ops(&self) -> Vec<(usize, &str)> {
+        self.nodes
+            .iter()
+            .filter_map(|n| match n {
+                Node::Launch { stream, label, .. } => Some((*stream, label.as_str())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn nodes(&self) -> &[Node<B>] {
+        &self.nodes
+    }
+
+    /// The streams (beyond the origin) and events a replay on `backend` uses.
+    pub(crate) fn replay_handles(&self, backend: &B) -> Result<ReplayHandles<B>> {
+        let mut handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(h) = handles.as_ref() {
+            return Ok(h.clone());
+        }
+        let streams = (1..self.streams).map(|_| backend.new_stream()).collect::<Result<Vec<_>>>()?;
+        let events = (0..self.events).map(|_| backend.new_event()).collect::<Result<Vec<_>>>()?;
+        *handles = Some((streams, events));
+        Ok(handles.as_ref().map(Clone::clone).unwrap_or_default())
+    }
+}
+
+/// Per captured stream: its index, nodes so far, and its vector clock over captured streams.
+#[derive(Debug, Default)]
+struct CapStream {
+    index: usize,
+    count: u64,
+    clock: HashMap<usize, u64>,
+    last_label: String,
+}
+
+/// An open capture.
+pub(crate) struct Capture<B: Backend> {
+    origin: StreamId,
+    streams: HashMap<StreamId, CapStream>,
+    order: Vec<StreamId>,
+    /// Events recorded inside the capture: their index and the snapshot of the record.
+    events: HashMap<EventId, (usize, HashMap<usize, u64>)>,
+    event_count: usize,
+    nodes: Vec<Node<B>>,
+    violation: Option<CaptureError>,
+}
+
+impl<B: Backend> Capture<B> {
+    pub(crate) fn new(origin: StreamId) -> Self {
+        let mut capture = Self {
+            origin,
+            streams: HashMap::new(),
+            order: Vec::new(),
+            events: HashMap::new(),
+            event_count: 0,
+            nodes: Vec::new(),
+            violation: None,
+        };
+        capture.join(origin);
+        capture
+    }
+
+    pub(crate) fn origin(&self) -> StreamId {
+        self.origin
+    }
+
+    pub(crate) fn is_captured(&self, stream: StreamId) -> bool {
+        self.streams.contains_key(&stream)
+    }
+
+    /// Whether a wait on `event` pulls a stream into this capture.
+    pub(crate) fn is_captured_event(&self, event: EventId) -> bool {
+        self.events.contains_key(&event)
+    }
+
+    fn join(&mut self, stream: StreamId) -> &mut CapStream {
+        let index = self.order.len();
+        if !self.streams.contains_key(&stream) {
+            self.order.push(stream);
+        }
+        self.streams.entry(stream).or_insert_with(|| CapStream { index, ..CapStream::default() })
+    }
+
+    fn tick(&mut self, stream: StreamId, label: &str) -> usize {
+        let s = self.join(stream);
+        s.count += 1;
+        let (index, count) = (s.index, s.count);
+        s.clock.insert(index, count);
+        s.last_label = label.to_string();
+        index
+    }
+
+    pub(crate) fn launch(&mut self, stream: StreamId, label: &str, op: Op<B>) {
+        let index = self.tick(stream, label);
+        self.nodes.push(Node::Launch { stream: index, label: label.to_string(), op });
+    }
+
+    pub(crate) fn record(&mut self, event: EventId, stream: StreamId) {
+        let index = self.tick(stream, "record");
+        let snapshot = self.streams[&stream].clock.clone();
+        let next = self.event_count;
+        let slot = self.events.entry(event).or_insert((next, HashMap::new()));
+        if slot.0 == next {
+            self.event_count += 1;
+        }
+        slot.1 = snapshot;
+        let event_index = slot.0;
+        self.nodes.push(Node::Record { stream: index, event: event_index });
+    }
+
+    /// A wait while the capture is open: on an event recorded inside it, the waiting stream joins
+    /// the capture; a captured stream must not wait on any other event.
+    pub(crate) fn wait(&mut self, stream: StreamId, event: EventId) {
+        let Some((event_index, snapshot)) = self.events.get(&event).cloned() else {
+            if self.is_captured(stream) {
+                self.violate(CaptureError::ExternalEvent { stream, origin: self.origin, event });
+            }
+            return;
+        };
+        let index = self.tick(stream, "wait");
+        let s = self.streams.get_mut(&stream).map(|s| &mut s.clock);
+        if let Some(clock) = s {
+            for (k, v) in snapshot {
+                let entry = clock.entry(k).or_insert(0);
+                *entry = (*entry).max(v);
+            }
+        }
+        self.nodes.push(Node::Wait { stream: index, event: event_index });
+    }
+
+    /// The host blocked on a captured stream.
+    pub(crate) fn host_sync(&mut self, stream: StreamId, call: &'static str) -> CaptureError {
+        let error = CaptureError::HostSyncInCapture { stream, origin: self.origin, call };
+        self.violate(error.clone());
+        error
+    }
+
+    fn violate(&mut self, error: CaptureError) {
+        self.violation.get_or_insert(error);
+    }
+
+    /// Check the rules and turn the capture into a graph.
+    pub(crate) fn finish(self, instance: InstanceId) -> Result<Graph<B>, CaptureError> {
+        if let Some(v) = self.violation {
+            return Err(v);
+        }
+        let origin = &self.streams[&self.origin];
+        for stream in self.order.iter().skip(1) {
+            let s = &self.streams[stream];
+            let seen = origin.clock.get(&s.index).copied().unwrap_or(0);
+            if seen == 0 {
+                return Err(CaptureError::NotJoined { stream: *stream, origin: self.origin });
+            }
+            if seen < s.count {
+                return Err(CaptureError::WorkAfterJoin {
+                    stream: *stream,
+                    origin: self.origin,
+                    label: s.last_label.clone(),
+                });
+            }
+        }
+        Ok(Graph {
+            instance,
+            nodes: self.nodes,
+            streams: self.order.len(),
+            events: self.event_count,
+            handles: Mutex::new(None),
+        })
+    }
+}
