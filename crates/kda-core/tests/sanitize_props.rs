@@ -34,7 +34,8 @@ fn step(streams: u64, events: u64) -> impl Strategy<Value = Step> {
 }
 
 fn log_strategy() -> impl Strategy<Value = Vec<Step>> {
-    (2u64..=4, 1u64..=4).prop_flat_map(|(streams, events)| proptest::collection::vec(step(streams, events), 1..40))
+    (2u64..=4, 1u64..=4)
+        .prop_flat_map(|(streams, events)| proptest::collection::vec(step(streams, events), 1..40))
 }
 
 fn to_log(steps: &[Step]) -> Vec<Entry> {
@@ -60,8 +61,12 @@ fn to_log(steps: &[Step]) -> Vec<Entry> {
                 reads: accesses(reads, "in"),
                 writes: accesses(writes, "out"),
             },
-            Step::Record { stream: s, event: e } => Entry::Record { stream: stream(*s), event: event(*e) },
-            Step::Wait { stream: s, event: e } => Entry::Wait { stream: stream(*s), event: event(*e) },
+            Step::Record { stream: s, event: e } => {
+                Entry::Record { stream: stream(*s), event: event(*e) }
+            }
+            Step::Wait { stream: s, event: e } => {
+                Entry::Wait { stream: stream(*s), event: event(*e) }
+            }
             Step::Sync { stream: s } => Entry::Synchronize { stream: stream(*s) },
         })
         .collect()
@@ -72,7 +77,10 @@ fn oracle(steps: &[Step]) -> BTreeSet<(usize, usize)> {
     let n = steps.len();
     let mut edge = vec![vec![false; n]; n];
     let stream_of = |s: &Step| match s {
-        Step::Launch { stream, .. } | Step::Record { stream, .. } | Step::Wait { stream, .. } | Step::Sync { stream } => *stream,
+        Step::Launch { stream, .. }
+        | Step::Record { stream, .. }
+        | Step::Wait { stream, .. }
+        | Step::Sync { stream } => *stream,
     };
     for j in 0..n {
         // Program order on the stream (a host synchronize joins the chain of its stream).
@@ -81,7 +89,10 @@ fn oracle(steps: &[Step]) -> BTreeSet<(usize, usize)> {
         }
         // A wait binds to the most recent record of its event.
         if let Step::Wait { event, .. } = steps[j] {
-            if let Some(i) = (0..j).rev().find(|&i| matches!(steps[i], Step::Record { event: e, .. } if e == event)) {
+            if let Some(i) = (0..j)
+                .rev()
+                .find(|&i| matches!(steps[i], Step::Record { event: e, .. } if e == event))
+            {
                 edge[i][j] = true;
             }
         }

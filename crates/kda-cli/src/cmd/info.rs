@@ -10,7 +10,10 @@ pub fn run() -> Result<(), CliError> {
     println!("kda {} — backends compiled in:", env!("CARGO_PKG_VERSION"));
     let modes = [ExecutionMode::PerStream, ExecutionMode::SharedPool { threads: cores }];
     for mode in modes {
-        let backend = ReferenceBackend::with_options(ReferenceOptions { mode, ..ReferenceOptions::default() })?;
+        let backend = ReferenceBackend::with_options(ReferenceOptions {
+            mode,
+            ..ReferenceOptions::default()
+        })?;
         let info = backend.info();
         let caps = &info.capabilities;
         let dtypes: Vec<_> = caps.gemm_inputs.iter().map(|d| d.name()).collect();

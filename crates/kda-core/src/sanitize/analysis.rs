@@ -104,14 +104,25 @@ impl Analyzer {
                 let pos = self.tick(s);
                 let op = OpRef { index, label: label.clone(), stream: *stream };
                 let mut hazards = Vec::new();
-                let accesses = reads.iter().map(|a| (a, false)).chain(writes.iter().map(|a| (a, true)));
+                let accesses =
+                    reads.iter().map(|a| (a, false)).chain(writes.iter().map(|a| (a, true)));
                 let accesses: Vec<(&Access, bool)> = accesses.collect();
                 for &(access, write) in &accesses {
-                    let side = HazardSide { op: op.clone(), param: access.param, buffer: access.buffer, writes: write };
+                    let side = HazardSide {
+                        op: op.clone(),
+                        param: access.param,
+                        buffer: access.buffer,
+                        writes: write,
+                    };
                     if let Some(free) = self.freed.get(&access.buffer) {
                         hazards.push(Hazard {
                             kind: HazardKind::UseAfterFree,
-                            first: HazardSide { op: free.clone(), param: "free", buffer: access.buffer, writes: true },
+                            first: HazardSide {
+                                op: free.clone(),
+                                param: "free",
+                                buffer: access.buffer,
+                                writes: true,
+                            },
                             second: side.clone(),
                             bytes: access.bytes.hull(),
                         });
@@ -119,9 +130,15 @@ impl Analyzer {
                     self.check(&mut hazards, s, &side, &access.bytes, false);
                 }
                 for (access, write) in accesses {
-                    let side = HazardSide { op: op.clone(), param: access.param, buffer: access.buffer, writes: write };
+                    let side = HazardSide {
+                        op: op.clone(),
+                        param: access.param,
+                        buffer: access.buffer,
+                        writes: write,
+                    };
                     let region = self.region(access.buffer);
-                    let past = Past { side, stream: s, pos, bytes: access.bytes.clone(), free: false };
+                    let past =
+                        Past { side, stream: s, pos, bytes: access.bytes.clone(), free: false };
                     self.past.entry(region).or_default().push(past);
                 }
                 hazards
@@ -153,13 +170,20 @@ impl Analyzer {
                 let s = self.stream(*stream);
                 let pos = self.tick(s);
                 let op = OpRef { index, label: "free".into(), stream: *stream };
-                let side = HazardSide { op: op.clone(), param: "buffer", buffer: *buffer, writes: true };
+                let side =
+                    HazardSide { op: op.clone(), param: "buffer", buffer: *buffer, writes: true };
                 let region = self.region(*buffer);
                 let len = self.sizes.get(&region).copied().unwrap_or(usize::MAX);
                 let bytes = ByteRanges::span(0..len);
                 let mut hazards = Vec::new();
                 self.check(&mut hazards, s, &side, &bytes, true);
-                self.past.entry(region).or_default().push(Past { side, stream: s, pos, bytes, free: true });
+                self.past.entry(region).or_default().push(Past {
+                    side,
+                    stream: s,
+                    pos,
+                    bytes,
+                    free: true,
+                });
                 self.freed.insert(*buffer, op);
                 hazards
             }
@@ -172,7 +196,14 @@ impl Analyzer {
     }
 
     /// Compare one access with every past access to the same memory.
-    fn check(&self, out: &mut Vec<Hazard>, s: usize, side: &HazardSide, bytes: &ByteRanges, free: bool) {
+    fn check(
+        &self,
+        out: &mut Vec<Hazard>,
+        s: usize,
+        side: &HazardSide,
+        bytes: &ByteRanges,
+        free: bool,
+    ) {
         let region = self.region(side.buffer);
         let Some(past) = self.past.get(&region) else { return };
         let clock = &self.clocks[s];

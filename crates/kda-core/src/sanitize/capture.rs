@@ -3,7 +3,7 @@
 //!
 //! While a capture is open, work queued on a captured stream is not run: it becomes a node of
 //! the graph. A stream joins the capture by waiting on an event recorded inside it (directly or
-//! through another captured stream). [`Capture::finish`] checks the rules with vector clocks
+//! through another captured stream). Ending the capture checks the rules with vector clocks
 //! over the captured nodes, as the device runtime would reject the capture.
 
 use std::collections::HashMap;
@@ -33,7 +33,9 @@ pub enum CaptureError {
          back; join it again after its last work"
     )]
     WorkAfterJoin { stream: StreamId, origin: StreamId, label: String },
-    #[error("capture from stream {origin}: {call} of captured stream {stream} blocks the host inside the capture")]
+    #[error(
+        "capture from stream {origin}: {call} of captured stream {stream} blocks the host inside the capture"
+    )]
     HostSyncInCapture { stream: StreamId, origin: StreamId, call: &'static str },
     #[error(
         "capture from stream {origin}: captured stream {stream} waits on event {event}, which was \
@@ -47,7 +49,7 @@ pub enum CaptureError {
 /// One captured call.
 #[derive(Debug)]
 pub enum Node<B: Backend> {
-    Launch { stream: usize, label: String, op: Op<B> },
+    Launch { stream: usize, label: String, op: Box<Op<B>> },
     Record { stream: usize, event: usize },
     Wait { stream: usize, event: usize },
 }
@@ -103,7 +105,8 @@ impl<B: Backend> Graph<B> {
         if let Some(h) = handles.as_ref() {
             return Ok(h.clone());
         }
-        let streams = (1..self.streams).map(|_| backend.new_stream()).collect::<Result<Vec<_>>>()?;
+        let streams =
+            (1..self.streams).map(|_| backend.new_stream()).collect::<Result<Vec<_>>>()?;
         let events = (0..self.events).map(|_| backend.new_event()).collect::<Result<Vec<_>>>()?;
         *handles = Some((streams, events));
         Ok(handles.as_ref().map(Clone::clone).unwrap_or_default())
@@ -178,7 +181,7 @@ impl<B: Backend> Capture<B> {
 
     pub(crate) fn launch(&mut self, stream: StreamId, label: &str, op: Op<B>) {
         let index = self.tick(stream, label);
-        self.nodes.push(Node::Launch { stream: index, label: label.to_string(), op });
+        self.nodes.push(Node::Launch { stream: index, label: label.to_string(), op: Box::new(op) });
     }
 
     pub(crate) fn record(&mut self, event: EventId, stream: StreamId) {

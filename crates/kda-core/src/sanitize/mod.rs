@@ -150,7 +150,12 @@ impl<B: Backend> Instrumentation<B> {
         submit(op)
     }
 
-    pub fn record(&self, event: EventId, stream: StreamId, raw: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub fn record(
+        &self,
+        event: EventId,
+        stream: StreamId,
+        raw: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let mut state = self.lock();
         if let Some(capture) = state.capture.as_mut().filter(|c| c.is_captured(stream)) {
             capture.record(event, stream);
@@ -160,7 +165,12 @@ impl<B: Backend> Instrumentation<B> {
         self.note(&mut state, Entry::Record { stream, event })
     }
 
-    pub fn wait(&self, stream: StreamId, event: EventId, raw: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub fn wait(
+        &self,
+        stream: StreamId,
+        event: EventId,
+        raw: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let mut state = self.lock();
         if let Some(capture) = state.capture.as_mut() {
             if capture.is_captured(stream) || capture.is_captured_event(event) {
@@ -202,7 +212,12 @@ impl<B: Backend> Instrumentation<B> {
         self.note(&mut state, Entry::Reuse { buffer, previous })
     }
 
-    pub fn free(&self, stream: StreamId, buffer: BufferId, raw: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub fn free(
+        &self,
+        stream: StreamId,
+        buffer: BufferId,
+        raw: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
         let mut state = self.lock();
         self.note(&mut state, Entry::Free { stream, buffer })?;
         raw()

@@ -43,10 +43,11 @@ impl ByteRanges {
         }
         let outer_shape: Vec<usize> = outer.iter().map(|&(n, _)| n).collect();
         let outer_strides: Vec<usize> = outer.iter().map(|&(_, s)| s).collect();
-        let starts = match Layout::strided(layout.dtype(), &outer_shape, &outer_strides, layout.offset()) {
-            Ok(outer) => outer.offsets().collect::<Vec<_>>(),
-            Err(_) => return Self::span(layout.byte_span()),
-        };
+        let starts =
+            match Layout::strided(layout.dtype(), &outer_shape, &outer_strides, layout.offset()) {
+                Ok(outer) => outer.offsets().collect::<Vec<_>>(),
+                Err(_) => return Self::span(layout.byte_span()),
+            };
         Self::from_unsorted(starts.into_iter().map(|o| o * size..(o + run) * size).collect())
     }
 
@@ -124,7 +125,8 @@ mod tests {
         assert_eq!(r[1].first_overlap(&r[2]), None);
         assert_eq!(ByteRanges::of(&bfg).first_overlap(&r[2]), Some(16..28));
         // A contiguous view is one interval.
-        assert_eq!(ByteRanges::of(&bfg.narrow(0, 1, 2).unwrap()).intervals(), &[28..84]);
+        let rows = ByteRanges::of(&bfg.narrow(0, 1, 2).unwrap());
+        assert_eq!((rows.intervals().len(), rows.hull()), (1, 28..84));
     }
 
     fn brute_bytes(l: &Layout) -> Vec<usize> {

@@ -69,7 +69,8 @@ pub fn fork_join_is_clean<B: Backend>(make: &impl Factory<B>) {
     let projected: Vec<f32> = b.download(&f.main, &f.projected).unwrap();
     assert_eq!(out, projected);
     assert!(b.instrumentation().hazards().is_empty(), "{:?}", b.instrumentation().hazards());
-    let launches = b.instrumentation().log().iter().filter(|e| matches!(e, Entry::Launch { .. })).count();
+    let launches =
+        b.instrumentation().log().iter().filter(|e| matches!(e, Entry::Launch { .. })).count();
     assert_eq!(launches, 2 + 2 + 2, "uploads, project + consume, downloads");
 }
 
@@ -140,7 +141,11 @@ pub fn free_while_in_use_is_reported<B: Backend>(make: &impl Factory<B>) {
     b2.record(&done, &aux).unwrap();
     b2.wait(&main, &done).unwrap();
     b2.free(&main, x.buffer().clone()).unwrap();
-    let h = expect_hazard(b2.launch_labeled(&main, "late_fill", Op::Fill { dst: x.clone(), value: 0.0 }));
+    let h = expect_hazard(b2.launch_labeled(
+        &main,
+        "late_fill",
+        Op::Fill { dst: x.clone(), value: 0.0 },
+    ));
     assert_eq!((h.kind, h.second.op.label.as_str()), (HazardKind::UseAfterFree, "late_fill"));
     b2.synchronize(&main).unwrap();
     b2.synchronize(&aux).unwrap();
@@ -190,7 +195,8 @@ pub fn capture_fork_join_replays_to_identical_results<B: Backend>(make: &impl Fa
     let aux = b.new_stream().unwrap();
     let mut rng = Gen::new(11);
     let x = b.alloc(DType::BF16, &[7, 40]).unwrap();
-    let (w1, w2) = (b.alloc(DType::BF16, &[9, 40]).unwrap(), b.alloc(DType::BF16, &[5, 40]).unwrap());
+    let (w1, w2) =
+        (b.alloc(DType::BF16, &[9, 40]).unwrap(), b.alloc(DType::BF16, &[5, 40]).unwrap());
     for t in [&x, &w1, &w2] {
         b.upload(&main, t, &rng.uniform_bf16(t.numel(), -1.0, 1.0)).unwrap();
     }
@@ -199,9 +205,17 @@ pub fn capture_fork_join_replays_to_identical_results<B: Backend>(make: &impl Fa
     let schedule = || -> kda_core::Result<()> {
         b.record(&fork, &main)?;
         b.wait(&aux, &fork)?;
-        b.launch_labeled(&aux, "aux_gemm", Op::Gemm { x: x.clone(), w: w1.clone(), y: y1.clone() })?;
+        b.launch_labeled(
+            &aux,
+            "aux_gemm",
+            Op::Gemm { x: x.clone(), w: w1.clone(), y: y1.clone() },
+        )?;
         b.record(&join, &aux)?;
-        b.launch_labeled(&main, "main_gemm", Op::Gemm { x: x.clone(), w: w2.clone(), y: y2.clone() })?;
+        b.launch_labeled(
+            &main,
+            "main_gemm",
+            Op::Gemm { x: x.clone(), w: w2.clone(), y: y2.clone() },
+        )?;
         b.wait(&main, &join)
     };
     let read = |b: &B| -> (Vec<f32>, Vec<f32>) {
@@ -254,7 +268,9 @@ pub fn capture_invalid_cases_are_rejected<B: Backend>(make: &impl Factory<B>) {
     b.wait(&aux, &e1).unwrap();
     b.launch(&aux, fill(&t)).unwrap();
     match expect_capture_error(b.end_capture(&main)) {
-        CaptureError::NotJoined { stream, origin } => assert_eq!((stream, origin), (aux.id(), main.id())),
+        CaptureError::NotJoined { stream, origin } => {
+            assert_eq!((stream, origin), (aux.id(), main.id()))
+        }
         other => panic!("not joined: {other:?}"),
     }
 
@@ -268,7 +284,9 @@ pub fn capture_invalid_cases_are_rejected<B: Backend>(make: &impl Factory<B>) {
     b.wait(&main, &e2).unwrap();
     b.launch_labeled(&aux, "late_work", fill(&t)).unwrap();
     match expect_capture_error(b.end_capture(&main)) {
-        CaptureError::WorkAfterJoin { stream, label, .. } => assert_eq!((stream, label.as_str()), (aux.id(), "late_work")),
+        CaptureError::WorkAfterJoin { stream, label, .. } => {
+            assert_eq!((stream, label.as_str()), (aux.id(), "late_work"))
+        }
         other => panic!("work after join: {other:?}"),
     }
 
@@ -277,8 +295,13 @@ pub fn capture_invalid_cases_are_rejected<B: Backend>(make: &impl Factory<B>) {
         let (b, main, _aux, t, _, _) = setup();
         b.begin_capture(&main).unwrap();
         b.launch(&main, fill(&t)).unwrap();
-        let blocked = if call == "synchronize" { b.synchronize(&main) } else { b.download::<f32>(&main, &t).map(|_| ()) };
-        let expected = CaptureError::HostSyncInCapture { stream: main.id(), origin: main.id(), call };
+        let blocked = if call == "synchronize" {
+            b.synchronize(&main)
+        } else {
+            b.download::<f32>(&main, &t).map(|_| ())
+        };
+        let expected =
+            CaptureError::HostSyncInCapture { stream: main.id(), origin: main.id(), call };
         assert_eq!(expect_capture_error(blocked), expected);
         assert_eq!(expect_capture_error(b.end_capture(&main)), expected);
     }
@@ -303,13 +326,19 @@ pub fn capture_invalid_cases_are_rejected<B: Backend>(make: &impl Factory<B>) {
 pub fn capture_bad_calls_are_typed_errors<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let (main, other) = (b.new_stream().unwrap(), b.new_stream().unwrap());
-    assert_eq!(expect_capture_error(b.end_capture(&main)), CaptureError::NotCapturing { stream: main.id() });
+    assert_eq!(
+        expect_capture_error(b.end_capture(&main)),
+        CaptureError::NotCapturing { stream: main.id() }
+    );
     b.begin_capture(&main).unwrap();
     assert_eq!(
         expect_capture_error(b.begin_capture(&other)),
         CaptureError::AlreadyCapturing { stream: other.id(), origin: main.id() }
     );
-    assert_eq!(expect_capture_error(b.end_capture(&other)), CaptureError::NotCapturing { stream: other.id() });
+    assert_eq!(
+        expect_capture_error(b.end_capture(&other)),
+        CaptureError::NotCapturing { stream: other.id() }
+    );
     let graph = b.end_capture(&main).unwrap();
     let b2 = make();
     let s2 = b2.new_stream().unwrap();
