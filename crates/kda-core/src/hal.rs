@@ -208,9 +208,10 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + Sized + 'static {
     /// Allocate a dense tensor of `dtype` and `shape`.
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self>> {
         let layout = Layout::contiguous(dtype, shape);
-        let bytes = layout.numel().checked_mul(dtype.size_bytes()).ok_or(Error::OutOfMemory {
-            bytes: usize::MAX,
-        })?;
+        let bytes = layout
+            .numel()
+            .checked_mul(dtype.size_bytes())
+            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
         Tensor::new(self.alloc_buffer(bytes)?, layout)
     }
 
@@ -246,7 +247,12 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + Sized + 'static {
 
     /// Queue a copy of host `data` into `dst` on `stream` (the data is staged, so the caller may
     /// drop it at once).
-    fn upload<T: Element>(&self, stream: &Self::Stream, dst: &Tensor<Self>, data: &[T]) -> Result<()> {
+    fn upload<T: Element>(
+        &self,
+        stream: &Self::Stream,
+        dst: &Tensor<Self>,
+        data: &[T],
+    ) -> Result<()> {
         if T::DTYPE != dst.dtype() {
             return Err(Error::DType {
                 op: "upload",
@@ -297,14 +303,22 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + Sized + 'static {
     fn launch_graph(&self, graph: &Graph<Self>, stream: &Self::Stream) -> Result<()> {
         check_instance(self, "stream", stream.id().instance)?;
         if graph.instance != self.instance() {
-            return Err(CaptureError::ForeignGraph { graph: graph.instance, backend: self.instance() }.into());
+            return Err(CaptureError::ForeignGraph {
+                graph: graph.instance,
+                backend: self.instance(),
+            }
+            .into());
         }
         let (forks, events) = graph.replay_handles(self)?;
         let stream_of = |i: usize| if i == 0 { stream } else { &forks[i - 1] };
         for node in &graph.nodes {
             match node {
-                Node::Launch { stream, label, op } => self.launch_labeled(stream_of(*stream), label, op.clone())?,
-                Node::Record { stream, event } => self.record(&events[*event], stream_of(*stream))?,
+                Node::Launch { stream, label, op } => {
+                    self.launch_labeled(stream_of(*stream), label, Op::clone(op))?
+                }
+                Node::Record { stream, event } => {
+                    self.record(&events[*event], stream_of(*stream))?
+                }
                 Node::Wait { stream, event } => self.wait(stream_of(*stream), &events[*event])?,
             }
         }
