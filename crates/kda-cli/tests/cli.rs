@@ -34,6 +34,8 @@ fn run_reports_both_orders_and_that_they_agree() {
         "QKV x[3, 7168]",
         "BFG x[3, 7168]",
         "serial (one stream)",
+        "capture valid (2 streams joined)",
+        ", 0 hazards",
         "speedup",
         "identical bit for bit",
     ] {

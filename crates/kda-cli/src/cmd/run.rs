@@ -7,7 +7,7 @@
 use clap::Args;
 use half::bf16;
 use kda_core::{Backend, DType, Op, Tensor};
-use kda_reference::ReferenceBackend;
+use kda_reference::{ReferenceBackend, ReferenceOptions};
 use kda_testkit::Gen;
 
 use super::{median_time, ms};
@@ -60,7 +60,9 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     if args.tokens == 0 {
         return Err(CliError::Argument { arg: "--tokens", reason: "must be at least 1".into() });
     }
-    let backend = ReferenceBackend::new();
+    // Checked mode: every launch below is analysed for stream hazards (cheap next to the GEMMs).
+    let options = ReferenceOptions { checked: true, ..ReferenceOptions::default() };
+    let backend = ReferenceBackend::with_options(options)?;
     let info = backend.info();
     let (main, aux) = (backend.new_stream()?, backend.new_stream()?);
     let mut rng = Gen::new(args.seed);
@@ -93,14 +95,19 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         backend.launch(&main, bfg(&bfg_serial))?;
         backend.synchronize(&main)
     })?;
+    // The two-stream order, captured once as a graph (which checks that the aux stream is
+    // joined back) and replayed for timing.
     let (hidden_ready, bfg_ready) = (backend.new_event()?, backend.new_event()?);
+    backend.begin_capture(&main)?;
+    backend.record(&hidden_ready, &main)?;
+    backend.wait(&aux, &hidden_ready)?;
+    backend.launch_labeled(&aux, "project_bfg", bfg(&bfg_overlap))?;
+    backend.record(&bfg_ready, &aux)?;
+    backend.launch_labeled(&main, "qkv_matmul", qkv(&qkv_overlap))?;
+    backend.wait(&main, &bfg_ready)?;
+    let graph = backend.end_capture(&main)?;
     let concurrent = median_time(args.repeats, || {
-        backend.record(&hidden_ready, &main)?;
-        backend.wait(&aux, &hidden_ready)?;
-        backend.launch(&aux, bfg(&bfg_overlap))?;
-        backend.record(&bfg_ready, &aux)?;
-        backend.launch(&main, qkv(&qkv_overlap))?;
-        backend.wait(&main, &bfg_ready)?;
+        backend.launch_graph(&graph, &main)?;
         backend.synchronize(&main)
     })?;
 
@@ -133,5 +140,12 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         serial.as_secs_f64() / concurrent.as_secs_f64()
     );
     println!("  serial and concurrent outputs identical bit for bit; checksum {checksum:.6e}");
+    let hazards = backend.instrumentation().hazards();
+    let ops = backend.instrumentation().log().len();
+    println!(
+        "  capture valid ({} streams joined); sanitizer: {ops} calls checked, {} hazards",
+        graph.streams(),
+        hazards.len()
+    );
     Ok(())
 }
