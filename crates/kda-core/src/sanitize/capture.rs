@@ -42,6 +42,10 @@ pub enum CaptureError {
          not recorded inside the capture"
     )]
     ExternalEvent { stream: StreamId, origin: StreamId, event: EventId },
+    #[error(
+        "capture from stream {origin}: captured stream {stream} frees a buffer inside the capture"
+    )]
+    FreeInCapture { stream: StreamId, origin: StreamId },
     #[error("graph captured on backend instance {graph} cannot be launched on instance {backend}")]
     ForeignGraph { graph: InstanceId, backend: InstanceId },
 }
@@ -215,6 +219,18 @@ impl<B: Backend> Capture<B> {
             }
         }
         self.nodes.push(Node::Wait { stream: index, event: event_index });
+    }
+
+    /// An event re-recorded outside the capture no longer pulls streams into it.
+    pub(crate) fn forget_event(&mut self, event: EventId) {
+        self.events.remove(&event);
+    }
+
+    /// A free on a captured stream: not capturable.
+    pub(crate) fn free(&mut self, stream: StreamId) -> CaptureError {
+        let error = CaptureError::FreeInCapture { stream, origin: self.origin };
+        self.violate(error.clone());
+        error
     }
 
     /// The host blocked on a captured stream.

@@ -4,7 +4,8 @@
 //! mode it records each launch, record, wait, synchronize, allocation, free and reuse into a
 //! [`log`](Entry) and runs the happens-before [`analysis`] online: an op that would race with
 //! work on another stream is **not run**, and its launch returns [`Error::Hazard`] naming both
-//! ops, both streams, the buffer and the bytes. While a capture is open it turns work on
+//! ops, both streams, the buffer and the bytes (the rejected op stays in the log, as the call the
+//! program made). While a capture is open it turns work on
 //! captured streams into [`Graph`] nodes and checks the ACL join rule at the end.
 //!
 //! Checked mode is chosen per backend instance; `KDA_SANITIZE=1` (or `0`) overrides the
@@ -157,9 +158,12 @@ impl<B: Backend> Instrumentation<B> {
         raw: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let mut state = self.lock();
-        if let Some(capture) = state.capture.as_mut().filter(|c| c.is_captured(stream)) {
-            capture.record(event, stream);
-            return Ok(());
+        if let Some(capture) = state.capture.as_mut() {
+            if capture.is_captured(stream) {
+                capture.record(event, stream);
+                return Ok(());
+            }
+            capture.forget_event(event);
         }
         raw()?;
         self.note(&mut state, Entry::Record { stream, event })
@@ -219,6 +223,9 @@ impl<B: Backend> Instrumentation<B> {
         raw: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let mut state = self.lock();
+        if let Some(capture) = state.capture.as_mut().filter(|c| c.is_captured(stream)) {
+            return Err(capture.free(stream).into());
+        }
         self.note(&mut state, Entry::Free { stream, buffer })?;
         raw()
     }

@@ -306,6 +306,13 @@ pub fn capture_invalid_cases_are_rejected<B: Backend>(make: &impl Factory<B>) {
         assert_eq!(expect_capture_error(b.end_capture(&main)), expected);
     }
 
+    // A free on a captured stream.
+    let (b, main, _aux, t, _, _) = setup();
+    b.begin_capture(&main).unwrap();
+    let expected = CaptureError::FreeInCapture { stream: main.id(), origin: main.id() };
+    assert_eq!(expect_capture_error(b.free(&main, t.buffer().clone())), expected);
+    assert_eq!(expect_capture_error(b.end_capture(&main)), expected);
+
     // A captured stream waits on an event recorded before the capture.
     let (b, main, aux, t, e1, e2) = setup();
     b.record(&e2, &main).unwrap();
