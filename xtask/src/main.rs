@@ -121,6 +121,14 @@ fn bench() -> Result<(), String> {
         args.extend(["bench", "gemm", "--m", "256", "--n", n, "--k", "7168", "--dtype", dtype]);
         step("bench gemm", &cargo, &args, &[])?;
     }
+    for dtype in ["bf16", "f32"] {
+        let mut args = kda.to_vec();
+        args.extend(["bench", "quant", "--m", "256", "--k", "7168", "--dtype", dtype]);
+        step("bench quant", &cargo, &args, &[])?;
+    }
+    let mut args = kda.to_vec();
+    args.extend(["bench", "mx-gemm", "--m", "256", "--n", "4608", "--k", "7168"]);
+    step("bench mx-gemm", &cargo, &args, &[])?;
     Ok(())
 }
 

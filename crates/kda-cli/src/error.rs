@@ -10,4 +10,12 @@ pub enum CliError {
     Argument { arg: &'static str, reason: String },
     #[error("{what}: results differ between {a} and {b}")]
     Mismatch { what: String, a: &'static str, b: &'static str },
+    #[error(transparent)]
+    Mx(#[from] kda_core::MxError),
+    #[error("cannot {action} {path}: {source}")]
+    Io { action: &'static str, path: String, source: std::io::Error },
+    #[error("{path}: not a valid safetensors file: {message}")]
+    Safetensors { path: String, message: String },
+    #[error("tensor {name:?} ({dtype}, shape {shape:?}): {reason}")]
+    Tensor { name: String, dtype: String, shape: Vec<usize>, reason: String },
 }

@@ -26,6 +26,8 @@ enum Command {
     Info,
     /// The main job on an embedded default (today: the K3 TP8 projection GEMMs on two streams).
     Run(cmd::run::RunArgs),
+    /// Quantize every f32/bf16 tensor of a safetensors file to MXFP8 (E4M3 data, E8M0 scales).
+    Quant(cmd::quant::QuantArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
     let result: Result<(), CliError> = match cli.command {
         Command::Info => cmd::info::run(),
         Command::Run(args) => cmd::run::run(&args),
+        Command::Quant(args) => cmd::quant::run(&args),
         Command::Bench(bench) => cmd::bench::run(&bench),
     };
     match result {

@@ -55,6 +55,9 @@ pub enum Error {
     #[error("{op}: {param} = {value} is not representable as {dtype}")]
     Value { op: &'static str, param: &'static str, value: String, dtype: DType },
 
+    #[error("{op}: parameter {param} = {actual}, expected {expected}")]
+    Param { op: &'static str, param: &'static str, expected: String, actual: String },
+
     #[error("{op}: {param} has {actual} bytes, expected {expected}")]
     HostSize { op: &'static str, param: &'static str, expected: usize, actual: usize },
 
@@ -78,6 +81,9 @@ pub enum Error {
 
     #[error(transparent)]
     Capture(#[from] crate::sanitize::CaptureError),
+
+    #[error(transparent)]
+    Mx(#[from] crate::mx::MxError),
 
     #[error("{backend} backend: {message}")]
     Backend { backend: &'static str, message: String },

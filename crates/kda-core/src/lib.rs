@@ -4,10 +4,12 @@
 //!   stream/event and error-reporting semantics;
 //! - [`dtype`]: element types (bf16, f16, f32, i32, u8, E4M3, E8M0);
 //! - [`layout`] and [`tensor`]: strided device tensors and their copy-free views;
-//! - [`op`]: device ops described as data.
+//! - [`op`]: device ops described as data;
+//! - [`mx`]: the MXFP8 codec (E4M3, E8M0, both scale algorithms, layouts), the bit-exact spec;
+//! - [`sanitize`]: checked mode (recording, happens-before analysis, hazards) and graph capture.
 //!
-//! Later layers (MX codec, recording and analysis, config and weights, schedules, the KDA layer)
-//! live here too, generic over the HAL, so every backend runs the same code.
+//! Later layers (config and weights, schedules, the KDA layer) live here too, generic over the
+//! HAL, so every backend runs the same code.
 
 pub mod dtype;
 pub mod error;
@@ -25,5 +27,6 @@ pub use hal::{
     StreamHandle, StreamId,
 };
 pub use layout::Layout;
+pub use mx::{MxError, MxFloat, ScaleAlg, ScaleLayout};
 pub use op::{DownloadSlot, GemmDims, HostFn, Op};
 pub use tensor::Tensor;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::{Backend, BufferHandle, InstanceId};
+use crate::mx::{ScaleAlg, num_blocks};
 use crate::tensor::Tensor;
 
 /// One device op with its input and output views. Cloning shares the views (and staged
@@ -29,6 +30,17 @@ pub enum Op<B: Backend> {
     /// Run a host function in stream order (CUDA's `cudaLaunchHostFunc`, ACL's
     /// `aclrtLaunchCallback`). An `Err` fails the stream like any op failure.
     Host { name: &'static str, f: HostFn },
+    /// MXFP8 dynamic quantization (Ascend's `aclnnDynamicMxQuant`): `x[M, K]` (bf16 or f32) to
+    /// E4M3 `data[M, K]` and E8M0 `scale[M, ceil(K/32)]` (plain layout), blocks of 32 along K,
+    /// bit for bit as [`crate::mx::quantize`].
+    DynamicQuant { x: Tensor<B>, data: Tensor<B>, scale: Tensor<B>, alg: ScaleAlg },
+    /// MXFP8 dequantization: E4M3 `data[M, K]` with E8M0 `scale[M, ceil(K/32)]` to `y[M, K]`
+    /// (bf16 or f32), each value rounded once ([`crate::mx::dequantize_value`]).
+    MxDequant { data: Tensor<B>, scale: Tensor<B>, y: Tensor<B> },
+    /// MXFP8 GEMM `y[M, N] = a[M, K] · w[N, K]^T` (`aclnnQuantMatmulV5` in MX mode): E4M3 `a` and
+    /// `w`, E8M0 `a_scale[M, ceil(K/32)]` and `w_scale[N, ceil(K/32)]`, `y` bf16 or f32, summed
+    /// as [`crate::mx::gemm`] defines (exact block sums, fp32 accumulation over blocks).
+    MxGemm { a: Tensor<B>, a_scale: Tensor<B>, w: Tensor<B>, w_scale: Tensor<B>, y: Tensor<B> },
 }
 
 /// A host function queued on a stream.
@@ -93,6 +105,9 @@ impl<B: Backend> Op<B> {
             Op::Upload { .. } => "upload",
             Op::Download { .. } => "download",
             Op::Host { name, .. } => name,
+            Op::DynamicQuant { .. } => "dynamic_quant",
+            Op::MxDequant { .. } => "mx_dequant",
+            Op::MxGemm { .. } => "mx_gemm",
         }
     }
 
@@ -102,6 +117,11 @@ impl<B: Backend> Op<B> {
             Op::Gemm { x, w, .. } => vec![("x", x), ("w", w)],
             Op::Copy { src, .. } | Op::Download { src, .. } => vec![("src", src)],
             Op::Fill { .. } | Op::Upload { .. } | Op::Host { .. } => vec![],
+            Op::DynamicQuant { x, .. } => vec![("x", x)],
+            Op::MxDequant { data, scale, .. } => vec![("data", data), ("scale", scale)],
+            Op::MxGemm { a, a_scale, w, w_scale, .. } => {
+                vec![("a", a), ("a_scale", a_scale), ("w", w), ("w_scale", w_scale)]
+            }
         }
     }
 
@@ -113,11 +133,13 @@ impl<B: Backend> Op<B> {
                 vec![("dst", dst)]
             }
             Op::Download { .. } | Op::Host { .. } => vec![],
+            Op::DynamicQuant { data, scale, .. } => vec![("data", data), ("scale", scale)],
+            Op::MxDequant { y, .. } | Op::MxGemm { y, .. } => vec![("y", y)],
         }
     }
 
     /// Check everything that can be checked before running: handles belong to `instance`,
-    /// shapes and dtypes agree, outputs neither overlap themselves nor any input.
+    /// shapes and dtypes agree, outputs overlap neither themselves, nor each other, nor any input.
     pub fn validate(&self, instance: InstanceId) -> Result<()> {
         let op = self.name();
         let (inputs, outputs) = (self.inputs(), self.outputs());
@@ -136,7 +158,8 @@ impl<B: Backend> Op<B> {
                     strides: out.layout().strides().to_vec(),
                 });
             }
-            for (other, inp) in &inputs {
+            let others = outputs.iter().take_while(|(p, _)| p != param);
+            for (other, inp) in inputs.iter().chain(others) {
                 if overlaps(out, inp) {
                     let span = out.byte_span();
                     return Err(Error::Aliasing {
@@ -168,6 +191,11 @@ impl<B: Backend> Op<B> {
                 Ok(())
             }
             Op::Download { .. } | Op::Host { .. } => Ok(()),
+            Op::DynamicQuant { x, data, scale, .. } => mx_quant_dims(x, data, scale).map(|_| ()),
+            Op::MxDequant { data, scale, y } => mx_dequant_dims(data, scale, y).map(|_| ()),
+            Op::MxGemm { a, a_scale, w, w_scale, y } => {
+                mx_gemm_dims(a, a_scale, w, w_scale, y).map(|_| ())
+            }
         }
     }
 }
@@ -265,4 +293,110 @@ fn check_fill_value(dtype: DType, value: f64) -> Result<()> {
     } else {
         Err(Error::Value { op: "fill", param: "value", value: value.to_string(), dtype })
     }
+}
+
+/// The sizes of a validated MXFP8 quantization or dequantization: `[m, k]` elements in
+/// `blocks = ceil(k/32)` scale blocks per row.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MxDims {
+    pub m: usize,
+    pub k: usize,
+    pub blocks: usize,
+}
+
+/// Require a rank-2 tensor; `expected` names its shape in the error.
+fn expect_matrix<B: Backend>(
+    op: &'static str,
+    param: &'static str,
+    t: &Tensor<B>,
+    expected: &str,
+) -> Result<(usize, usize)> {
+    match *t.shape() {
+        [rows, cols] => Ok((rows, cols)),
+        _ => Err(Error::Shape { op, param, expected: expected.into(), actual: t.shape().to_vec() }),
+    }
+}
+
+/// bf16 or f32, the floats the MXFP8 ops read and write.
+fn expect_mx_float(op: &'static str, param: &'static str, dtype: DType) -> Result<()> {
+    match dtype {
+        DType::BF16 | DType::F32 => Ok(()),
+        actual => Err(Error::DType { op, param, expected: "bf16 or f32".into(), actual }),
+    }
+}
+
+/// Check the E4M3 `data[M, K]` and E8M0 `scale[M, ceil(K/32)]` of a quantized matrix whose
+/// size is given by `(m, k)`.
+fn expect_quantized<B: Backend>(
+    op: &'static str,
+    (data_param, data): (&'static str, &Tensor<B>),
+    (scale_param, scale): (&'static str, &Tensor<B>),
+    (m, k): (usize, usize),
+) -> Result<usize> {
+    expect_dtype(op, data_param, data.dtype(), DType::E4M3, "e4m3")?;
+    expect_dtype(op, scale_param, scale.dtype(), DType::E8M0, "e8m0")?;
+    expect_shape(op, data_param, data.shape(), &[m, k])?;
+    let blocks = num_blocks(k);
+    if scale.shape() != [m, blocks] {
+        return Err(Error::Shape {
+            op,
+            param: scale_param,
+            expected: format!("[{m}, {blocks}] ([M, ceil(K/32)], plain layout)"),
+            actual: scale.shape().to_vec(),
+        });
+    }
+    Ok(blocks)
+}
+
+/// Validate the operands of [`Op::DynamicQuant`] and return its sizes.
+pub fn mx_quant_dims<B: Backend>(
+    x: &Tensor<B>,
+    data: &Tensor<B>,
+    scale: &Tensor<B>,
+) -> Result<MxDims> {
+    const OP: &str = "dynamic_quant";
+    expect_mx_float(OP, "x", x.dtype())?;
+    let (m, k) = expect_matrix(OP, "x", x, "[M, K]")?;
+    let blocks = expect_quantized(OP, ("data", data), ("scale", scale), (m, k))?;
+    Ok(MxDims { m, k, blocks })
+}
+
+/// Validate the operands of [`Op::MxDequant`] and return its sizes.
+pub fn mx_dequant_dims<B: Backend>(
+    data: &Tensor<B>,
+    scale: &Tensor<B>,
+    y: &Tensor<B>,
+) -> Result<MxDims> {
+    const OP: &str = "mx_dequant";
+    let (m, k) = expect_matrix(OP, "data", data, "[M, K]")?;
+    let blocks = expect_quantized(OP, ("data", data), ("scale", scale), (m, k))?;
+    expect_mx_float(OP, "y", y.dtype())?;
+    expect_shape(OP, "y", y.shape(), &[m, k])?;
+    Ok(MxDims { m, k, blocks })
+}
+
+/// Validate the operands of [`Op::MxGemm`] and return its sizes.
+pub fn mx_gemm_dims<B: Backend>(
+    a: &Tensor<B>,
+    a_scale: &Tensor<B>,
+    w: &Tensor<B>,
+    w_scale: &Tensor<B>,
+    y: &Tensor<B>,
+) -> Result<GemmDims> {
+    const OP: &str = "mx_gemm";
+    let (m, k) = expect_matrix(OP, "a", a, "[M, K]")?;
+    let (n, w_k) = expect_matrix(OP, "w", w, "[N, K]")?;
+    if w_k != k {
+        return Err(Error::Shape {
+            op: OP,
+            param: "w",
+            expected: format!("[N, {k}] (K of a)"),
+            actual: w.shape().to_vec(),
+        });
+    }
+    expect_quantized(OP, ("a", a), ("a_scale", a_scale), (m, k))?;
+    expect_quantized(OP, ("w", w), ("w_scale", w_scale), (n, k))?;
+    expect_mx_float(OP, "y", y.dtype())?;
+    expect_shape(OP, "y", y.shape(), &[m, n])?;
+    Ok(GemmDims { m, n, k })
 }

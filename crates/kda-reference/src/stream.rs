@@ -27,7 +27,7 @@ pub struct Jitter {
 }
 
 enum Item {
-    Op(Op<ReferenceBackend>),
+    Op(Box<Op<ReferenceBackend>>),
     Wait { upstream: Arc<Shared>, target: u64 },
 }
 
@@ -140,7 +140,7 @@ impl RefStream {
     }
 
     pub(crate) fn submit(&self, op: Op<ReferenceBackend>) {
-        self.push(Item::Op(op));
+        self.push(Item::Op(Box::new(op)));
     }
 
     /// Queue a wait for `snapshot` (nothing to do if it names this very stream).

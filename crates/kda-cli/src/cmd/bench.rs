@@ -1,7 +1,7 @@
 //! `kda bench`: benchmarks. Each prints medians over repeats; tests never time anything.
 
 use clap::{Args, Subcommand, ValueEnum};
-use kda_core::{Backend, DType, Op};
+use kda_core::{Backend, DType, Op, ScaleAlg};
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 
 use super::{median_time, ms};
@@ -11,6 +11,12 @@ use crate::error::CliError;
 pub enum BenchCommand {
     /// Dense Linear GEMM `y[M,N] = x[M,K] · w[N,K]^T` on the reference backend, in GFLOP/s.
     Gemm(GemmArgs),
+    /// MXFP8 DynamicQuant of `x[M,K]` on the reference backend, in GB/s of input read, next to a
+    /// host memcpy and an `Op::Copy` of the same bytes.
+    Quant(QuantArgs),
+    /// MXFP8 GEMM `y[M,N] = a[M,K] · w[N,K]^T` (E4M3 operands, E8M0 scales, bf16 out) on the
+    /// reference backend.
+    MxGemm(MxGemmArgs),
 }
 
 /// Operand dtype of the GEMM benchmark (x, w and y all take it).
@@ -49,6 +55,8 @@ pub struct GemmArgs {
 pub fn run(command: &BenchCommand) -> Result<(), CliError> {
     match command {
         BenchCommand::Gemm(args) => gemm(args),
+        BenchCommand::Quant(args) => quant(args),
+        BenchCommand::MxGemm(args) => mx_gemm(args),
     }
 }
 
@@ -83,6 +91,140 @@ fn gemm(args: &GemmArgs) -> Result<(), CliError> {
     let gflops = 2.0 * (m * n * k) as f64 / time.as_secs_f64() / 1e9;
     println!(
         "gemm m={m} n={n} k={k} dtype={dtype} threads={}: median {:.2} ms over {} repeats, {gflops:.1} GFLOP/s",
+        args.threads,
+        ms(time),
+        args.repeats,
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct QuantArgs {
+    #[arg(long, default_value_t = 256)]
+    pub m: usize,
+    #[arg(long, default_value_t = 7168)]
+    pub k: usize,
+    /// Input dtype.
+    #[arg(long, value_enum, default_value_t = BenchDType::Bf16)]
+    pub dtype: BenchDType,
+    /// Scale algorithm: 0 (OCP floor) or 1 (round up).
+    #[arg(long, default_value_t = 0)]
+    pub scale_alg: u8,
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    #[arg(long, default_value_t = 20)]
+    pub repeats: usize,
+}
+
+/// GB/s of `bytes` moved in `time`.
+fn gb_per_s(bytes: usize, time: std::time::Duration) -> f64 {
+    bytes as f64 / time.as_secs_f64() / 1e9
+}
+
+fn quant(args: &QuantArgs) -> Result<(), CliError> {
+    let alg = ScaleAlg::try_from(args.scale_alg)
+        .map_err(|e| CliError::Argument { arg: "--scale-alg", reason: e.to_string() })?;
+    let backend = reference_with_threads(args.threads)?;
+    let stream = backend.new_stream()?;
+    let dtype = DType::from(args.dtype);
+    let (m, k) = (args.m, args.k);
+    let mut rng = kda_testkit::Gen::new(11);
+    let x = super::run::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
+    let data = backend.alloc(DType::E4M3, &[m, k])?;
+    let scale = backend.alloc(DType::E8M0, &[m, kda_core::mx::num_blocks(k)])?;
+    let copy = backend.alloc(dtype, &[m, k])?;
+    let bytes = m * k * dtype.size_bytes();
+
+    let quant = median_time(args.repeats, || {
+        let op = Op::DynamicQuant { x: x.clone(), data: data.clone(), scale: scale.clone(), alg };
+        backend.launch(&stream, op)?;
+        backend.synchronize(&stream)
+    })?;
+    let op_copy = median_time(args.repeats, || {
+        backend.launch(&stream, Op::Copy { src: x.clone(), dst: copy.clone() })?;
+        backend.synchronize(&stream)
+    })?;
+    let source = vec![1u8; bytes];
+    let mut target = vec![0u8; bytes];
+    let memcpy = median_time(args.repeats, || {
+        target.copy_from_slice(std::hint::black_box(&source));
+        std::hint::black_box(&mut target);
+        Ok::<(), CliError>(())
+    })?;
+
+    let (quant_gbs, memcpy_gbs, copy_gbs) =
+        (gb_per_s(bytes, quant), gb_per_s(bytes, memcpy), gb_per_s(bytes, op_copy));
+    println!(
+        "quant m={m} k={k} dtype={dtype} scale_alg={} threads={}: input {:.2} MB, medians over {} repeats",
+        alg.code(),
+        args.threads,
+        bytes as f64 / 1e6,
+        args.repeats,
+    );
+    println!("  dynamic_quant     {:>8.3} ms  {quant_gbs:>7.2} GB/s of input read", ms(quant));
+    println!("  host memcpy       {:>8.3} ms  {memcpy_gbs:>7.2} GB/s (one thread)", ms(memcpy));
+    println!(
+        "  op copy           {:>8.3} ms  {copy_gbs:>7.2} GB/s (Op::Copy, same bytes)",
+        ms(op_copy)
+    );
+    println!(
+        "  ratio dynamic_quant / host memcpy = {:.3}; / op copy = {:.3}",
+        quant_gbs / memcpy_gbs,
+        quant_gbs / copy_gbs
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct MxGemmArgs {
+    #[arg(long, default_value_t = 256)]
+    pub m: usize,
+    #[arg(long, default_value_t = 4608)]
+    pub n: usize,
+    #[arg(long, default_value_t = 7168)]
+    pub k: usize,
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+}
+
+fn mx_gemm(args: &MxGemmArgs) -> Result<(), CliError> {
+    let backend = reference_with_threads(args.threads)?;
+    let stream = backend.new_stream()?;
+    let (m, n, k) = (args.m, args.n, args.k);
+    let blocks = kda_core::mx::num_blocks(k);
+    let mut rng = kda_testkit::Gen::new(13);
+    let mut quantized = |rows: usize| -> Result<_, CliError> {
+        let x = super::run::random_tensor(&backend, &stream, &mut rng, DType::BF16, &[rows, k])?;
+        let data = backend.alloc(DType::E4M3, &[rows, k])?;
+        let scale = backend.alloc(DType::E8M0, &[rows, blocks])?;
+        let alg = ScaleAlg::OcpFloor;
+        backend.launch(
+            &stream,
+            Op::DynamicQuant { x, data: data.clone(), scale: scale.clone(), alg },
+        )?;
+        Ok((data, scale))
+    };
+    let (a, a_scale) = quantized(m)?;
+    let (w, w_scale) = quantized(n)?;
+    let y = backend.alloc(DType::BF16, &[m, n])?;
+    let time = median_time(args.repeats, || {
+        let op = Op::MxGemm {
+            a: a.clone(),
+            a_scale: a_scale.clone(),
+            w: w.clone(),
+            w_scale: w_scale.clone(),
+            y: y.clone(),
+        };
+        backend.launch(&stream, op)?;
+        backend.synchronize(&stream)
+    })?;
+    let gflops = 2.0 * (m * n * k) as f64 / time.as_secs_f64() / 1e9;
+    println!(
+        "mx_gemm m={m} n={n} k={k} e4m3 x e4m3 -> bf16 threads={}: median {:.1} ms over {} repeats, {gflops:.1} GFLOP/s",
         args.threads,
         ms(time),
         args.repeats,

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod info;
+pub mod quant;
 pub mod run;
 
 use std::time::{Duration, Instant};

@@ -6,6 +6,7 @@
 
 mod gemm;
 mod memory;
+mod mx;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -96,5 +97,8 @@ pub(crate) fn execute(op: &Op<ReferenceBackend>, exec: &Exec) -> Result<(), Stri
         Op::Upload { dst, data } => memory::upload(dst, data),
         Op::Download { src, slot } => memory::download(src, slot),
         Op::Host { f, .. } => f.call(),
+        Op::DynamicQuant { x, data, scale, alg } => mx::dynamic_quant(x, data, scale, *alg, exec),
+        Op::MxDequant { data, scale, y } => mx::dequant(data, scale, y, exec),
+        Op::MxGemm { a, a_scale, w, w_scale, y } => mx::gemm(a, a_scale, w, w_scale, y, exec),
     }
 }

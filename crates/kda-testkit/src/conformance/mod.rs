@@ -6,6 +6,7 @@
 //! under a watchdog, so a wrong implementation fails instead of stalling CI.
 
 pub mod gemm;
+pub mod mx;
 pub mod sanitize;
 pub mod streams;
 pub mod views;
@@ -55,6 +56,16 @@ macro_rules! conformance_tests {
                 sanitize::capture_fork_join_replays_to_identical_results(&$checked),
             capture_invalid_cases_are_rejected => sanitize::capture_invalid_cases_are_rejected(&$plain),
             capture_bad_calls_are_typed_errors => sanitize::capture_bad_calls_are_typed_errors(&$plain),
+            mx_dynamic_quant_matches_the_codec => mx::dynamic_quant_matches_the_codec(&$plain),
+            mx_dynamic_quant_edge_shapes_and_views =>
+                mx::dynamic_quant_edge_shapes_and_views(&$plain),
+            mx_dequant_matches_the_codec => mx::mx_dequant_matches_the_codec(&$plain),
+            mx_gemm_matches_the_spec_bit_for_bit => mx::mx_gemm_matches_the_spec_bit_for_bit(&$plain),
+            mx_gemm_matches_dequantized_f64_gemm => mx::mx_gemm_matches_dequantized_f64_gemm(&$plain),
+            mx_gemm_error_against_bf16_gemm_within_the_derived_bound =>
+                mx::mx_gemm_error_against_bf16_gemm_within_the_derived_bound(&$plain),
+            mx_special_values_flow_through => mx::mx_special_values_flow_through(&$plain),
+            mx_rejects_bad_operands => mx::mx_rejects_bad_operands(&$plain),
         );
     };
     (@tests $($name:ident => $module:ident :: $body:ident ( $($arg:tt)* )),* $(,)?) => {

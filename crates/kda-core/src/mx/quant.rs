@@ -1,0 +1,320 @@
+//! Block quantization along the last dimension: every [`BLOCK_SIZE`] consecutive elements of a
+//! row share one E8M0 scale; a partial last block (K not a multiple of 32) is scaled from its
+//! real elements only.
+//!
+//! For one block with largest magnitude `amax` (in the input's precision):
+//!
+//! - a NaN or an infinity anywhere: scale byte `0xFF` and every element [`E4M3_NAN`] (`0x7F`);
+//! - otherwise scale byte `s` = [`ScaleAlg::scale_byte`]`(amax)` and elements
+//!   `q = sat(RNE(x · 2^-(s - 127)))` ([`encode_e4m3`]). The product is exact in f32 whenever it
+//!   is a normal number; when it is smaller, its E4M3 rounding is a signed zero either way.
+//!
+//! Dequantization is `decode_e4m3(q) · 2^(s - 127)`, exact in f64 and correctly rounded in f32
+//! (the only rounding is overflow to infinity for scale bytes above 247).
+
+use super::e4m3::{E4M3_NAN, decode_e4m3, encode_e4m3, encode_magnitude};
+use super::e8m0::{E8M0_NAN, decode_e8m0, decode_e8m0_f64, inverse_scale};
+use super::{BLOCK_SIZE, MxError, MxFloat, ScaleAlg, elements, expect_len, num_blocks};
+
+/// A quantized `[rows, k]` matrix in the plain layout: `data` `[rows, k]` E4M3 bytes and `scale`
+/// `[rows, ceil(k/32)]` E8M0 bytes, both row-major.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quantized {
+    pub rows: usize,
+    pub k: usize,
+    pub data: Vec<u8>,
+    pub scale: Vec<u8>,
+}
+
+impl Quantized {
+    /// Scale blocks per row.
+    pub fn blocks(&self) -> usize {
+        num_blocks(self.k)
+    }
+
+    /// The values, rounded to f32 (see [`dequantize`]).
+    pub fn dequantize(&self) -> Vec<f32> {
+        dequantize_rows(&self.data, &self.scale, self.k, dequantize_value)
+    }
+
+    /// The exact values (see [`dequantize_f64`]).
+    pub fn dequantize_f64(&self) -> Vec<f64> {
+        dequantize_rows(&self.data, &self.scale, self.k, dequantize_value_f64)
+    }
+}
+
+/// The f32 bits of a block, zero-padded to a full block (zeros change neither `amax` nor the real
+/// elements' encodings).
+#[inline(always)]
+fn block_bits<T: MxFloat>(x: &[T]) -> [u32; BLOCK_SIZE] {
+    let mut bits = [0u32; BLOCK_SIZE];
+    for (b, v) in bits.iter_mut().zip(x) {
+        *b = v.to_f32_bits();
+    }
+    bits
+}
+
+/// Quantize one full or zero-padded block; returns the scale byte.
+#[inline(always)]
+fn quantize_bits(bits: &[u32; BLOCK_SIZE], alg: ScaleAlg, out: &mut [u8; BLOCK_SIZE]) -> u8 {
+    // Magnitudes compare as their bit patterns (an associative integer max, so the reduction
+    // vectorises); NaN patterns sort above infinity.
+    let amax = bits.iter().fold(0u32, |m, &b| m.max(b & 0x7FFF_FFFF));
+    if amax >= 0x7F80_0000 {
+        *out = [E4M3_NAN; BLOCK_SIZE];
+        return E8M0_NAN;
+    }
+    let scale = alg.finite_scale_byte(amax);
+    let inverse = inverse_scale(scale);
+    for (q, &b) in out.iter_mut().zip(bits) {
+        let v = (f32::from_bits(b) * inverse).to_bits();
+        *q = ((v >> 24) & 0x80) as u8 | encode_magnitude(v & 0x7FFF_FFFF);
+    }
+    scale
+}
+
+/// Quantize one row of K elements (no length checks: `data` is as long as `x`, `scale` has
+/// `ceil(K/32)` bytes).
+#[inline(always)]
+fn quantize_row_unchecked<T: MxFloat>(x: &[T], alg: ScaleAlg, data: &mut [u8], scale: &mut [u8]) {
+    let mut out = [0u8; BLOCK_SIZE];
+    let full = x.len() / BLOCK_SIZE;
+    let (x_full, x_tail) = x.split_at(full * BLOCK_SIZE);
+    let (d_full, d_tail) = data.split_at_mut(full * BLOCK_SIZE);
+    for ((xb, db), s) in
+        x_full.chunks_exact(BLOCK_SIZE).zip(d_full.chunks_exact_mut(BLOCK_SIZE)).zip(&mut *scale)
+    {
+        let bits = block_bits(xb);
+        *s = quantize_bits(&bits, alg, &mut out);
+        db.copy_from_slice(&out);
+    }
+    if !x_tail.is_empty() {
+        let bits = block_bits(x_tail);
+        scale[full] = quantize_bits(&bits, alg, &mut out);
+        d_tail.copy_from_slice(&out[..x_tail.len()]);
+    }
+}
+
+/// Quantize one block of at most 32 elements into `data` (as long as `x`); returns its scale
+/// byte.
+pub fn quantize_block<T: MxFloat>(x: &[T], alg: ScaleAlg, data: &mut [u8]) -> Result<u8, MxError> {
+    const WHAT: &str = "quantize_block";
+    if x.len() > BLOCK_SIZE {
+        return Err(MxError::Length {
+            what: WHAT,
+            param: "x",
+            expected: BLOCK_SIZE,
+            actual: x.len(),
+        });
+    }
+    expect_len(WHAT, "data", data.len(), x.len())?;
+    let mut out = [0u8; BLOCK_SIZE];
+    let scale = quantize_bits(&block_bits(x), alg, &mut out);
+    data.copy_from_slice(&out[..x.len()]);
+    Ok(scale)
+}
+
+/// Encode elements with a given scale byte: `sat(RNE(x · 2^-(scale - 127)))` each, with no
+/// block rule (a NaN element is NaN, an infinite one saturates); scale `0xFF` makes every element
+/// NaN. For requantizing with a known scale and for tests of the element rounding.
+pub fn quantize_block_with_scale<T: MxFloat>(
+    x: &[T],
+    scale: u8,
+    data: &mut [u8],
+) -> Result<(), MxError> {
+    expect_len("quantize_block_with_scale", "data", data.len(), x.len())?;
+    if scale == E8M0_NAN {
+        data.fill(E4M3_NAN);
+        return Ok(());
+    }
+    let inverse = inverse_scale(scale);
+    for (q, v) in data.iter_mut().zip(x) {
+        *q = encode_e4m3(f32::from_bits(v.to_f32_bits()) * inverse);
+    }
+    Ok(())
+}
+
+/// Quantize one row of K elements: `data` K bytes, `scale` `ceil(K/32)` bytes.
+pub fn quantize_row<T: MxFloat>(
+    x: &[T],
+    alg: ScaleAlg,
+    data: &mut [u8],
+    scale: &mut [u8],
+) -> Result<(), MxError> {
+    const WHAT: &str = "quantize_row";
+    expect_len(WHAT, "data", data.len(), x.len())?;
+    expect_len(WHAT, "scale", scale.len(), num_blocks(x.len()))?;
+    quantize_row_unchecked(x, alg, data, scale);
+    Ok(())
+}
+
+/// Quantize whole rows of `k` elements (`x.len()` a multiple of `k`) into plain-layout `data`
+/// (as long as `x`) and `scale` (`ceil(k/32)` bytes a row).
+pub fn quantize_into<T: MxFloat>(
+    x: &[T],
+    k: usize,
+    alg: ScaleAlg,
+    data: &mut [u8],
+    scale: &mut [u8],
+) -> Result<(), MxError> {
+    const WHAT: &str = "quantize_into";
+    expect_len(WHAT, "data", data.len(), x.len())?;
+    if k == 0 {
+        expect_len(WHAT, "scale", scale.len(), 0)?;
+        return expect_len(WHAT, "x", x.len(), 0);
+    }
+    let rows = x.len() / k;
+    expect_len(WHAT, "x", x.len(), rows * k)?;
+    expect_len(WHAT, "scale", scale.len(), rows * num_blocks(k))?;
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above), the only requirement of the function.
+        unsafe { quantize_rows_avx2(x, k, alg, data, scale) };
+        return Ok(());
+    }
+    quantize_rows(x, k, alg, data, scale);
+    Ok(())
+}
+
+/// Whole rows (lengths checked by the caller).
+#[inline(always)]
+fn quantize_rows<T: MxFloat>(x: &[T], k: usize, alg: ScaleAlg, data: &mut [u8], scale: &mut [u8]) {
+    let blocks = num_blocks(k);
+    for ((xr, dr), sr) in
+        x.chunks_exact(k).zip(data.chunks_exact_mut(k)).zip(scale.chunks_exact_mut(blocks))
+    {
+        quantize_row_unchecked(xr, alg, dr, sr);
+    }
+}
+
+/// [`quantize_rows`] compiled for AVX2: the same source, so the same bits (integer operations
+/// and IEEE multiplies and adds, which Rust never contracts), eight lanes at a time instead of
+/// four.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_rows_avx2<T: MxFloat>(
+    x: &[T],
+    k: usize,
+    alg: ScaleAlg,
+    data: &mut [u8],
+    scale: &mut [u8],
+) {
+    quantize_rows(x, k, alg, data, scale);
+}
+
+/// Quantize a row-major `[rows, k]` matrix into the plain layout.
+pub fn quantize<T: MxFloat>(
+    x: &[T],
+    rows: usize,
+    k: usize,
+    alg: ScaleAlg,
+) -> Result<Quantized, MxError> {
+    const WHAT: &str = "quantize";
+    expect_len(WHAT, "x", x.len(), elements(WHAT, rows, k)?)?;
+    let mut data = vec![0u8; x.len()];
+    let mut scale = vec![0u8; elements(WHAT, rows, num_blocks(k))?];
+    quantize_into(x, k, alg, &mut data, &mut scale)?;
+    Ok(Quantized { rows, k, data, scale })
+}
+
+/// The value of element `q` under scale `s`, rounded to f32: `decode_e4m3(q) · 2^(s - 127)`.
+/// The product is exact except for overflow (a finite result above f32's range is infinite);
+/// a NaN element or scale gives NaN.
+#[inline(always)]
+pub fn dequantize_value(q: u8, s: u8) -> f32 {
+    decode_e4m3(q) * decode_e8m0(s)
+}
+
+/// The exact value of element `q` under scale `s`.
+#[inline(always)]
+pub fn dequantize_value_f64(q: u8, s: u8) -> f64 {
+    f64::from(decode_e4m3(q)) * decode_e8m0_f64(s)
+}
+
+/// Dequantize one row: `data` K bytes, `scale` `ceil(K/32)` bytes, into `out` (K values).
+pub fn dequantize_row(data: &[u8], scale: &[u8], out: &mut [f32]) -> Result<(), MxError> {
+    const WHAT: &str = "dequantize_row";
+    expect_len(WHAT, "out", out.len(), data.len())?;
+    expect_len(WHAT, "scale", scale.len(), num_blocks(data.len()))?;
+    for ((db, ob), &s) in data.chunks(BLOCK_SIZE).zip(out.chunks_mut(BLOCK_SIZE)).zip(scale) {
+        let factor = decode_e8m0(s);
+        for (o, &q) in ob.iter_mut().zip(db) {
+            *o = decode_e4m3(q) * factor;
+        }
+    }
+    Ok(())
+}
+
+fn check_dequant(data: &[u8], scale: &[u8], rows: usize, k: usize) -> Result<(), MxError> {
+    const WHAT: &str = "dequantize";
+    expect_len(WHAT, "data", data.len(), elements(WHAT, rows, k)?)?;
+    expect_len(WHAT, "scale", scale.len(), elements(WHAT, rows, num_blocks(k))?)
+}
+
+fn dequantize_rows<R: Copy + Default>(
+    data: &[u8],
+    scale: &[u8],
+    k: usize,
+    value: impl Fn(u8, u8) -> R,
+) -> Vec<R> {
+    let mut out = vec![R::default(); data.len()];
+    dequantize_rows_into(data, scale, k, &mut out, value);
+    out
+}
+
+fn dequantize_rows_into<R>(
+    data: &[u8],
+    scale: &[u8],
+    k: usize,
+    out: &mut [R],
+    value: impl Fn(u8, u8) -> R,
+) {
+    if k == 0 {
+        return;
+    }
+    for ((dr, or), sr) in
+        data.chunks_exact(k).zip(out.chunks_exact_mut(k)).zip(scale.chunks_exact(num_blocks(k)))
+    {
+        for ((db, ob), &s) in dr.chunks(BLOCK_SIZE).zip(or.chunks_mut(BLOCK_SIZE)).zip(sr) {
+            for (o, &q) in ob.iter_mut().zip(db) {
+                *o = value(q, s);
+            }
+        }
+    }
+}
+
+/// Dequantize whole rows of `k` elements (plain layout: `scale` has `ceil(k/32)` bytes a row)
+/// into `out` (as long as `data`), rounded to f32 (see [`dequantize_value`]).
+pub fn dequantize_into(
+    data: &[u8],
+    scale: &[u8],
+    k: usize,
+    out: &mut [f32],
+) -> Result<(), MxError> {
+    const WHAT: &str = "dequantize_into";
+    expect_len(WHAT, "out", out.len(), data.len())?;
+    let rows = data.len().checked_div(k).unwrap_or(0);
+    check_dequant(data, scale, rows, k)?;
+    dequantize_rows_into(data, scale, k, out, dequantize_value);
+    Ok(())
+}
+
+/// Dequantize a plain-layout `[rows, k]` matrix to f32 (see [`dequantize_value`]).
+pub fn dequantize(data: &[u8], scale: &[u8], rows: usize, k: usize) -> Result<Vec<f32>, MxError> {
+    check_dequant(data, scale, rows, k)?;
+    Ok(dequantize_rows(data, scale, k, dequantize_value))
+}
+
+/// Dequantize a plain-layout `[rows, k]` matrix exactly, to f64.
+pub fn dequantize_f64(
+    data: &[u8],
+    scale: &[u8],
+    rows: usize,
+    k: usize,
+) -> Result<Vec<f64>, MxError> {
+    check_dequant(data, scale, rows, k)?;
+    Ok(dequantize_rows(data, scale, k, dequantize_value_f64))
+}
