@@ -17,6 +17,8 @@ pub enum BenchCommand {
     /// MXFP8 GEMM `y[M,N] = a[M,K] · w[N,K]^T` (E4M3 operands, E8M0 scales, bf16 out) on the
     /// reference backend.
     MxGemm(MxGemmArgs),
+    /// Cost per launch of a small op, checked mode off and on: the sanitizer's overhead.
+    Launch(LaunchArgs),
 }
 
 /// Operand dtype of the GEMM benchmark (x, w and y all take it).
@@ -57,6 +59,7 @@ pub fn run(command: &BenchCommand) -> Result<(), CliError> {
         BenchCommand::Gemm(args) => gemm(args),
         BenchCommand::Quant(args) => quant(args),
         BenchCommand::MxGemm(args) => mx_gemm(args),
+        BenchCommand::Launch(args) => launch(args),
     }
 }
 
@@ -228,6 +231,42 @@ fn mx_gemm(args: &MxGemmArgs) -> Result<(), CliError> {
         args.threads,
         ms(time),
         args.repeats,
+    );
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// Ops launched per timed run.
+    #[arg(long, default_value_t = 20_000)]
+    pub ops: usize,
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+}
+
+/// Launch and run `ops` 16-element fills on one stream, with checked mode off and on.
+fn launch(args: &LaunchArgs) -> Result<(), CliError> {
+    let mut per_op = Vec::new();
+    for checked in [false, true] {
+        let options = ReferenceOptions { checked, ..ReferenceOptions::default() };
+        let backend = ReferenceBackend::with_options(options)?;
+        let stream = backend.new_stream()?;
+        let t = backend.alloc(DType::F32, &[16])?;
+        let time = median_time(args.repeats, || {
+            for _ in 0..args.ops {
+                backend.launch(&stream, Op::Fill { dst: t.clone(), value: 1.0 })?;
+            }
+            backend.synchronize(&stream)
+        })?;
+        per_op.push(time.as_secs_f64() * 1e6 / args.ops.max(1) as f64);
+    }
+    println!(
+        "launch+run of a 16-element fill, {} ops, median of {}: checked off {:.3} us/op, checked on {:.3} us/op ({:.2}x)",
+        args.ops,
+        args.repeats,
+        per_op[0],
+        per_op[1],
+        per_op[1] / per_op[0]
     );
     Ok(())
 }

@@ -51,7 +51,9 @@ pub struct Analyzer {
     regions: HashMap<BufferId, BufferId>,
     sizes: HashMap<BufferId, usize>,
     freed: HashMap<BufferId, OpRef>,
-    past: HashMap<BufferId, Vec<Past>>,
+    /// Per memory region, per stream: past accesses in stream order (so the ones a stream is
+    /// ordered after are always a prefix).
+    past: HashMap<BufferId, Vec<Vec<Past>>>,
     entries: usize,
 }
 
@@ -139,7 +141,7 @@ impl Analyzer {
                     let region = self.region(access.buffer);
                     let past =
                         Past { side, stream: s, pos, bytes: access.bytes.clone(), free: false };
-                    self.past.entry(region).or_default().push(past);
+                    self.remember(region, past);
                 }
                 hazards
             }
@@ -177,13 +179,7 @@ impl Analyzer {
                 let bytes = ByteRanges::span(0..len);
                 let mut hazards = Vec::new();
                 self.check(&mut hazards, s, &side, &bytes, true);
-                self.past.entry(region).or_default().push(Past {
-                    side,
-                    stream: s,
-                    pos,
-                    bytes,
-                    free: true,
-                });
+                self.remember(region, Past { side, stream: s, pos, bytes, free: true });
                 self.freed.insert(*buffer, op);
                 hazards
             }
@@ -195,7 +191,16 @@ impl Analyzer {
         }
     }
 
-    /// Compare one access with every past access to the same memory.
+    fn remember(&mut self, region: BufferId, past: Past) {
+        let streams = self.past.entry(region).or_default();
+        if streams.len() <= past.stream {
+            streams.resize_with(past.stream + 1, Vec::new);
+        }
+        streams[past.stream].push(past);
+    }
+
+    /// Compare one access with the past accesses to the same memory that it is not ordered
+    /// after; hazards come out in log order.
     fn check(
         &self,
         out: &mut Vec<Hazard>,
@@ -205,34 +210,50 @@ impl Analyzer {
         free: bool,
     ) {
         let region = self.region(side.buffer);
-        let Some(past) = self.past.get(&region) else { return };
+        let Some(streams) = self.past.get(&region) else { return };
         let clock = &self.clocks[s];
-        for p in past {
-            let ordered = p.stream == s || clock.get(p.stream).copied().unwrap_or(0) >= p.pos;
-            if ordered || !(p.side.writes || side.writes) {
+        let first_new = out.len();
+        for (stream, past) in streams.iter().enumerate() {
+            if stream == s {
                 continue;
             }
-            let Some(overlap) = p.bytes.first_overlap(bytes) else { continue };
-            let kind = if free {
-                HazardKind::FreeWhileInUse
-            } else if p.free {
-                HazardKind::UseAfterFree
-            } else {
-                match (p.side.writes, side.writes) {
-                    (true, false) => HazardKind::ReadAfterWrite,
-                    (false, true) => HazardKind::WriteAfterRead,
-                    _ => HazardKind::WriteAfterWrite,
+            let known = clock.get(stream).copied().unwrap_or(0);
+            let unordered = &past[past.partition_point(|p| p.pos <= known)..];
+            for p in unordered {
+                if !(p.side.writes || side.writes) {
+                    continue;
                 }
-            };
-            out.push(Hazard { kind, first: p.side.clone(), second: side.clone(), bytes: overlap });
+                let Some(overlap) = p.bytes.first_overlap(bytes) else { continue };
+                let kind = if free {
+                    HazardKind::FreeWhileInUse
+                } else if p.free {
+                    HazardKind::UseAfterFree
+                } else {
+                    match (p.side.writes, side.writes) {
+                        (true, false) => HazardKind::ReadAfterWrite,
+                        (false, true) => HazardKind::WriteAfterRead,
+                        _ => HazardKind::WriteAfterWrite,
+                    }
+                };
+                out.push(Hazard {
+                    kind,
+                    first: p.side.clone(),
+                    second: side.clone(),
+                    bytes: overlap,
+                });
+            }
         }
+        out[first_new..].sort_by_key(|h| h.first.op.index);
     }
 
     /// Forget accesses every later call is ordered after (the host has synchronised past them).
     fn prune(&mut self) {
         let host = &self.host;
-        for past in self.past.values_mut() {
-            past.retain(|p| host.get(p.stream).copied().unwrap_or(0) < p.pos);
+        for streams in self.past.values_mut() {
+            for (stream, past) in streams.iter_mut().enumerate() {
+                let known = host.get(stream).copied().unwrap_or(0);
+                past.drain(..past.partition_point(|p| p.pos <= known));
+            }
         }
     }
 }
@@ -339,6 +360,8 @@ mod tests {
         for e in &log {
             analyzer.push(e);
         }
-        assert!(analyzer.past.values().all(|p| p.iter().all(|p| p.side.op.label == "read")));
+        let left: Vec<&str> =
+            analyzer.past.values().flatten().flatten().map(|p| p.side.op.label.as_str()).collect();
+        assert_eq!(left, vec!["read"]);
     }
 }
