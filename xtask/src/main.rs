@@ -129,6 +129,9 @@ fn bench() -> Result<(), String> {
     let mut args = kda.to_vec();
     args.extend(["bench", "mx-gemm", "--m", "256", "--n", "4608", "--k", "7168"]);
     step("bench mx-gemm", &cargo, &args, &[])?;
+    let mut args = kda.to_vec();
+    args.extend(["bench", "launch"]);
+    step("bench launch", &cargo, &args, &[])?;
     Ok(())
 }
 
