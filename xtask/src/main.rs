@@ -132,6 +132,22 @@ fn bench() -> Result<(), String> {
     let mut args = kda.to_vec();
     args.extend(["bench", "launch"]);
     step("bench launch", &cargo, &args, &[])?;
+    for threads in ["1", "2"] {
+        let mut args = kda.to_vec();
+        args.extend([
+            "bench",
+            "core",
+            "--t",
+            "4096",
+            "--heads",
+            "12",
+            "--dim",
+            "128",
+            "--threads",
+            threads,
+        ]);
+        step("bench core", &cargo, &args, &[])?;
+    }
     Ok(())
 }
 

@@ -16,6 +16,8 @@ pub enum CliError {
     Io { action: &'static str, path: String, source: std::io::Error },
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: String, message: String },
+    #[error("{path}: no tensor named {name:?} (needed: {needed})")]
+    MissingTensor { path: String, name: &'static str, needed: &'static str },
     #[error("tensor {name:?} ({dtype}, shape {shape:?}): {reason}")]
     Tensor { name: String, dtype: String, shape: Vec<usize>, reason: String },
 }

@@ -28,6 +28,9 @@ enum Command {
     Run(cmd::run::RunArgs),
     /// Quantize every f32/bf16 tensor of a safetensors file to MXFP8 (E4M3 data, E8M0 scales).
     Quant(cmd::quant::QuantArgs),
+    /// The KDA recurrence (chunked or token by token) on a safetensors file of q, k, v, g, beta
+    /// [, initial_state], in flash-linear-attention's conventions; writes o and final_state.
+    Core(cmd::core::CoreArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Command::Info => cmd::info::run(),
         Command::Run(args) => cmd::run::run(&args),
         Command::Quant(args) => cmd::quant::run(&args),
+        Command::Core(args) => cmd::core::run(&args),
         Command::Bench(bench) => cmd::bench::run(&bench),
     };
     match result {

@@ -6,7 +6,9 @@
 //! - [`layout`] and [`tensor`]: strided device tensors and their copy-free views;
 //! - [`op`]: device ops described as data;
 //! - [`mx`]: the MXFP8 codec (E4M3, E8M0, both scale algorithms, layouts), the bit-exact spec;
-//! - [`sanitize`]: checked mode (recording, happens-before analysis, hazards) and graph capture.
+//! - [`sanitize`]: checked mode (recording, happens-before analysis, hazards) and graph capture;
+//! - [`kda`]: the KDA core ops' descriptors (conv, norms, gate, recurrence, chunked prefill,
+//!   padding mask) and the gate forms.
 //!
 //! Later layers (config and weights, schedules, the KDA layer) live here too, generic over the
 //! HAL, so every backend runs the same code.
@@ -14,6 +16,7 @@
 pub mod dtype;
 pub mod error;
 pub mod hal;
+pub mod kda;
 pub mod layout;
 pub mod mx;
 pub mod op;

@@ -8,6 +8,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::{Backend, BufferHandle, InstanceId};
+use crate::kda::{
+    CausalConv, CausalConvUpdate, GatedRmsNorm, KdaChunk, KdaGate, KdaRecurrent, L2Norm,
+    ZeroPadding,
+};
 use crate::mx::{ScaleAlg, num_blocks};
 use crate::tensor::Tensor;
 
@@ -41,6 +45,22 @@ pub enum Op<B: Backend> {
     /// `w`, E8M0 `a_scale[M, ceil(K/32)]` and `w_scale[N, ceil(K/32)]`, `y` bf16 or f32, summed
     /// as [`crate::mx::gemm`] defines (exact block sums, fp32 accumulation over blocks).
     MxGemm { a: Tensor<B>, a_scale: Tensor<B>, w: Tensor<B>, w_scale: Tensor<B>, y: Tensor<B> },
+    /// Depthwise causal conv1d + SiLU over a flat batch of prefill requests ([`crate::kda::conv`]).
+    CausalConv(CausalConv<B>),
+    /// Causal conv1d + SiLU for decode and speculative decode ([`crate::kda::conv`]).
+    CausalConvUpdate(CausalConvUpdate<B>),
+    /// Row-wise L2 norm with a scale (the q/k norm).
+    L2Norm(L2Norm<B>),
+    /// The forget gate's log decay, softplus or lower-bound form.
+    KdaGate(KdaGate<B>),
+    /// The KDA recurrence token by token (decode, speculative decode).
+    KdaRecurrent(KdaRecurrent<B>),
+    /// The KDA recurrence in chunks of 64 (prefill).
+    KdaChunk(KdaChunk<B>),
+    /// Gated RMSNorm of the core output.
+    GatedRmsNorm(GatedRmsNorm<B>),
+    /// Zero the rows past the live tokens.
+    ZeroPadding(ZeroPadding<B>),
 }
 
 /// A host function queued on a stream.
@@ -105,6 +125,14 @@ impl<B: Backend> Op<B> {
             Op::Upload { .. } => "upload",
             Op::Download { .. } => "download",
             Op::Host { name, .. } => name,
+            Op::CausalConv(_) => CausalConv::<B>::NAME,
+            Op::CausalConvUpdate(_) => CausalConvUpdate::<B>::NAME,
+            Op::L2Norm(_) => L2Norm::<B>::NAME,
+            Op::KdaGate(_) => KdaGate::<B>::NAME,
+            Op::KdaRecurrent(_) => KdaRecurrent::<B>::NAME,
+            Op::KdaChunk(_) => KdaChunk::<B>::NAME,
+            Op::GatedRmsNorm(_) => GatedRmsNorm::<B>::NAME,
+            Op::ZeroPadding(_) => ZeroPadding::<B>::NAME,
             Op::DynamicQuant { .. } => "dynamic_quant",
             Op::MxDequant { .. } => "mx_dequant",
             Op::MxGemm { .. } => "mx_gemm",
@@ -117,6 +145,14 @@ impl<B: Backend> Op<B> {
             Op::Gemm { x, w, .. } => vec![("x", x), ("w", w)],
             Op::Copy { src, .. } | Op::Download { src, .. } => vec![("src", src)],
             Op::Fill { .. } | Op::Upload { .. } | Op::Host { .. } => vec![],
+            Op::CausalConv(op) => op.inputs(),
+            Op::CausalConvUpdate(op) => op.inputs(),
+            Op::L2Norm(op) => op.inputs(),
+            Op::KdaGate(op) => op.inputs(),
+            Op::KdaRecurrent(op) => op.inputs(),
+            Op::KdaChunk(op) => op.inputs(),
+            Op::GatedRmsNorm(op) => op.inputs(),
+            Op::ZeroPadding(op) => op.inputs(),
             Op::DynamicQuant { x, .. } => vec![("x", x)],
             Op::MxDequant { data, scale, .. } => vec![("data", data), ("scale", scale)],
             Op::MxGemm { a, a_scale, w, w_scale, .. } => {
@@ -133,6 +169,14 @@ impl<B: Backend> Op<B> {
                 vec![("dst", dst)]
             }
             Op::Download { .. } | Op::Host { .. } => vec![],
+            Op::CausalConv(op) => op.outputs(),
+            Op::CausalConvUpdate(op) => op.outputs(),
+            Op::L2Norm(op) => op.outputs(),
+            Op::KdaGate(op) => op.outputs(),
+            Op::KdaRecurrent(op) => op.outputs(),
+            Op::KdaChunk(op) => op.outputs(),
+            Op::GatedRmsNorm(op) => op.outputs(),
+            Op::ZeroPadding(op) => op.outputs(),
             Op::DynamicQuant { data, scale, .. } => vec![("data", data), ("scale", scale)],
             Op::MxDequant { y, .. } | Op::MxGemm { y, .. } => vec![("y", y)],
         }
@@ -191,6 +235,14 @@ impl<B: Backend> Op<B> {
                 Ok(())
             }
             Op::Download { .. } | Op::Host { .. } => Ok(()),
+            Op::CausalConv(op) => op.validate().map(|_| ()),
+            Op::CausalConvUpdate(op) => op.validate().map(|_| ()),
+            Op::L2Norm(op) => op.validate().map(|_| ()),
+            Op::KdaGate(op) => op.validate().map(|_| ()),
+            Op::KdaRecurrent(op) => op.validate().map(|_| ()),
+            Op::KdaChunk(op) => op.validate().map(|_| ()),
+            Op::GatedRmsNorm(op) => op.validate().map(|_| ()),
+            Op::ZeroPadding(op) => op.validate().map(|_| ()),
             Op::DynamicQuant { x, data, scale, .. } => mx_quant_dims(x, data, scale).map(|_| ()),
             Op::MxDequant { data, scale, y } => mx_dequant_dims(data, scale, y).map(|_| ()),
             Op::MxGemm { a, a_scale, w, w_scale, y } => {

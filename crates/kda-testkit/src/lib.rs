@@ -3,7 +3,8 @@
 //! - [`tolerance`]: [`Tolerance`] (relative + absolute, per dtype, NaN/Inf-aware) and the
 //!   [`Mismatches`] report that names the first offending elements;
 //! - [`generate`]: [`Gen`], seeded inputs that reproduce bit-for-bit on every machine;
-//! - [`oracle`]: slow, obviously-correct f64 formulations to check the reference against.
+//! - [`oracle`]: slow, obviously-correct f64 formulations to check the reference against;
+//! - [`oracle_kda`]: the same for the KDA core (conv, norms, gates, the recurrence).
 //!
 //! - [`conformance`]: the backend conformance suite, test bodies generic over `Backend` that
 //!   each backend crate instantiates with [`conformance_tests!`].
@@ -17,6 +18,7 @@
 pub mod conformance;
 pub mod generate;
 pub mod oracle;
+pub mod oracle_kda;
 pub mod tolerance;
 
 pub use generate::Gen;

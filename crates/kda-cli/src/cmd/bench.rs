@@ -19,6 +19,9 @@ pub enum BenchCommand {
     MxGemm(MxGemmArgs),
     /// Cost per launch of a small op, checked mode off and on: the sanitizer's overhead.
     Launch(LaunchArgs),
+    /// The chunked KDA prefill (`KdaChunk`) in tokens/s and GFLOP/s, and as a fraction of the
+    /// reference f32 GEMM's rate measured in the same run.
+    Core(super::core::CoreBenchArgs),
 }
 
 /// Operand dtype of the GEMM benchmark (x, w and y all take it).
@@ -60,6 +63,7 @@ pub fn run(command: &BenchCommand) -> Result<(), CliError> {
         BenchCommand::Quant(args) => quant(args),
         BenchCommand::MxGemm(args) => mx_gemm(args),
         BenchCommand::Launch(args) => launch(args),
+        BenchCommand::Core(args) => super::core::bench(args),
     }
 }
 

@@ -1,6 +1,7 @@
 //! One module per `kda` subcommand, plus what they share.
 
 pub mod bench;
+pub mod core;
 pub mod info;
 pub mod quant;
 pub mod run;

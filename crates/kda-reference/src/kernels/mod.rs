@@ -5,6 +5,7 @@
 //! (see [`crate::buffer`]).
 
 mod gemm;
+mod kda;
 mod memory;
 mod mx;
 
@@ -100,5 +101,13 @@ pub(crate) fn execute(op: &Op<ReferenceBackend>, exec: &Exec) -> Result<(), Stri
         Op::DynamicQuant { x, data, scale, alg } => mx::dynamic_quant(x, data, scale, *alg, exec),
         Op::MxDequant { data, scale, y } => mx::dequant(data, scale, y, exec),
         Op::MxGemm { a, a_scale, w, w_scale, y } => mx::gemm(a, a_scale, w, w_scale, y, exec),
+        Op::CausalConv(op) => kda::conv::prefill(op, exec),
+        Op::CausalConvUpdate(op) => kda::conv::update(op, exec),
+        Op::L2Norm(op) => kda::norm::l2norm(op, exec),
+        Op::KdaGate(op) => kda::gate::kda_gate(op, exec),
+        Op::KdaRecurrent(op) => kda::recurrent::recurrent(op, exec),
+        Op::KdaChunk(op) => kda::chunk::chunk(op, exec),
+        Op::GatedRmsNorm(op) => kda::norm::gated_rms_norm(op, exec),
+        Op::ZeroPadding(op) => kda::mask::zero_padding(op),
     }
 }

@@ -6,6 +6,7 @@
 //! under a watchdog, so a wrong implementation fails instead of stalling CI.
 
 pub mod gemm;
+pub mod kda;
 pub mod mx;
 pub mod sanitize;
 pub mod streams;
@@ -56,6 +57,26 @@ macro_rules! conformance_tests {
                 sanitize::capture_fork_join_replays_to_identical_results(&$checked),
             capture_invalid_cases_are_rejected => sanitize::capture_invalid_cases_are_rejected(&$plain),
             capture_bad_calls_are_typed_errors => sanitize::capture_bad_calls_are_typed_errors(&$plain),
+            kda_conv_prefill_matches_f64 => kda::conv_prefill_matches_f64(&$plain),
+            kda_conv_prefill_then_decode_equals_one_prefill =>
+                kda::conv_prefill_then_decode_equals_one_prefill(&$plain),
+            kda_conv_speculative_update_equals_accepted_decodes =>
+                kda::conv_speculative_update_equals_accepted_decodes(&$plain),
+            kda_l2norm_matches_f64 => kda::l2norm_matches_f64(&$plain),
+            kda_gate_forms_match_f64_at_extremes => kda::gate_forms_match_f64_at_extremes(&$plain),
+            kda_gated_rms_norm_matches_f64 => kda::gated_rms_norm_matches_f64(&$plain),
+            kda_zero_padding_clears_rows => kda::zero_padding_clears_rows(&$plain),
+            kda_recurrence_and_chunk_match_f64 => kda::recurrence_and_chunk_match_f64(&$plain),
+            kda_chunk_split_equals_one_call => kda::chunk_split_equals_one_call(&$plain),
+            kda_chunk_varlen_batch_matches_f64 => kda::chunk_varlen_batch_matches_f64(&$plain),
+            kda_recurrent_speculative_reads_and_writes_slots =>
+                kda::recurrent_speculative_reads_and_writes_slots(&$plain),
+            kda_ops_reject_bad_operands => kda::kda_ops_reject_bad_operands(&$plain),
+            kda_bad_metadata_fails_at_synchronize => kda::kda_bad_metadata_fails_at_synchronize(&$plain),
+            kda_nan_inputs_propagate_without_crashing =>
+                kda::nan_inputs_propagate_without_crashing(&$plain),
+            kda_chunk_reads_and_writes_a_transposed_state_view =>
+                kda::chunk_reads_and_writes_a_transposed_state_view(&$plain),
             mx_dynamic_quant_matches_the_codec => mx::dynamic_quant_matches_the_codec(&$plain),
             mx_dynamic_quant_edge_shapes_and_views =>
                 mx::dynamic_quant_edge_shapes_and_views(&$plain),

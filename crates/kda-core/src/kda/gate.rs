@@ -1,0 +1,84 @@
+//! The forget gate (KDA.md "Inside KDA", step 3): per-channel log decay from the raw logits
+//! `a = g1 + dt_bias`, computed in fp32, in one of two forms.
+
+use std::fmt;
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::hal::Backend;
+use crate::tensor::Tensor;
+
+use super::check;
+
+/// Softplus returns its argument above this (as PyTorch's `softplus(threshold=20)`).
+pub const SOFTPLUS_THRESHOLD: f32 = 20.0;
+
+/// How the log decay `g` is made from `a = g1 + dt_bias` and `A_log[h]`.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum GateForm {
+    /// Kimi Linear: `g = -exp(A_log[h]) · softplus(a)`, so `g ≤ 0` (unbounded below).
+    Softplus,
+    /// Kimi K3: `g = lower_bound · sigmoid(exp(A_log[h]) · a)`, so `g ∈ (lower_bound, 0]`;
+    /// `lower_bound` is finite and negative (K3: -5).
+    LowerBound { lower_bound: f32 },
+}
+
+impl fmt::Display for GateForm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GateForm::Softplus => f.write_str("softplus"),
+            GateForm::LowerBound { lower_bound } => write!(f, "lower bound {lower_bound}"),
+        }
+    }
+}
+
+/// Sizes of a validated [`KdaGate`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GateDims {
+    pub tokens: usize,
+    pub heads: usize,
+    pub dim: usize,
+}
+
+/// `g[t, h, c] = gate(form, A_log[h], g1[t, h, c] + dt_bias[h, c])`, fp32.
+#[derive(Clone, Debug)]
+pub struct KdaGate<B: Backend> {
+    /// Raw forget-gate logits `[T, H, D]` (bf16, f16 or f32).
+    pub g1: Tensor<B>,
+    /// `[H]` (any float; fp32 in checkpoints).
+    pub a_log: Tensor<B>,
+    /// `[H, D]` (any float; fp32 in checkpoints).
+    pub dt_bias: Tensor<B>,
+    pub form: GateForm,
+    /// Log decay `[T, H, D]`, f32.
+    pub g: Tensor<B>,
+}
+
+impl<B: Backend> KdaGate<B> {
+    pub const NAME: &'static str = "kda_gate";
+
+    pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
+        vec![("g1", &self.g1), ("a_log", &self.a_log), ("dt_bias", &self.dt_bias)]
+    }
+
+    pub fn outputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
+        vec![("g", &self.g)]
+    }
+
+    /// Check shapes, dtypes and the form's parameter and return the sizes.
+    pub fn validate(&self) -> Result<GateDims> {
+        const OP: &str = "kda_gate";
+        check::float(OP, "g1", &self.g1)?;
+        let [tokens, heads, dim] = check::dims(OP, "g1", &self.g1, "[T, H, D]")?;
+        check::float(OP, "a_log", &self.a_log)?;
+        check::shape(OP, "a_log", &self.a_log, &[heads], "H of g1")?;
+        check::float(OP, "dt_bias", &self.dt_bias)?;
+        check::shape(OP, "dt_bias", &self.dt_bias, &[heads, dim], "H, D of g1")?;
+        check::dtype(OP, "g", &self.g, DType::F32)?;
+        check::shape(OP, "g", &self.g, &[tokens, heads, dim], "T, H, D of g1")?;
+        if let GateForm::LowerBound { lower_bound } = self.form {
+            check::param(OP, "lower_bound", lower_bound, lower_bound < 0.0, "finite and < 0")?;
+        }
+        Ok(GateDims { tokens, heads, dim })
+    }
+}

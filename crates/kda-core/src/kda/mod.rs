@@ -1,0 +1,29 @@
+//! The KDA math's descriptors: the ops of the layer's core (KDA.md "Inside KDA") as values that
+//! [`crate::Op`] carries, the gate forms, and the constants the math fixes.
+//!
+//! | op | formula | file |
+//! |---|---|---|
+//! | [`CausalConv`], [`CausalConvUpdate`] | depthwise causal conv1d + SiLU, prefill / decode / speculative | [`conv`] |
+//! | [`L2Norm`] | `x / sqrt(Σx² + 1e-6) · scale` | [`norm`] |
+//! | [`KdaGate`] | softplus or lower-bound log decay | [`gate`] |
+//! | [`KdaRecurrent`], [`KdaChunk`] | the delta-rule recurrence, per token and chunked | [`recurrence`] |
+//! | [`GatedRmsNorm`] | `x · rsqrt(mean(x²) + eps) · w · sigmoid(g)` | [`norm`] |
+//! | [`ZeroPadding`] | zero the rows past the live tokens | [`mask`] |
+//!
+//! Each descriptor checks its own shapes and dtypes (`validate`, called by
+//! [`crate::Op::validate`]); per-request metadata (offsets, slots, counts) is device data and is
+//! checked by the kernels when they run. The reference kernels live in `kda-reference`
+//! (`kernels/kda/`), the f64 oracles in `kda-testkit` (`oracle_kda`).
+
+mod check;
+pub mod conv;
+pub mod gate;
+pub mod mask;
+pub mod norm;
+pub mod recurrence;
+
+pub use conv::{CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims};
+pub use gate::{GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
+pub use mask::{PaddingDims, ZeroPadding};
+pub use norm::{GatedRmsNorm, L2NORM_EPS, L2Norm, RowDims};
+pub use recurrence::{CHUNK_SIZE, KdaChunk, KdaRecurrent, RecurrenceDims};

@@ -1,0 +1,185 @@
+//! The KDA recurrence token by token (decode and speculative decode), on the v-first state of
+//! the cache: with `S^T` stored as `[V, K]`, every step is a pass over contiguous rows.
+
+use kda_core::kda::{KdaRecurrent, RecurrenceDims};
+
+use super::super::Exec;
+use super::io::{T, par_map, read_f32, read_i32, row, slot, write_f32};
+use super::norm::l2norm_row;
+use super::simd::dot;
+use crate::ReferenceBackend;
+
+/// One token through one head's v-first state `s` (`[V, K]`, in place): decay, delta-rule
+/// update, output `o` (`[V]`). `q` is already normalised and scaled, `k` normalised; `decay` is
+/// scratch of `K` elements.
+///
+/// Row `r` of `s` is column `r` of the formulas' `S`, so `(S^T k)[r]` is a row dot product.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn step(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    decay: &mut [f32],
+    o: &mut [f32],
+) {
+    let kd = k.len();
+    if kd == 0 {
+        o.fill(0.0);
+        return;
+    }
+    for (d, &g) in decay.iter_mut().zip(g) {
+        *d = g.exp();
+    }
+    for ((row, &v), o) in s.chunks_exact_mut(kd).zip(v).zip(o) {
+        for (x, &d) in row.iter_mut().zip(&*decay) {
+            *x *= d;
+        }
+        let u = beta * (v - dot(row, k));
+        for (x, &k) in row.iter_mut().zip(k) {
+            *x += k * u;
+        }
+        *o = dot(row, q);
+    }
+}
+
+/// The `[1, 1, V, K]` view of head `h` in slot `s` of a `[N, H, V, K]` cache.
+pub(super) fn head_state(state: &T, s: usize, h: usize) -> Result<T, String> {
+    row(state, s)?.narrow(1, h, 1).map_err(|e| e.to_string())
+}
+
+pub(in crate::kernels) fn recurrent(
+    op: &KdaRecurrent<ReferenceBackend>,
+    exec: &Exec,
+) -> Result<(), String> {
+    let RecurrenceDims { batch, tokens: n, heads, k: kd, v: vd, slots } =
+        op.validate().map_err(|e| e.to_string())?;
+    let slot_ids = read_i32(&op.state_slots);
+    let accepted = match &op.num_accepted_tokens {
+        Some(a) => read_i32(a),
+        None => vec![1; batch],
+    };
+    // Per request: the initial slot (None: padding) and the slot after each token.
+    let mut initial = Vec::with_capacity(batch);
+    let mut writes = Vec::with_capacity(batch);
+    for b in 0..batch {
+        let a = accepted[b];
+        if n > 0 && (a < 1 || a as usize > n) {
+            return Err(format!("num_accepted_tokens[{b}] = {a} is not within 1..={n}"));
+        }
+        let row = &slot_ids[b * n..(b + 1) * n];
+        let first = if n == 0 {
+            None
+        } else {
+            slot("state_slots", format!("[{b}, {}]", a - 1), row[a as usize - 1], slots)?
+        };
+        let after = row
+            .iter()
+            .enumerate()
+            .map(|(t, &v)| slot("state_slots", format!("[{b}, {t}]"), v, slots))
+            .collect::<Result<Vec<_>, _>>()?;
+        initial.push(first);
+        writes.push(after);
+    }
+    // Every initial state is read before anything is written.
+    let mut states = Vec::with_capacity(batch * heads);
+    for &first in &initial {
+        for h in 0..heads {
+            states.push(match first {
+                Some(s) => read_f32(&head_state(&op.state, s, h)?).into_owned(),
+                None => Vec::new(),
+            });
+        }
+    }
+    let (q, k, v, g, beta) =
+        (read_f32(&op.q), read_f32(&op.k), read_f32(&op.v), read_f32(&op.g), read_f32(&op.beta));
+    let (scale, l2) = (op.scale, op.qk_l2norm);
+    let results = par_map(exec, batch * heads, |task| {
+        let (b, h) = (task / heads, task % heads);
+        let mut o = vec![0.0f32; n * vd];
+        let mut kept = Vec::new();
+        if initial[b].is_none() {
+            return (o, kept);
+        }
+        let mut s = states[task].clone();
+        let (mut qt, mut kt, mut decay) = (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd]);
+        for t in 0..n {
+            let at = (b * n + t) * heads + h;
+            qt.copy_from_slice(&q[at * kd..(at + 1) * kd]);
+            kt.copy_from_slice(&k[at * kd..(at + 1) * kd]);
+            if l2 {
+                l2norm_row(&mut qt, scale);
+                l2norm_row(&mut kt, 1.0);
+            } else {
+                qt.iter_mut().for_each(|x| *x *= scale);
+            }
+            let (vt, gt) = (&v[at * vd..(at + 1) * vd], &g[at * kd..(at + 1) * kd]);
+            step(&mut s, &qt, &kt, vt, gt, beta[at], &mut decay, &mut o[t * vd..(t + 1) * vd]);
+            if let Some(slot) = writes[b][t] {
+                kept.push((slot, s.clone()));
+            }
+        }
+        (o, kept)
+    });
+    // Outputs are [B, n, H, V]; tasks hold [n, V] per (request, head).
+    let mut o_all = vec![0.0f32; batch * n * heads * vd];
+    for (task, (o, kept)) in results.into_iter().enumerate() {
+        let (b, h) = (task / heads, task % heads);
+        for t in 0..n {
+            let at = ((b * n + t) * heads + h) * vd;
+            o_all[at..at + vd].copy_from_slice(&o[t * vd..(t + 1) * vd]);
+        }
+        for (slot, s) in kept {
+            write_f32(&head_state(&op.state, slot, h)?, &s);
+        }
+    }
+    write_f32(&op.o, &o_all);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kda_testkit::Gen;
+    use kda_testkit::oracle_kda::{KdaSequence, kda_recurrence};
+
+    /// Steps on the v-first state agree with the f64 recurrence on the K-first one.
+    #[test]
+    fn steps_match_the_f64_recurrence() {
+        let (t, kd, vd) = (20, 6, 5);
+        let mut rng = Gen::new(2);
+        let mut q = rng.uniform_f32(t * kd, -1.0, 1.0);
+        let mut k = rng.uniform_f32(t * kd, -1.0, 1.0);
+        let v = rng.uniform_f32(t * vd, -1.0, 1.0);
+        let g = rng.uniform_f32(t * kd, -1.0, 0.0);
+        let beta = rng.uniform_f32(t, 0.0, 1.0);
+        let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+        let seq = KdaSequence {
+            q: &f(&q),
+            k: &f(&k),
+            v: &f(&v),
+            g: &f(&g),
+            beta: &f(&beta),
+            heads: 1,
+            kd,
+            vd,
+        };
+        let (o_ref, s_ref) = kda_recurrence(seq, None, 0.5, true);
+        let (mut s, mut decay, mut o) =
+            (vec![0.0f32; vd * kd], vec![0.0; kd], vec![0.0f32; t * vd]);
+        for i in 0..t {
+            let (qi, ki) = (&mut q[i * kd..(i + 1) * kd], &mut k[i * kd..(i + 1) * kd]);
+            l2norm_row(qi, 0.5);
+            l2norm_row(ki, 1.0);
+            let (vi, gi) = (&v[i * vd..(i + 1) * vd], &g[i * kd..(i + 1) * kd]);
+            step(&mut s, qi, ki, vi, gi, beta[i], &mut decay, &mut o[i * vd..(i + 1) * vd]);
+        }
+        let tol = kda_testkit::Tolerance::new(1e-5, 1e-6);
+        tol.assert_close(&[t, vd], &o, &o_ref);
+        // The cache is v-first: s is the transpose of the oracle's [K, V].
+        let s_kfirst: Vec<f32> = (0..kd * vd).map(|i| s[(i % vd) * kd + i / vd]).collect();
+        tol.assert_close(&[kd, vd], &s_kfirst, &s_ref);
+    }
+}
