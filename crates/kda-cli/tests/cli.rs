@@ -1,19 +1,8 @@
 //! The `kda` binary end to end: exit codes and the lines a user reads.
-#![allow(clippy::expect_used, reason = "test setup")]
 
-use std::process::{Command, Output};
+mod common;
 
-fn kda(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("the kda binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{kda, stderr, stdout};
 
 #[test]
 fn info_lists_the_reference_backend_in_both_modes() {

@@ -4,10 +4,11 @@
 //! message naming the tensor.
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "test setup")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 
+mod common;
+
+use common::{TempDir, kda, stderr};
 use half::bf16;
 use kda_core::kda::{KdaChunk, KdaRecurrent};
 use kda_core::{Backend, DType, Layout, Op, Tensor};
@@ -15,38 +16,6 @@ use kda_reference::ReferenceBackend;
 use kda_testkit::oracle_kda::{KdaSequence, kda_recurrence, max_abs, recurrence_tolerance};
 use kda_testkit::{Gen, Tolerance};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-
-/// A fresh directory under the system temp dir, unique per test, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("kda-core-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        Self(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn kda(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("the kda binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// One tensor of the input file: values exact in `dtype`.
 struct Input {
@@ -353,7 +322,7 @@ fn bad_files_fail_with_a_message_naming_the_tensor() {
         args.extend(extra);
         kda(&args)
     };
-    let fails = |out: Output, needles: &[&str]| {
+    let fails = |out: std::process::Output, needles: &[&str]| {
         assert!(!out.status.success(), "should fail: {needles:?}");
         let err = stderr(&out);
         for n in needles {

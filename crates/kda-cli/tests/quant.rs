@@ -4,43 +4,15 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "test setup")]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
+mod common;
+
+use common::{TempDir, kda, stderr};
 use half::bf16;
 use kda_core::mx::{self, ScaleAlg, ScaleLayout};
 use kda_testkit::Gen;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-
-/// A fresh directory under the system temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("kda-quant-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        Self(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn kda(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kda")).args(args).output().expect("the kda binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// One input tensor: its values as f32 (exact in its dtype) and how it is stored.
 struct Input {

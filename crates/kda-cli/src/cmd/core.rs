@@ -19,8 +19,9 @@ use half::bf16;
 use kda_core::kda::{KdaChunk, KdaRecurrent};
 use kda_core::{Backend, DType, Layout, Op, Tensor};
 use kda_reference::ReferenceBackend;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, TensorView};
 
+use super::tensor_file::{self, OutTensor};
 use crate::error::CliError;
 
 #[derive(Debug, Args)]
@@ -91,13 +92,8 @@ pub struct Tensor32 {
 }
 
 pub fn run(args: &CoreArgs) -> Result<(), CliError> {
-    let input = display(&args.input);
-    let file = std::fs::read(&args.input).map_err(|source| CliError::Io {
-        action: "read",
-        path: input.clone(),
-        source,
-    })?;
-    let inputs = read_inputs(&input, &file)?;
+    let file = tensor_file::read(&args.input)?;
+    let inputs = read_inputs(&args.input, &file)?;
     let CoreDims { batch, tokens, heads, k, v } = inputs.dims;
     let scale = match args.scale {
         Some(s) if s.is_finite() => s,
@@ -113,23 +109,20 @@ pub fn run(args: &CoreArgs) -> Result<(), CliError> {
     let (o, final_state) = compute(&backend, &inputs, args.algo, scale, args.l2norm)?;
 
     let output = display(&args.output);
-    let o_bytes: Vec<u8> = o.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let s_bytes: Vec<u8> = final_state.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let safetensors_error = |e: safetensors::SafeTensorError| CliError::Safetensors {
-        path: output.clone(),
-        message: e.to_string(),
-    };
-    let views = vec![
-        (
-            "o",
-            TensorView::new(Dtype::F32, vec![batch, tokens, heads, v], &o_bytes)
-                .map_err(safetensors_error)?,
-        ),
-        (
-            "final_state",
-            TensorView::new(Dtype::F32, vec![batch, heads, k, v], &s_bytes)
-                .map_err(safetensors_error)?,
-        ),
+    let f32_bytes = |values: &[f32]| values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let tensors = [
+        OutTensor {
+            name: "o".into(),
+            dtype: Dtype::F32,
+            shape: vec![batch, tokens, heads, v],
+            bytes: f32_bytes(&o),
+        },
+        OutTensor {
+            name: "final_state".into(),
+            dtype: Dtype::F32,
+            shape: vec![batch, heads, k, v],
+            bytes: f32_bytes(&final_state),
+        },
     ];
     let metadata = HashMap::from([
         ("algo".to_string(), args.algo.name().to_string()),
@@ -137,12 +130,7 @@ pub fn run(args: &CoreArgs) -> Result<(), CliError> {
         ("l2norm".to_string(), args.l2norm.to_string()),
         ("state_layout".to_string(), "[B, H, K, V]".to_string()),
     ]);
-    let bytes = safetensors::serialize(views, Some(metadata)).map_err(safetensors_error)?;
-    std::fs::write(&args.output, bytes).map_err(|source| CliError::Io {
-        action: "write",
-        path: output.clone(),
-        source,
-    })?;
+    tensor_file::write(&args.output, &tensors, metadata)?;
     println!(
         "kda core ({}): B={batch} T={tokens} H={heads} K={k} V={v}, scale {scale}, l2norm {}, \
          initial state {}; wrote o [{batch}, {tokens}, {heads}, {v}] and final_state \
@@ -159,9 +147,8 @@ fn display(path: &Path) -> String {
 }
 
 /// Read and check the tensors of a `kda core` input file (`path` names it in errors).
-pub fn read_inputs(path: &str, file: &[u8]) -> Result<CoreInputs, CliError> {
-    let tensors = SafeTensors::deserialize(file)
-        .map_err(|e| CliError::Safetensors { path: path.to_string(), message: e.to_string() })?;
+pub fn read_inputs(path: &Path, file: &[u8]) -> Result<CoreInputs, CliError> {
+    let tensors = tensor_file::parse(path, file)?;
     let get = |name: &'static str| -> Result<Option<(Vec<usize>, Tensor32)>, CliError> {
         let Ok(view) = tensors.tensor(name) else { return Ok(None) };
         let shape = view.shape().to_vec();
@@ -170,7 +157,7 @@ pub fn read_inputs(path: &str, file: &[u8]) -> Result<CoreInputs, CliError> {
     };
     let need = |name: &'static str| {
         get(name)?.ok_or_else(|| CliError::MissingTensor {
-            path: path.to_string(),
+            path: path.display().to_string(),
             name,
             needed: "q, k, v, g, beta (and optionally initial_state)",
         })

@@ -5,6 +5,7 @@ pub mod core;
 pub mod info;
 pub mod quant;
 pub mod run;
+pub mod tensor_file;
 
 use std::time::{Duration, Instant};
 

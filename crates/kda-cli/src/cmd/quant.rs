@@ -14,8 +14,9 @@ use clap::{Args, ValueEnum};
 use half::bf16;
 use kda_core::mx;
 use kda_core::{ScaleAlg, ScaleLayout};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, TensorView};
 
+use super::tensor_file::{self, OutTensor};
 use crate::error::CliError;
 
 #[derive(Debug, Args)]
@@ -62,22 +63,10 @@ impl ScaleLayoutArg {
     }
 }
 
-/// One output tensor: name, shape, bytes.
-struct Output {
-    name: String,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
 pub fn run(args: &QuantArgs) -> Result<(), CliError> {
     let input = display(&args.input);
-    let file = std::fs::read(&args.input).map_err(|source| CliError::Io {
-        action: "read",
-        path: input.clone(),
-        source,
-    })?;
-    let tensors = SafeTensors::deserialize(&file)
-        .map_err(|e| CliError::Safetensors { path: input.clone(), message: e.to_string() })?;
+    let file = tensor_file::read(&args.input)?;
+    let tensors = tensor_file::parse(&args.input, &file)?;
     let mut names = tensors.names();
     names.sort();
     let mut outputs = Vec::with_capacity(2 * names.len());
@@ -98,14 +87,6 @@ pub fn run(args: &QuantArgs) -> Result<(), CliError> {
         outputs.push(data);
         outputs.push(scale);
     }
-    let views = outputs
-        .iter()
-        .map(|o| Ok((o.name.clone(), TensorView::new(Dtype::U8, o.shape.clone(), &o.bytes)?)))
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
-        .map_err(|e| CliError::Safetensors {
-            path: display(&args.output),
-            message: e.to_string(),
-        })?;
     let metadata = HashMap::from([
         ("format".to_string(), "mxfp8".to_string()),
         ("element".to_string(), "e4m3".to_string()),
@@ -113,14 +94,7 @@ pub fn run(args: &QuantArgs) -> Result<(), CliError> {
         ("scale_alg".to_string(), args.scale_alg.code().to_string()),
         ("scale_layout".to_string(), args.layout.name().to_string()),
     ]);
-    let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| {
-        CliError::Safetensors { path: display(&args.output), message: e.to_string() }
-    })?;
-    std::fs::write(&args.output, bytes).map_err(|source| CliError::Io {
-        action: "write",
-        path: display(&args.output),
-        source,
-    })?;
+    tensor_file::write(&args.output, &outputs, metadata)?;
     println!(
         "wrote {} tensors to {} (scale_alg {}, {} scales)",
         outputs.len(),
@@ -149,7 +123,7 @@ fn quantize_tensor(
     view: &TensorView<'_>,
     alg: ScaleAlg,
     layout: ScaleLayoutArg,
-) -> Result<(Output, Output), CliError> {
+) -> Result<(OutTensor, OutTensor), CliError> {
     let shape = view.shape().to_vec();
     let error = |reason: &str| CliError::Tensor {
         name: name.to_string(),
@@ -190,7 +164,12 @@ fn quantize_tensor(
     }
     let scale = scale_layout.from_plain(&q.scale, rows, k)?;
     Ok((
-        Output { name: format!("{name}.data"), shape, bytes: q.data },
-        Output { name: format!("{name}.scale"), shape: scale_shape, bytes: scale },
+        OutTensor { name: format!("{name}.data"), dtype: Dtype::U8, shape, bytes: q.data },
+        OutTensor {
+            name: format!("{name}.scale"),
+            dtype: Dtype::U8,
+            shape: scale_shape,
+            bytes: scale,
+        },
     ))
 }
