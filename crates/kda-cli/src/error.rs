@@ -12,6 +12,8 @@ pub enum CliError {
     Mismatch { what: String, a: &'static str, b: &'static str },
     #[error(transparent)]
     Mx(#[from] kda_core::MxError),
+    #[error(transparent)]
+    Weights(#[from] kda_core::weights::WeightError),
     #[error("cannot {action} {path}: {source}")]
     Io { action: &'static str, path: String, source: std::io::Error },
     #[error("{path}: not a valid safetensors file: {message}")]

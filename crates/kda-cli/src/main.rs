@@ -31,6 +31,9 @@ enum Command {
     /// The KDA recurrence (chunked or token by token) on a safetensors file of q, k, v, g, beta
     /// [, initial_state], in flash-linear-attention's conventions; writes o and final_state.
     Core(cmd::core::CoreArgs),
+    /// Composed vs staged low-rank gates (the fused BFG's forget gate) against an f64 oracle,
+    /// on K3-shaped weights; `--write docs/precision.md` writes the report.
+    Precision(cmd::precision::PrecisionArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -50,6 +53,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(&args),
         Command::Quant(args) => cmd::quant::run(&args),
         Command::Core(args) => cmd::core::run(&args),
+        Command::Precision(args) => cmd::precision::run(&args),
         Command::Bench(bench) => cmd::bench::run(&bench),
     };
     match result {

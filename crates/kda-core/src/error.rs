@@ -85,6 +85,9 @@ pub enum Error {
     #[error(transparent)]
     Mx(#[from] crate::mx::MxError),
 
+    #[error(transparent)]
+    Weights(#[from] crate::weights::WeightError),
+
     #[error("{backend} backend: {message}")]
     Backend { backend: &'static str, message: String },
 }

@@ -9,10 +9,14 @@
 //! - [`sanitize`]: checked mode (recording, happens-before analysis, hazards) and graph capture;
 //! - [`kda`]: the KDA core ops' descriptors (conv, norms, gate, recurrence, chunked prefill,
 //!   padding mask) and the gate forms.
+//! - [`config`] and [`weights`]: `KdaConfig` from `config.json`, TP positions, and one rank's
+//!   layer weights loaded from a safetensors checkpoint (the fused BFG with its load-time
+//!   composed forget gate, fused QKV dense or MXFP8, packed conv weights).
 //!
-//! Later layers (config and weights, schedules, the KDA layer) live here too, generic over the
+//! Later layers (schedules, the KDA layer) live here too, generic over the
 //! HAL, so every backend runs the same code.
 
+pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod hal;
@@ -22,6 +26,7 @@ pub mod mx;
 pub mod op;
 pub mod sanitize;
 pub mod tensor;
+pub mod weights;
 
 pub use dtype::{DType, E8M0, Element, F8E4M3};
 pub use error::{Error, Result, ViewError};

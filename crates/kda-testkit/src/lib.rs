@@ -4,11 +4,14 @@
 //!   [`Mismatches`] report that names the first offending elements;
 //! - [`generate`]: [`Gen`], seeded inputs that reproduce bit-for-bit on every machine;
 //! - [`oracle`]: slow, obviously-correct f64 formulations to check the reference against;
-//! - [`oracle_kda`]: the same for the KDA core (conv, norms, gates, the recurrence).
+//! - [`oracle_kda`]: the same for the KDA core (conv, norms, gates, the recurrence);
+//! - [`checkpoint`]: synthetic HF-style KDA checkpoints (any preset or scaled-down config,
+//!   generated lazily region by region, or written to a directory).
 //!
 //! - [`conformance`]: the backend conformance suite, test bodies generic over `Backend` that
 //!   each backend crate instantiates with [`conformance_tests!`].
 
+pub mod checkpoint;
 #[allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod core;
 pub mod info;
+pub mod precision;
 pub mod quant;
 pub mod run;
 pub mod tensor_file;

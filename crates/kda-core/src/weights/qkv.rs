@@ -1,0 +1,426 @@
+//! [`FusedQkv`]: the q, k and v projections of one TP rank in one weight, local rows
+//! `[q shard | k shard | v shard]` (`3 * lp` rows of `Hd`), so one GEMM produces `mixed_qkv`.
+//!
+//! Dense configs keep the weight in the layer's weight dtype. MXFP8 configs keep E4M3 bytes
+//! `[3 lp, Hd]` and E8M0 scale bytes `[3 lp, ceil(Hd / 32)]` (the plain layout of
+//! [`crate::mx`]), from either source a checkpoint may have:
+//!
+//! - stored quantized: `q_proj.weight` (F8_E4M3 or u8 bytes, `[P, Hd]`) with
+//!   `q_proj.weight_scale` (u8 or F8_E8M0, `[P, ceil(Hd / 32)]`), copied as they are;
+//! - stored dense (bf16/f16/f32): quantized here with the config's `scale_alg`, by the
+//!   codec in [`crate::mx`] (the same bytes `kda quant` and DynamicQuant produce). Scales are
+//!   per row and per 32 consecutive inputs, so quantizing this rank's rows gives exactly the
+//!   rows of the quantized global weight.
+
+use std::ops::Range;
+
+use half::bf16;
+
+use super::host::HostTensor;
+use super::source::TensorRead;
+use super::{WeightError, expect_shape, fmt_shape, read_rows};
+use crate::config::{LayerDims, QkvFormat};
+use crate::dtype::DType;
+use crate::mx::{self, ScaleAlg};
+
+/// One of the three projections.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QkvPart {
+    Q,
+    K,
+    V,
+}
+
+impl QkvPart {
+    pub const ALL: [QkvPart; 3] = [QkvPart::Q, QkvPart::K, QkvPart::V];
+
+    /// Position in the fused layout (0, 1, 2).
+    pub const fn index(self) -> usize {
+        match self {
+            QkvPart::Q => 0,
+            QkvPart::K => 1,
+            QkvPart::V => 2,
+        }
+    }
+
+    /// `q_proj.weight`, ...
+    pub const fn weight_suffix(self) -> &'static str {
+        match self {
+            QkvPart::Q => "q_proj.weight",
+            QkvPart::K => "k_proj.weight",
+            QkvPart::V => "v_proj.weight",
+        }
+    }
+
+    /// `q_proj.weight_scale`, ...
+    pub const fn scale_suffix(self) -> &'static str {
+        match self {
+            QkvPart::Q => "q_proj.weight_scale",
+            QkvPart::K => "k_proj.weight_scale",
+            QkvPart::V => "v_proj.weight_scale",
+        }
+    }
+
+    /// `q_conv1d.weight`, ...
+    pub const fn conv_suffix(self) -> &'static str {
+        match self {
+            QkvPart::Q => "q_conv1d.weight",
+            QkvPart::K => "k_conv1d.weight",
+            QkvPart::V => "v_conv1d.weight",
+        }
+    }
+}
+
+/// Where a part's weight came from.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Origin {
+    Dense,
+    /// E4M3 bytes from the checkpoint; needs its scale.
+    Stored,
+    /// Dense in the checkpoint, quantized here; brings its own scale.
+    QuantizedAtLoad,
+}
+
+/// The fused weight, borrowed.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum QkvWeights<'a> {
+    /// `[3 lp, Hd]` in the weight dtype.
+    Dense(&'a HostTensor),
+    /// `data` E4M3 `[3 lp, Hd]`, `scale` E8M0 `[3 lp, ceil(Hd/32)]`, plain layout.
+    Mxfp8 { data: &'a HostTensor, scale: &'a HostTensor, scale_alg: ScaleAlg },
+}
+
+/// The fused `[q | k | v]` weight of one TP rank (see the module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusedQkv {
+    dims: LayerDims,
+    format: QkvFormat,
+    dtype: DType,
+    /// Dense weight or E4M3 bytes; allocated on the first load.
+    data: Option<HostTensor>,
+    /// E8M0 bytes (MXFP8 only).
+    scale: Option<HostTensor>,
+    origin: [Option<Origin>; 3],
+    scale_loaded: [bool; 3],
+}
+
+impl FusedQkv {
+    /// An empty fused weight; `dtype` is the dense weight dtype (ignored for MXFP8 data).
+    pub fn new(dims: LayerDims, format: QkvFormat, dtype: DType) -> Result<Self, WeightError> {
+        if !dtype.is_float() {
+            return Err(WeightError::dtype("fused QKV weight", "bf16, f16 or f32", dtype));
+        }
+        Ok(FusedQkv {
+            dims,
+            format,
+            dtype,
+            data: None,
+            scale: None,
+            origin: [None; 3],
+            scale_loaded: [false; 3],
+        })
+    }
+
+    pub fn format(&self) -> QkvFormat {
+        self.format
+    }
+
+    /// Rows of `part` in the fused weight.
+    pub fn part_rows(&self, part: QkvPart) -> Range<usize> {
+        let lp = self.dims.local_proj;
+        part.index() * lp..(part.index() + 1) * lp
+    }
+
+    /// The fused weight, once every part is loaded.
+    pub fn weights(&self) -> Option<QkvWeights<'_>> {
+        if !self.missing().is_empty() {
+            return None;
+        }
+        match (self.format, &self.data, &self.scale) {
+            (QkvFormat::Dense, Some(d), _) => Some(QkvWeights::Dense(d)),
+            (QkvFormat::Mxfp8 { scale_alg }, Some(data), Some(scale)) => {
+                Some(QkvWeights::Mxfp8 { data, scale, scale_alg })
+            }
+            _ => None,
+        }
+    }
+
+    /// Checkpoint suffixes still needed: every part's weight, and the scale of every part whose
+    /// weight was stored quantized.
+    pub fn missing(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        for part in QkvPart::ALL {
+            let i = part.index();
+            match self.origin[i] {
+                None => m.push(part.weight_suffix()),
+                Some(Origin::Stored) if !self.scale_loaded[i] => m.push(part.scale_suffix()),
+                _ => {}
+            }
+        }
+        m
+    }
+
+    /// `q_proj.weight` (or k, v): `[P, Hd]`, dense or E4M3 bytes.
+    pub fn load_weight(&mut self, part: QkvPart, t: &dyn TensorRead) -> Result<(), WeightError> {
+        let param = part.weight_suffix();
+        let d = self.dims;
+        let i = part.index();
+        let quantized = matches!(t.dtype(), DType::E4M3 | DType::U8);
+        let origin = match (self.format, quantized, t.dtype().is_float()) {
+            (QkvFormat::Dense, false, true) => Origin::Dense,
+            (QkvFormat::Mxfp8 { .. }, false, true) => Origin::QuantizedAtLoad,
+            (QkvFormat::Mxfp8 { .. }, true, _) => Origin::Stored,
+            (QkvFormat::Dense, true, _) => {
+                return Err(WeightError::dtype(
+                    param,
+                    "bf16, f16 or f32 (the config has no qkv_quantization; an E4M3 weight needs \
+                     \"method\": \"w8a8_mxfp8\")",
+                    t.dtype(),
+                ));
+            }
+            _ => {
+                let expected = match self.format {
+                    QkvFormat::Dense => "bf16, f16 or f32",
+                    QkvFormat::Mxfp8 { .. } => {
+                        "F8_E4M3 or u8 (with weight_scale), or bf16, f16 or f32"
+                    }
+                };
+                return Err(WeightError::dtype(param, expected, t.dtype()));
+            }
+        };
+        expect_shape(param, t, &[d.proj, d.hidden], "[num_heads * head_dim, hidden_size]")?;
+        if origin == Origin::QuantizedAtLoad && self.scale_loaded[i] {
+            return Err(self.conflict(part));
+        }
+        let rows = read_rows(t, d.proj_range())?;
+        let row0 = self.part_rows(part).start;
+        match (origin, self.format) {
+            (Origin::Dense, _) => self.data_mut(self.dtype)?.write_rows(row0, &rows)?,
+            (Origin::Stored, _) => {
+                // The bytes are E4M3 whether the file calls them F8_E4M3 or u8.
+                let bytes = rows.as_u8().map(<[u8]>::to_vec).unwrap_or_default();
+                let e4m3 = HostTensor::from_bytes(DType::E4M3, rows.shape(), bytes)?;
+                self.data_mut(DType::E4M3)?.write_rows(row0, &e4m3)?;
+            }
+            (Origin::QuantizedAtLoad, QkvFormat::Mxfp8 { scale_alg }) => {
+                let q = quantize_rows(param, &rows, scale_alg)?;
+                let (n, k, blocks) = (q.rows, q.k, q.blocks());
+                let data = HostTensor::from_bytes(DType::E4M3, &[n, k], q.data)?;
+                let scale = HostTensor::from_bytes(DType::E8M0, &[n, blocks], q.scale)?;
+                self.data_mut(DType::E4M3)?.write_rows(row0, &data)?;
+                self.scale_mut()?.write_rows(row0, &scale)?;
+            }
+            (Origin::QuantizedAtLoad, QkvFormat::Dense) => {}
+        }
+        self.origin[i] = Some(origin);
+        Ok(())
+    }
+
+    /// `q_proj.weight_scale` (or k, v): u8 or F8_E8M0 `[P, ceil(Hd / 32)]`.
+    pub fn load_scale(&mut self, part: QkvPart, t: &dyn TensorRead) -> Result<(), WeightError> {
+        let param = part.scale_suffix();
+        let d = self.dims;
+        if self.format == QkvFormat::Dense {
+            return Err(WeightError::value(
+                param,
+                "the config has no qkv_quantization, so QKV weights carry no scales",
+            ));
+        }
+        if !matches!(t.dtype(), DType::U8 | DType::E8M0) {
+            return Err(WeightError::dtype(param, "u8 or F8_E8M0", t.dtype()));
+        }
+        expect_shape(
+            param,
+            t,
+            &[d.proj, d.scale_blocks()],
+            "[num_heads * head_dim, ceil(hidden_size / 32)]",
+        )?;
+        if self.origin[part.index()] == Some(Origin::QuantizedAtLoad) {
+            return Err(self.conflict(part));
+        }
+        let rows = read_rows(t, d.proj_range())?;
+        let bytes = rows.as_u8().map(<[u8]>::to_vec).unwrap_or_default();
+        let e8m0 = HostTensor::from_bytes(DType::E8M0, rows.shape(), bytes)?;
+        let row0 = self.part_rows(part).start;
+        self.scale_mut()?.write_rows(row0, &e8m0)?;
+        self.scale_loaded[part.index()] = true;
+        Ok(())
+    }
+
+    fn conflict(&self, part: QkvPart) -> WeightError {
+        WeightError::value(
+            part.scale_suffix(),
+            format!(
+                "given together with a dense {} (which is quantized at load); a checkpoint stores \
+                 either E4M3 bytes with their scale or a dense weight",
+                part.weight_suffix()
+            ),
+        )
+    }
+
+    fn data_mut(&mut self, dtype: DType) -> Result<&mut HostTensor, WeightError> {
+        let shape = [self.dims.qkv_width(), self.dims.hidden];
+        if self.data.is_none() {
+            self.data = Some(HostTensor::zeros(dtype, &shape)?);
+        }
+        let current = self.data.as_ref().map(HostTensor::dtype);
+        if current != Some(dtype) {
+            // A dense part after an E4M3 one (or the reverse) cannot share one buffer.
+            let actual = current.map_or("none".to_string(), |d| d.name().to_string());
+            return Err(WeightError::dtype("fused QKV weight", dtype.name(), actual));
+        }
+        self.data
+            .as_mut()
+            .ok_or_else(|| WeightError::shape("fused QKV weight", fmt_shape(&shape), &[]))
+    }
+
+    fn scale_mut(&mut self) -> Result<&mut HostTensor, WeightError> {
+        let shape = [self.dims.qkv_width(), self.dims.scale_blocks()];
+        if self.scale.is_none() {
+            self.scale = Some(HostTensor::zeros(DType::E8M0, &shape)?);
+        }
+        self.scale
+            .as_mut()
+            .ok_or_else(|| WeightError::shape("fused QKV scale", fmt_shape(&shape), &[]))
+    }
+}
+
+/// Quantize dense rows `[rows, Hd]` to MXFP8 with `alg` (bf16 and f32 directly; f16 widened
+/// exactly to f32 first).
+fn quantize_rows(
+    param: &str,
+    rows: &HostTensor,
+    alg: ScaleAlg,
+) -> Result<mx::Quantized, WeightError> {
+    let (n, k) = match rows.shape() {
+        [n, k] => (*n, *k),
+        other => return Err(WeightError::shape(param, "a 2-D weight", other)),
+    };
+    let mx_err = |source| WeightError::Mx { param: param.to_string(), source };
+    if let Some(v) = rows.as_bf16() {
+        return mx::quantize::<bf16>(v, n, k, alg).map_err(mx_err);
+    }
+    let v = rows.float_values(param)?;
+    mx::quantize::<f32>(&v, n, k, alg).map_err(mx_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{KdaConfig, LinearAttnConfig, Tp};
+
+    fn dims(tp: Tp) -> LayerDims {
+        KdaConfig {
+            hidden_size: 40,
+            rms_norm_eps: 1e-5,
+            linear_attn_config: LinearAttnConfig {
+                num_heads: 4,
+                head_dim: 2,
+                short_conv_kernel_size: 3,
+                gate_lower_bound: None,
+            },
+            use_full_rank_gate: true,
+            qkv_quantization: None,
+        }
+        .dims(tp)
+        .unwrap()
+    }
+
+    fn dense(salt: f32) -> HostTensor {
+        let v =
+            (0..8 * 40).map(|i| bf16::from_f32(((i as f32) * 0.31 + salt).sin() * 0.05)).collect();
+        HostTensor::from_bf16(&[8, 40], v).unwrap()
+    }
+
+    const MX: QkvFormat = QkvFormat::Mxfp8 { scale_alg: ScaleAlg::OcpFloor };
+
+    #[test]
+    fn dense_parts_are_packed_in_order() {
+        let d = dims(Tp::new(2, 1).unwrap());
+        let mut qkv = FusedQkv::new(d, QkvFormat::Dense, DType::BF16).unwrap();
+        let w: Vec<HostTensor> = (0..3).map(|i| dense(i as f32)).collect();
+        for part in [QkvPart::V, QkvPart::Q, QkvPart::K] {
+            assert!(qkv.weights().is_none());
+            qkv.load_weight(part, &w[part.index()]).unwrap();
+        }
+        let Some(QkvWeights::Dense(t)) = qkv.weights() else { panic!("dense weights") };
+        assert_eq!(t.shape(), &[12, 40]);
+        for part in QkvPart::ALL {
+            let want = w[part.index()].read(&[4..8, 0..40]).unwrap();
+            let got = t.read(&[qkv.part_rows(part), 0..40]).unwrap();
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn quantized_at_load_equals_stored_quantized() {
+        let d = dims(Tp::new(2, 0).unwrap());
+        let w: Vec<HostTensor> = (0..3).map(|i| dense(i as f32)).collect();
+        let mut at_load = FusedQkv::new(d, MX, DType::BF16).unwrap();
+        let mut stored = FusedQkv::new(d, MX, DType::BF16).unwrap();
+        for part in QkvPart::ALL {
+            let full = &w[part.index()];
+            at_load.load_weight(part, full).unwrap();
+            let q = mx::quantize(full.as_bf16().unwrap(), 8, 40, ScaleAlg::OcpFloor).unwrap();
+            let data = HostTensor::from_bytes(DType::E4M3, &[8, 40], q.data).unwrap();
+            let scale = HostTensor::from_bytes(DType::U8, &[8, 2], q.scale).unwrap();
+            stored.load_scale(part, &scale).unwrap();
+            assert_eq!(
+                stored.missing(),
+                vec![part.weight_suffix()]
+                    .into_iter()
+                    .chain(QkvPart::ALL[part.index() + 1..].iter().map(|p| p.weight_suffix()))
+                    .collect::<Vec<_>>()
+            );
+            stored.load_weight(part, &data).unwrap();
+        }
+        let (
+            Some(QkvWeights::Mxfp8 { data: a, scale: sa, .. }),
+            Some(QkvWeights::Mxfp8 { data: b, scale: sb, .. }),
+        ) = (at_load.weights(), stored.weights())
+        else {
+            panic!("both complete")
+        };
+        assert_eq!((a, sa), (b, sb));
+        assert_eq!(
+            (a.dtype(), sa.dtype(), sa.shape()),
+            (DType::E4M3, DType::E8M0, &[12usize, 2][..])
+        );
+    }
+
+    #[test]
+    fn bad_qkv_sources_are_named() {
+        let d = dims(Tp::SINGLE);
+        let mut qkv = FusedQkv::new(d, MX, DType::BF16).unwrap();
+        let data = HostTensor::from_bytes(DType::E4M3, &[8, 40], vec![0; 320]).unwrap();
+        qkv.load_weight(QkvPart::K, &data).unwrap();
+        assert_eq!(qkv.missing(), vec!["q_proj.weight", "k_proj.weight_scale", "v_proj.weight"]);
+        let bad_scale = HostTensor::from_bytes(DType::U8, &[8, 1], vec![0; 8]).unwrap();
+        let e = qkv.load_scale(QkvPart::K, &bad_scale).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "k_proj.weight_scale: shape [8, 1], expected [8, 2] [num_heads * head_dim, ceil(hidden_size / 32)]"
+        );
+        qkv.load_weight(QkvPart::Q, &dense(0.0)).unwrap();
+        let scale = HostTensor::from_bytes(DType::U8, &[8, 2], vec![127; 16]).unwrap();
+        let e = qkv.load_scale(QkvPart::Q, &scale).unwrap_err().to_string();
+        assert!(
+            e.starts_with("q_proj.weight_scale: given together with a dense q_proj.weight"),
+            "{e}"
+        );
+        let i32s = HostTensor::from_le_bytes(DType::I32, &[8, 40], &[0; 8 * 40 * 4]).unwrap();
+        let e = qkv.load_weight(QkvPart::V, &i32s).unwrap_err().to_string();
+        assert!(e.starts_with("v_proj.weight: dtype i32, expected F8_E4M3 or u8"), "{e}");
+
+        let mut plain = FusedQkv::new(d, QkvFormat::Dense, DType::BF16).unwrap();
+        let e = plain.load_weight(QkvPart::Q, &data).unwrap_err().to_string();
+        assert!(e.contains("no qkv_quantization"), "{e}");
+        assert!(plain.load_scale(QkvPart::Q, &scale).is_err());
+        let e =
+            plain.load_weight(QkvPart::Q, &dense(0.0).read(&[0..4, 0..40]).unwrap()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "q_proj.weight: shape [4, 40], expected [8, 40] [num_heads * head_dim, hidden_size]"
+        );
+    }
+}
