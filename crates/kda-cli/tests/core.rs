@@ -8,54 +8,19 @@ use std::path::Path;
 
 mod common;
 
-use common::{TempDir, kda, stderr};
+use common::{Input, TempDir, kda, stderr, write_inputs, write_safetensors};
 use half::bf16;
 use kda_core::kda::{KdaChunk, KdaRecurrent};
 use kda_core::{Backend, DType, Layout, Op, Tensor};
 use kda_reference::ReferenceBackend;
 use kda_testkit::oracle_kda::{KdaSequence, kda_recurrence, max_abs, recurrence_tolerance};
 use kda_testkit::{Gen, Tolerance};
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-
-/// One tensor of the input file: values exact in `dtype`.
-struct Input {
-    name: &'static str,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    values: Vec<f32>,
-}
+use safetensors::tensor::{Dtype, SafeTensors};
 
 impl Input {
-    fn new(name: &'static str, dtype: Dtype, shape: &[usize], values: Vec<f32>) -> Self {
-        let values = match dtype {
-            Dtype::BF16 => values.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
-            _ => values,
-        };
-        Self { name, dtype, shape: shape.to_vec(), values }
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        match self.dtype {
-            Dtype::BF16 => {
-                self.values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect()
-            }
-            _ => self.values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
-        }
-    }
-
     fn dtype(&self) -> DType {
         if self.dtype == Dtype::BF16 { DType::BF16 } else { DType::F32 }
     }
-}
-
-fn write(path: &Path, inputs: &[Input]) {
-    let bytes: Vec<Vec<u8>> = inputs.iter().map(Input::bytes).collect();
-    let views: Vec<(&str, TensorView<'_>)> = inputs
-        .iter()
-        .zip(&bytes)
-        .map(|(i, b)| (i.name, TensorView::new(i.dtype, i.shape.clone(), b).unwrap()))
-        .collect();
-    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 
 /// A problem `[B, T, H, K]` with L2-normalisable keys, gates in `[-2, 0]` and beta in `[0, 1]`.
@@ -190,7 +155,7 @@ fn core_reproduces_the_library_exactly() {
     {
         let inputs = problem(dims, dtype, initial, case as u64);
         let input = dir.path(&format!("in{case}.safetensors"));
-        write(&input, &inputs);
+        write_inputs(&input, &inputs);
         for (algo, chunk) in [("chunk", true), ("recurrent", false)] {
             let output = dir.path(&format!("out{case}-{algo}.safetensors"));
             let out = kda(&[
@@ -264,7 +229,7 @@ fn scale_and_l2norm_flags_reach_the_op() {
     let dims = (1, 9, 2, 4, 4);
     let inputs = problem(dims, Dtype::F32, true, 9);
     let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
-    write(&input, &inputs);
+    write_inputs(&input, &inputs);
     let out = kda(&[
         "core",
         "--input",
@@ -288,7 +253,7 @@ fn nan_inputs_give_nan_outputs_not_a_crash() {
     let mut inputs = problem(dims, Dtype::F32, false, 3);
     inputs[1].values[10 * 4] = f32::NAN;
     let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
-    write(&input, &inputs);
+    write_inputs(&input, &inputs);
     for algo in ["chunk", "recurrent"] {
         let out = kda(&[
             "core",
@@ -316,7 +281,7 @@ fn bad_files_fail_with_a_message_naming_the_tensor() {
     let dims = (1, 5, 2, 4, 3);
     let run = |inputs: &[Input], extra: &[&str]| {
         let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
-        write(&input, inputs);
+        write_inputs(&input, inputs);
         let mut args =
             vec!["core", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()];
         args.extend(extra);
@@ -369,16 +334,12 @@ fn bad_files_fail_with_a_message_naming_the_tensor() {
 
     // An integer tensor.
     let (input, output) = (dir.path("int.safetensors"), dir.path("out.safetensors"));
-    let mut named: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = base()
+    let mut named: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = base()
         .into_iter()
-        .map(|i| (i.name.to_string(), i.shape.clone(), i.dtype, i.bytes()))
+        .map(|i| (i.name.to_string(), i.dtype, i.shape.clone(), i.bytes()))
         .collect();
-    named[3] = ("g".into(), vec![1, 5, 2, 4], Dtype::I32, vec![0; 160]);
-    let views: Vec<(String, TensorView<'_>)> = named
-        .iter()
-        .map(|(n, s, d, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-        .collect();
-    std::fs::write(&input, safetensors::serialize(views, None).unwrap()).unwrap();
+    named[3] = ("g".into(), Dtype::I32, vec![1, 5, 2, 4], vec![0; 160]);
+    write_safetensors(&input, &named);
     let out =
         kda(&["core", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()]);
     fails(out, &["tensor \"g\"", "expected f32 or bf16"]);

@@ -4,34 +4,16 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "test setup")]
 
 use std::collections::HashMap;
-use std::path::Path;
 
 mod common;
 
-use common::{TempDir, kda, stderr};
+use common::{Input, TempDir, kda, stderr, write_inputs, write_safetensors};
 use half::bf16;
 use kda_core::mx::{self, ScaleAlg, ScaleLayout};
 use kda_testkit::Gen;
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-
-/// One input tensor: its values as f32 (exact in its dtype) and how it is stored.
-struct Input {
-    name: &'static str,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    values: Vec<f32>,
-}
+use safetensors::tensor::{Dtype, SafeTensors};
 
 impl Input {
-    fn bytes(&self) -> Vec<u8> {
-        match self.dtype {
-            Dtype::BF16 => {
-                self.values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect()
-            }
-            _ => self.values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
-        }
-    }
-
     /// (rows, k) of the tensor as the command reads it.
     fn matrix(&self) -> (usize, usize) {
         match self.shape[..] {
@@ -77,22 +59,6 @@ fn inputs() -> Vec<Input> {
         Input { name: "empty_k", dtype: Dtype::BF16, shape: vec![2, 0], values: vec![] },
         Input { name: "no_rows", dtype: Dtype::F32, shape: vec![0, 64], values: vec![] },
     ]
-}
-
-fn write_safetensors(path: &Path, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) {
-    let views: Vec<(String, TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, dtype, shape, bytes)| {
-            (name.clone(), TensorView::new(*dtype, shape.clone(), bytes).unwrap())
-        })
-        .collect();
-    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
-}
-
-fn write_inputs(path: &Path, inputs: &[Input]) {
-    let tensors: Vec<_> =
-        inputs.iter().map(|i| (i.name.to_string(), i.dtype, i.shape.clone(), i.bytes())).collect();
-    write_safetensors(path, &tensors);
 }
 
 #[test]
