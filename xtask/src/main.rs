@@ -148,6 +148,9 @@ fn bench() -> Result<(), String> {
         ]);
         step("bench core", &cargo, &args, &[])?;
     }
+    let mut args = kda.to_vec();
+    args.extend(["bench", "schedule"]);
+    step("bench schedule", &cargo, &args, &[])?;
     Ok(())
 }
 

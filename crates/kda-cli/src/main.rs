@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Backends compiled in, their capabilities, execution modes and threads.
     Info,
-    /// The main job on an embedded default (today: the K3 TP8 projection GEMMs on two streams).
+    /// The main job on an embedded default (today: the K3 TP8 projections, serial and overlapped).
     Run(cmd::run::RunArgs),
     /// Quantize every f32/bf16 tensor of a safetensors file to MXFP8 (E4M3 data, E8M0 scales).
     Quant(cmd::quant::QuantArgs),

@@ -57,10 +57,35 @@ fn bench_gemm_prints_gflops() {
 }
 
 #[test]
+fn bench_schedule_reports_every_figure() {
+    let o = kda(&["bench", "schedule", "--tokens", "2", "--repeats", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "T=2 (1 timed round)",
+        "serial ",
+        "overlapped, GEMMs serialized",
+        "overlapped, GEMMs concurrent",
+        "ops alone: dynamic_quant",
+        "hidden vector fraction",
+        "overlapped / serial",
+        "of ideal",
+        "speedup",
+        "composed vs staged F",
+        "identical bit for bit",
+        "summary",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+}
+
+#[test]
 fn bad_arguments_fail_with_a_message() {
     for (args, needle) in [
         (&["bench", "gemm", "--threads", "0"][..], "--threads"),
         (&["run", "--tokens", "0"][..], "--tokens"),
+        (&["bench", "schedule", "--tokens", "0"][..], "--tokens"),
+        (&["bench", "schedule", "--scale-alg", "2"][..], "--scale-alg"),
     ] {
         let o = kda(args);
         assert!(!o.status.success(), "{args:?} should fail");

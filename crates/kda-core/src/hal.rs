@@ -170,11 +170,25 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + Sized + 'static {
             let _ = buffer.id();
             Ok(())
         });
-        self.submit(stream, Op::Host { name: "free", f: hold })
+        self.submit(stream, "free", Op::Host { name: "free", f: hold })
     }
 
-    /// Queue an already validated op on `stream`. Call [`Backend::launch`] instead.
-    fn submit(&self, stream: &Self::Stream, op: Op<Self>) -> Result<()>;
+    /// Queue an already validated op on `stream`; `label` is the name the caller launched it
+    /// under (for the backend's own traces and timelines). Call [`Backend::launch`] instead.
+    fn submit(&self, stream: &Self::Stream, label: &str, op: Op<Self>) -> Result<()>;
+
+    /// The auxiliary stream the core's overlapped schedules fork work onto: created on the first
+    /// call, then the same stream for every caller of this instance (every layer), as the seeds'
+    /// one BFG stream per process. Kept in [`Backend::instrumentation`].
+    fn aux_stream(&self) -> Result<Self::Stream> {
+        let slot = self.instrumentation().aux_stream();
+        if let Some(stream) = slot.get() {
+            return Ok(stream.clone());
+        }
+        let fresh = self.new_stream()?;
+        // Two threads may race here; the stream that lost is dropped unused.
+        Ok(slot.get_or_init(|| fresh).clone())
+    }
 
     /// Snapshot the work queued on `stream` so far into `event` (replacing any earlier record).
     fn record(&self, event: &Self::Event, stream: &Self::Stream) -> Result<()> {
@@ -240,9 +254,9 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + Sized + 'static {
         op.validate(self.instance())?;
         let instrumentation = self.instrumentation();
         if !instrumentation.is_active() {
-            return self.submit(stream, op);
+            return self.submit(stream, label, op);
         }
-        instrumentation.launch(stream.id(), label, op, |op| self.submit(stream, op))
+        instrumentation.launch(stream.id(), label, op, |op| self.submit(stream, label, op))
     }
 
     /// Queue a copy of host `data` into `dst` on `stream` (the data is staged, so the caller may

@@ -12,8 +12,11 @@
 //! - [`config`] and [`weights`]: `KdaConfig` from `config.json`, TP positions, and one rank's
 //!   layer weights loaded from a safetensors checkpoint (the fused BFG with its load-time
 //!   composed forget gate, fused QKV dense or MXFP8, packed conv weights).
+//! - [`schedule`]: the serial and overlapped QKV/BFG projection schedules, generic over the HAL,
+//!   and the beta contract at the dispatch boundary;
+//! - [`timeline`]: when each op ran, on which stream (overlap measurements, traces).
 //!
-//! Later layers (schedules, the KDA layer) live here too, generic over the
+//! Later layers (the KDA layer) live here too, generic over the
 //! HAL, so every backend runs the same code.
 
 pub mod config;
@@ -25,7 +28,9 @@ pub mod layout;
 pub mod mx;
 pub mod op;
 pub mod sanitize;
+pub mod schedule;
 pub mod tensor;
+pub mod timeline;
 pub mod weights;
 
 pub use dtype::{DType, E8M0, Element, F8E4M3};
@@ -36,5 +41,5 @@ pub use hal::{
 };
 pub use layout::Layout;
 pub use mx::{MxError, MxFloat, ScaleAlg, ScaleLayout};
-pub use op::{DownloadSlot, GemmDims, HostFn, Op};
+pub use op::{ComputeUnit, DownloadSlot, GemmDims, HostFn, Op};
 pub use tensor::Tensor;

@@ -61,6 +61,20 @@ pub enum Op<B: Backend> {
     GatedRmsNorm(GatedRmsNorm<B>),
     /// Zero the rows past the live tokens.
     ZeroPadding(ZeroPadding<B>),
+    /// Element-wise logistic sigmoid computed in fp32: `y = 1 / (1 + e^-x)` with `x` (bf16, f16
+    /// or f32, any view) widened exactly to f32 and `y` f32 of the same shape. The mixed
+    /// projection path's "preprocessed" beta (KDA.md).
+    Sigmoid { x: Tensor<B>, y: Tensor<B> },
+}
+
+/// The kind of execution unit an op keeps busy, for the sanitizer's optional exclusive-unit
+/// rules (see [`crate::sanitize::ExclusiveUnits`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ComputeUnit {
+    /// Matrix multiply units (Ascend's Cube, tensor cores): the GEMMs.
+    Matrix,
+    /// Vector units: element-wise and reduction kernels.
+    Vector,
 }
 
 /// A host function queued on a stream.
@@ -136,6 +150,32 @@ impl<B: Backend> Op<B> {
             Op::DynamicQuant { .. } => "dynamic_quant",
             Op::MxDequant { .. } => "mx_dequant",
             Op::MxGemm { .. } => "mx_gemm",
+            Op::Sigmoid { .. } => "sigmoid",
+        }
+    }
+
+    /// The execution unit the op occupies: matrix for the GEMMs, vector for element-wise and
+    /// reduction kernels, none for memory movement and host functions. The chunked recurrence
+    /// uses both kinds and claims neither.
+    pub fn unit(&self) -> Option<ComputeUnit> {
+        match self {
+            Op::Gemm { .. } | Op::MxGemm { .. } => Some(ComputeUnit::Matrix),
+            Op::DynamicQuant { .. }
+            | Op::MxDequant { .. }
+            | Op::Sigmoid { .. }
+            | Op::CausalConv(_)
+            | Op::CausalConvUpdate(_)
+            | Op::L2Norm(_)
+            | Op::KdaGate(_)
+            | Op::KdaRecurrent(_)
+            | Op::GatedRmsNorm(_)
+            | Op::ZeroPadding(_) => Some(ComputeUnit::Vector),
+            Op::Copy { .. }
+            | Op::Fill { .. }
+            | Op::Upload { .. }
+            | Op::Download { .. }
+            | Op::Host { .. }
+            | Op::KdaChunk(_) => None,
         }
     }
 
@@ -143,6 +183,7 @@ impl<B: Backend> Op<B> {
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
         match self {
             Op::Gemm { x, w, .. } => vec![("x", x), ("w", w)],
+            Op::Sigmoid { x, .. } => vec![("x", x)],
             Op::Copy { src, .. } | Op::Download { src, .. } => vec![("src", src)],
             Op::Fill { .. } | Op::Upload { .. } | Op::Host { .. } => vec![],
             Op::CausalConv(op) => op.inputs(),
@@ -164,7 +205,7 @@ impl<B: Backend> Op<B> {
     /// Views the op writes, with their parameter names.
     pub fn outputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
         match self {
-            Op::Gemm { y, .. } => vec![("y", y)],
+            Op::Gemm { y, .. } | Op::Sigmoid { y, .. } => vec![("y", y)],
             Op::Copy { dst, .. } | Op::Fill { dst, .. } | Op::Upload { dst, .. } => {
                 vec![("dst", dst)]
             }
@@ -247,6 +288,11 @@ impl<B: Backend> Op<B> {
             Op::MxDequant { data, scale, y } => mx_dequant_dims(data, scale, y).map(|_| ()),
             Op::MxGemm { a, a_scale, w, w_scale, y } => {
                 mx_gemm_dims(a, a_scale, w, w_scale, y).map(|_| ())
+            }
+            Op::Sigmoid { x, y } => {
+                expect_float(op, "x", x.dtype())?;
+                expect_dtype(op, "y", y.dtype(), DType::F32, "f32")?;
+                expect_shape(op, "y", y.shape(), x.shape())
             }
         }
     }

@@ -60,6 +60,7 @@ fn to_log(steps: &[Step]) -> Vec<Entry> {
                 label: format!("op{i}"),
                 reads: accesses(reads, "in"),
                 writes: accesses(writes, "out"),
+                unit: None,
             },
             Step::Record { stream: s, event: e } => {
                 Entry::Record { stream: stream(*s), event: event(*e) }

@@ -16,11 +16,13 @@
 mod buffer;
 mod kernels;
 pub mod stream;
+mod timeline;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kda_core::sanitize::{Instrumentation, checked_from_env};
+use kda_core::timeline::Timeline;
 use kda_core::{
     Backend, BackendInfo, BufferId, Capabilities, DType, Error, EventId, InstanceId, Op, Result,
     StreamId,
@@ -47,12 +49,20 @@ pub struct ReferenceOptions {
     pub jitter: Option<Jitter>,
     /// Checked mode: record every call and reject ops that race (see [`kda_core::sanitize`]).
     pub checked: bool,
+    /// Time every executed op (stream, label, start, end): [`ReferenceBackend::timeline`].
+    pub timeline: bool,
 }
 
 impl Default for ReferenceOptions {
-    /// One core per stream, no jitter, checked mode as `KDA_SANITIZE` says (off when unset).
+    /// One core per stream, no jitter, checked mode as `KDA_SANITIZE` says (off when unset), no
+    /// timeline.
     fn default() -> Self {
-        Self { mode: ExecutionMode::PerStream, jitter: None, checked: checked_from_env(false) }
+        Self {
+            mode: ExecutionMode::PerStream,
+            jitter: None,
+            checked: checked_from_env(false),
+            timeline: false,
+        }
     }
 }
 
@@ -68,6 +78,7 @@ struct Inner {
     options: ReferenceOptions,
     exec: Exec,
     instrumentation: Instrumentation<ReferenceBackend>,
+    timeline: Option<Arc<timeline::Recorder>>,
     next_stream: AtomicU64,
     next_event: AtomicU64,
     next_buffer: AtomicU64,
@@ -107,6 +118,18 @@ impl ReferenceBackend {
     pub fn options(&self) -> &ReferenceOptions {
         &self.inner.options
     }
+
+    /// The ops executed so far with their times (empty unless [`ReferenceOptions::timeline`]).
+    pub fn timeline(&self) -> Timeline {
+        self.inner.timeline.as_ref().map(|t| t.snapshot()).unwrap_or_default()
+    }
+
+    /// Forget the spans recorded so far.
+    pub fn clear_timeline(&self) {
+        if let Some(t) = &self.inner.timeline {
+            t.clear();
+        }
+    }
 }
 
 impl Inner {
@@ -114,6 +137,7 @@ impl Inner {
         Self {
             instance: InstanceId::fresh(),
             instrumentation: Instrumentation::new(options.checked),
+            timeline: options.timeline.then(|| Arc::new(timeline::Recorder::new())),
             options,
             exec,
             next_stream: AtomicU64::new(0),
@@ -161,7 +185,7 @@ impl Backend for ReferenceBackend {
     fn new_stream(&self) -> Result<RefStream> {
         let inner = &self.inner;
         let id = StreamId { instance: inner.instance, index: inner.next(&inner.next_stream) };
-        RefStream::spawn(id, inner.exec.clone(), inner.options.jitter)
+        RefStream::spawn(id, inner.exec.clone(), inner.options.jitter, inner.timeline.clone())
     }
 
     fn new_event(&self) -> Result<RefEvent> {
@@ -194,11 +218,11 @@ impl Backend for ReferenceBackend {
         RefBuffer::new(id, bytes)
     }
 
-    fn submit(&self, stream: &RefStream, op: Op<Self>) -> Result<()> {
+    fn submit(&self, stream: &RefStream, label: &str, op: Op<Self>) -> Result<()> {
         // `launch` has validated already; checking again here keeps the kernels' unsafe
         // preconditions (no aliasing, shapes agree) true even for a direct caller.
         op.validate(self.inner.instance)?;
-        stream.submit(op);
+        stream.submit(op, self.inner.timeline.is_some().then_some(label));
         Ok(())
     }
 }

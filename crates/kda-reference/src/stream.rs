@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kda_core::{Error, EventHandle, EventId, Op, Result, StreamHandle, StreamId};
 use rand::{Rng, SeedableRng};
@@ -18,6 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::ReferenceBackend;
 use crate::kernels::{self, Exec};
+use crate::timeline::Recorder;
 
 /// Random delays before each queued item, to shake out ordering bugs in tests.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -27,8 +28,12 @@ pub struct Jitter {
 }
 
 enum Item {
-    Op(Box<Op<ReferenceBackend>>),
-    Wait { upstream: Arc<Shared>, target: u64 },
+    /// An op, with its label when the backend records a timeline.
+    Op(Box<Op<ReferenceBackend>>, Option<Box<str>>),
+    Wait {
+        upstream: Arc<Shared>,
+        target: u64,
+    },
 }
 
 struct State {
@@ -103,7 +108,12 @@ impl StreamHandle for RefStream {
 }
 
 impl RefStream {
-    pub(crate) fn spawn(id: StreamId, exec: Exec, jitter: Option<Jitter>) -> Result<Self> {
+    pub(crate) fn spawn(
+        id: StreamId,
+        exec: Exec,
+        jitter: Option<Jitter>,
+        timeline: Option<Arc<Recorder>>,
+    ) -> Result<Self> {
         let shared = Arc::new(Shared {
             id,
             state: Mutex::new(State {
@@ -118,7 +128,7 @@ impl RefStream {
         let worker_shared = Arc::clone(&shared);
         let worker = std::thread::Builder::new()
             .name(format!("kda-ref-{id}"))
-            .spawn(move || run_worker(&worker_shared, &exec, jitter))
+            .spawn(move || run_worker(&worker_shared, &exec, jitter, timeline.as_deref()))
             .map_err(|e| Error::Backend {
                 backend: "reference",
                 message: format!("cannot start the worker thread of stream {id}: {e}"),
@@ -139,8 +149,9 @@ impl RefStream {
         shared.changed.notify_all();
     }
 
-    pub(crate) fn submit(&self, op: Op<ReferenceBackend>) {
-        self.push(Item::Op(Box::new(op)));
+    /// Queue `op`; `label` is kept only when the timeline records it.
+    pub(crate) fn submit(&self, op: Op<ReferenceBackend>, label: Option<&str>) {
+        self.push(Item::Op(Box::new(op), label.map(Box::from)));
     }
 
     /// Queue a wait for `snapshot` (nothing to do if it names this very stream).
@@ -213,7 +224,7 @@ impl RefEvent {
     }
 }
 
-fn run_worker(shared: &Shared, exec: &Exec, jitter: Option<Jitter>) {
+fn run_worker(shared: &Shared, exec: &Exec, jitter: Option<Jitter>, timeline: Option<&Recorder>) {
     let mut rng = jitter.map(|j| (ChaCha8Rng::seed_from_u64(j.seed ^ shared.id.index), j.max));
     loop {
         let (item, seq) = {
@@ -227,7 +238,7 @@ fn run_worker(shared: &Shared, exec: &Exec, jitter: Option<Jitter>) {
             let micros = rng.random_range(0..=max.as_micros() as u64);
             std::thread::sleep(Duration::from_micros(micros));
         }
-        let failure = run_item(shared, item, seq, exec);
+        let failure = run_item(shared, item, seq, exec, timeline);
         let mut state = shared.lock();
         if let Some(error) = failure {
             state.error.get_or_insert((seq, error));
@@ -239,7 +250,13 @@ fn run_worker(shared: &Shared, exec: &Exec, jitter: Option<Jitter>) {
 }
 
 /// Run one item; returns the failure to record, if any.
-fn run_item(shared: &Shared, item: Item, seq: u64, exec: &Exec) -> Option<Error> {
+fn run_item(
+    shared: &Shared,
+    item: Item,
+    seq: u64,
+    exec: &Exec,
+    timeline: Option<&Recorder>,
+) -> Option<Error> {
     match item {
         Item::Wait { upstream, target } => {
             let state = upstream.wait_until(|s| s.completed >= target);
@@ -253,12 +270,16 @@ fn run_item(shared: &Shared, item: Item, seq: u64, exec: &Exec) -> Option<Error>
             }
         }
         // After a failure, ops are skipped until `synchronize` reports it.
-        Item::Op(_) if shared.lock().error.is_some() => None,
-        Item::Op(op) => {
+        Item::Op(..) if shared.lock().error.is_some() => None,
+        Item::Op(op, label) => {
             let name = op.name();
             let _span = tracing::debug_span!("op", name, stream = %shared.id, seq).entered();
+            let start = Instant::now();
             let outcome = catch_unwind(AssertUnwindSafe(|| kernels::execute(&op, exec)))
                 .unwrap_or_else(|panic| Err(format!("kernel panicked: {}", panic_message(&panic))));
+            if let (Some(timeline), Some(label)) = (timeline, label) {
+                timeline.push(shared.id, &label, start, Instant::now());
+            }
             outcome.err().map(|message| Error::OpFailed {
                 op: name.to_string(),
                 stream: shared.id,

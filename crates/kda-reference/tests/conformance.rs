@@ -8,13 +8,14 @@ use kda_reference::{ExecutionMode, Jitter, ReferenceBackend, ReferenceOptions};
 
 /// Checked mode is on in these tests unless `KDA_SANITIZE=0` says otherwise.
 fn backend(mode: ExecutionMode, jitter: Option<Jitter>) -> ReferenceBackend {
-    let options = ReferenceOptions { mode, jitter, checked: checked_from_env(true) };
+    let options =
+        ReferenceOptions { mode, jitter, checked: checked_from_env(true), timeline: false };
     ReferenceBackend::with_options(options).expect("reference backend")
 }
 
 /// Always checked: the sanitizer's own tests.
 fn checked(mode: ExecutionMode) -> ReferenceBackend {
-    let options = ReferenceOptions { mode, jitter: None, checked: true };
+    let options = ReferenceOptions { mode, jitter: None, checked: true, timeline: false };
     ReferenceBackend::with_options(options).expect("reference backend")
 }
 

@@ -22,6 +22,10 @@ pub enum BenchCommand {
     /// The chunked KDA prefill (`KdaChunk`) in tokens/s and GFLOP/s, and as a fraction of the
     /// reference f32 GEMM's rate measured in the same run.
     Core(super::core::CoreBenchArgs),
+    /// The QKV/BFG projection schedules at Kimi K3 TP8 shapes (MXFP8 QKV), one core per stream:
+    /// serial, overlapped under both matrix-overlap policies, each op alone, the hidden vector
+    /// fraction, and composed against staged F.
+    Schedule(super::schedule::ScheduleBenchArgs),
 }
 
 /// Operand dtype of the GEMM benchmark (x, w and y all take it).
@@ -64,6 +68,7 @@ pub fn run(command: &BenchCommand) -> Result<(), CliError> {
         BenchCommand::MxGemm(args) => mx_gemm(args),
         BenchCommand::Launch(args) => launch(args),
         BenchCommand::Core(args) => super::core::bench(args),
+        BenchCommand::Schedule(args) => super::schedule::bench(args),
     }
 }
 

@@ -6,6 +6,7 @@ pub mod info;
 pub mod precision;
 pub mod quant;
 pub mod run;
+pub mod schedule;
 pub mod tensor_file;
 
 use std::time::{Duration, Instant};

@@ -1,24 +1,23 @@
 //! `kda run`: the main job on an embedded default.
 //!
-//! Until the KDA layer exists, it runs what is real today: the Kimi K3 TP8 rank-0 projection
-//! GEMMs (fused QKV `[4608, 7168]` and fused BFG `[3084, 7168]`, bf16) on one stream and then on
-//! two streams ordered by events, and reports the timings and that both orders agree bit for bit.
+//! Until the KDA layer exists, it runs what is real today: the Kimi K3 TP8 rank-0 projections
+//! (fused QKV `[4608, 7168]` in MXFP8 with its DynamicQuant, fused BFG `[3084, 7168]` bf16 and
+//! its post-process) under the serial schedule and under the overlapped one (captured once as a
+//! graph, validated, replayed), in checked mode, and reports the timings, that both schedules
+//! agree bit for bit, and that no stream hazard was found.
 
 use clap::Args;
 use half::bf16;
-use kda_core::{Backend, DType, Op, Tensor};
+use kda_core::schedule::{
+    BfgWeight, MatrixOverlap, ProjectionDims, ProjectionSchedule, ProjectionWeights,
+    QkvBfgProjection, QkvWeight, labels,
+};
+use kda_core::{Backend, DType, Op, ScaleAlg, Tensor};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 use kda_testkit::Gen;
 
 use super::{median_time, ms};
 use crate::error::CliError;
-
-/// Kimi K3 hidden size.
-const HIDDEN: usize = 7168;
-/// Local fused QKV width at TP 8: `3 * 1536`.
-const QKV_WIDTH: usize = 4608;
-/// Local fused BFG width at TP 8: `12 + 1536 + 1536`.
-const BFG_WIDTH: usize = 3084;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -60,86 +59,121 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     if args.tokens == 0 {
         return Err(CliError::Argument { arg: "--tokens", reason: "must be at least 1".into() });
     }
-    // Checked mode: every launch below is analysed for stream hazards (cheap next to the GEMMs).
-    let options = ReferenceOptions { checked: true, ..ReferenceOptions::default() };
+    // Checked mode: every launch below is analysed for stream hazards (cheap next to the GEMMs);
+    // the timeline gives each op's own time.
+    let options = ReferenceOptions { checked: true, timeline: true, ..ReferenceOptions::default() };
     let backend = ReferenceBackend::with_options(options)?;
     let info = backend.info();
-    let (main, aux) = (backend.new_stream()?, backend.new_stream()?);
+    let main = backend.new_stream()?;
     let mut rng = Gen::new(args.seed);
-    let t = args.tokens;
-    let x = random_tensor(&backend, &main, &mut rng, DType::BF16, &[t, HIDDEN])?;
-    let w_qkv = random_tensor(&backend, &main, &mut rng, DType::BF16, &[QKV_WIDTH, HIDDEN])?;
-    let w_bfg = random_tensor(&backend, &main, &mut rng, DType::BF16, &[BFG_WIDTH, HIDDEN])?;
-    let outputs = |b: &ReferenceBackend| -> Result<[Tensor<ReferenceBackend>; 2], CliError> {
-        Ok([b.alloc(DType::BF16, &[t, QKV_WIDTH])?, b.alloc(DType::BF16, &[t, BFG_WIDTH])?])
-    };
-    let [qkv_serial, bfg_serial] = outputs(&backend)?;
-    let [qkv_overlap, bfg_overlap] = outputs(&backend)?;
+    let dims = ProjectionDims::K3_TP8;
+    let (t, hidden, qkv_width, bfg_width) =
+        (args.tokens, dims.hidden, dims.qkv_width(), dims.bfg_width());
+    let x = random_tensor(&backend, &main, &mut rng, DType::BF16, &[t, hidden])?;
+    // MXFP8 QKV weight: a bf16 weight quantized on the device (OCP floor scales).
+    let alg = ScaleAlg::OcpFloor;
+    let dense = random_tensor(&backend, &main, &mut rng, DType::BF16, &[qkv_width, hidden])?;
+    let data = backend.alloc(DType::E4M3, &[qkv_width, hidden])?;
+    let scale = backend.alloc(DType::E8M0, &[qkv_width, kda_core::mx::num_blocks(hidden)])?;
+    backend.launch(
+        &main,
+        Op::DynamicQuant { x: dense, data: data.clone(), scale: scale.clone(), alg },
+    )?;
+    let w_bfg = random_tensor(&backend, &main, &mut rng, DType::BF16, &[bfg_width, hidden])?;
+    let weights = ProjectionWeights::new(
+        dims,
+        QkvWeight::Mxfp8 { data, scale, alg },
+        BfgWeight::Composed { w: w_bfg },
+    )?;
     backend.synchronize(&main)?;
 
-    let qkv =
-        |y: &Tensor<ReferenceBackend>| Op::Gemm { x: x.clone(), w: w_qkv.clone(), y: y.clone() };
-    let bfg =
-        |y: &Tensor<ReferenceBackend>| Op::Gemm { x: x.clone(), w: w_bfg.clone(), y: y.clone() };
+    let serial = QkvBfgProjection::new(&backend, weights.clone(), ProjectionSchedule::Serial)?;
+    let overlapped = QkvBfgProjection::new(&backend, weights, ProjectionSchedule::Overlapped)?;
+    let (serial_out, overlapped_out) = (serial.alloc_buffers(&x)?, overlapped.alloc_buffers(&x)?);
+    let mut op_times = Vec::new();
+    let time_serial = median_time(args.repeats, || {
+        backend.clear_timeline();
+        serial.forward_into(&main, &x, &serial_out)?;
+        backend.synchronize(&main)?;
+        op_times.push(backend.timeline());
+        Ok::<(), CliError>(())
+    })?;
+    let op_time = |label: &str| {
+        let mut times: Vec<f64> =
+            op_times.iter().map(|tl| tl.total(|s| s.label == label).as_secs_f64()).collect();
+        times.sort_by(f64::total_cmp);
+        times.get(times.len() / 2).copied().unwrap_or(f64::NAN)
+    };
 
-    let time_qkv = median_time(args.repeats, || {
-        backend.launch(&main, qkv(&qkv_serial))?;
-        backend.synchronize(&main)
-    })?;
-    let time_bfg = median_time(args.repeats, || {
-        backend.launch(&main, bfg(&bfg_serial))?;
-        backend.synchronize(&main)
-    })?;
-    let serial = median_time(args.repeats, || {
-        backend.launch(&main, qkv(&qkv_serial))?;
-        backend.launch(&main, bfg(&bfg_serial))?;
-        backend.synchronize(&main)
-    })?;
-    // The two-stream order, captured once as a graph (which checks that the aux stream is
+    // The overlapped schedule, captured once as a graph (which checks that the aux stream is
     // joined back) and replayed for timing.
-    let (hidden_ready, bfg_ready) = (backend.new_event()?, backend.new_event()?);
     backend.begin_capture(&main)?;
-    backend.record(&hidden_ready, &main)?;
-    backend.wait(&aux, &hidden_ready)?;
-    backend.launch_labeled(&aux, "project_bfg", bfg(&bfg_overlap))?;
-    backend.record(&bfg_ready, &aux)?;
-    backend.launch_labeled(&main, "qkv_matmul", qkv(&qkv_overlap))?;
-    backend.wait(&main, &bfg_ready)?;
+    overlapped.forward_into(&main, &x, &overlapped_out)?;
     let graph = backend.end_capture(&main)?;
-    let concurrent = median_time(args.repeats, || {
+    let time_overlapped = median_time(args.repeats, || {
         backend.launch_graph(&graph, &main)?;
         backend.synchronize(&main)
     })?;
 
     let mut checksum = 0.0f64;
-    for (a, b, what) in [(&qkv_serial, &qkv_overlap, "qkv"), (&bfg_serial, &bfg_overlap, "bfg")] {
+    let pairs = [
+        (&serial_out.mixed_qkv, &overlapped_out.mixed_qkv, "mixed_qkv"),
+        (&serial_out.bfg, &overlapped_out.bfg, "bfg"),
+    ];
+    for (a, b, what) in pairs {
         let (va, vb): (Vec<bf16>, Vec<bf16>) =
             (backend.download(&main, a)?, backend.download(&main, b)?);
         if va != vb {
-            return Err(CliError::Mismatch { what: what.into(), a: "serial", b: "concurrent" });
+            return Err(CliError::Mismatch { what: what.into(), a: "serial", b: "overlapped" });
         }
         checksum += va.iter().map(|v| f64::from(v.to_f32())).sum::<f64>();
     }
-
-    let gflop = |n: usize| 2.0 * (t * n * HIDDEN) as f64 / 1e9;
-    println!(
-        "kda run: Kimi K3 TP8 rank-0 projection GEMMs, {t} tokens, bf16 ({} backend, {})",
-        info.name, info.capabilities.execution
+    let (beta_a, beta_b): (Vec<f32>, Vec<f32>) = (
+        backend.download(&main, &serial_out.beta)?,
+        backend.download(&main, &overlapped_out.beta)?,
     );
-    for (name, n, time) in [("QKV", QKV_WIDTH, time_qkv), ("BFG", BFG_WIDTH, time_bfg)] {
-        println!(
-            "  {name} x[{t}, {HIDDEN}] . w[{n}, {HIDDEN}]^T   {:>8.1} ms  {:>6.1} GFLOP/s",
-            ms(time),
-            gflop(n) / time.as_secs_f64()
-        );
+    if beta_a.iter().map(|v| v.to_bits()).ne(beta_b.iter().map(|v| v.to_bits())) {
+        return Err(CliError::Mismatch { what: "beta".into(), a: "serial", b: "overlapped" });
     }
-    println!("  serial (one stream)                {:>8.1} ms", ms(serial));
+
+    let gflop = |n: usize| 2.0 * (t * n * hidden) as f64 / 1e9;
     println!(
-        "  concurrent (two streams, events)   {:>8.1} ms  speedup {:.2}x over serial",
-        ms(concurrent),
-        serial.as_secs_f64() / concurrent.as_secs_f64()
+        "kda run: Kimi K3 TP8 rank-0 projections, {t} tokens, MXFP8 QKV (scale_alg {}) and fused \
+         BFG bf16 ({} backend, {})",
+        alg.code(),
+        info.name,
+        info.capabilities.execution
     );
-    println!("  serial and concurrent outputs identical bit for bit; checksum {checksum:.6e}");
+    let (quant, qkv) = (op_time(labels::DYNAMIC_QUANT), op_time(labels::QKV_MATMUL));
+    let (bfg, post) = (op_time(labels::PROJECT_BFG), op_time(labels::POSTPROCESS_BFG));
+    println!(
+        "  QKV x[{t}, {hidden}] . w[{qkv_width}, {hidden}]^T  {:>9.2} ms  {:>6.1} GFLOP/s (MXFP8; \
+         dynamic_quant {:.3} ms before it)",
+        qkv * 1e3,
+        gflop(qkv_width) / qkv,
+        quant * 1e3
+    );
+    println!(
+        "  BFG x[{t}, {hidden}] . w[{bfg_width}, {hidden}]^T  {:>9.2} ms  {:>6.1} GFLOP/s (bf16; \
+         postprocess {:.3} ms after it)",
+        bfg * 1e3,
+        gflop(bfg_width) / bfg,
+        post * 1e3
+    );
+    println!("  serial (one stream)                {:>9.2} ms", ms(time_serial));
+    let policy = match overlapped.matrix_overlap() {
+        MatrixOverlap::Serialized => "GEMMs serialized",
+        MatrixOverlap::Concurrent => "GEMMs concurrent",
+    };
+    println!(
+        "  overlapped (two streams, {policy}) {:>9.2} ms  speedup {:.2}x over serial",
+        ms(time_overlapped),
+        time_serial.as_secs_f64() / time_overlapped.as_secs_f64()
+    );
+    println!(
+        "  serial and overlapped outputs (mixed_qkv, beta, g1, g2) identical bit for bit; \
+         checksum {checksum:.6e}"
+    );
     let hazards = backend.instrumentation().hazards();
     let ops = backend.instrumentation().log().len();
     println!(

@@ -10,10 +10,17 @@
 //! The verdict for a pair is final as soon as the later op is queued: nothing queued afterwards
 //! can order an op before one already queued. So hazards are found online, at the call that
 //! creates them.
+//!
+//! Optionally ([`ExclusiveUnits`], off by default) the same happens-before relation also judges
+//! ops that need an execution unit the streams share: two matrix (or two vector) ops on
+//! different streams that nothing orders are a [`HazardKind::MatrixOverlap`]
+//! ([`HazardKind::VectorOverlap`]). Not a data race, but on such a backend the two would contend
+//! for one unit, which a schedule that hides vector work under matrix work must not do.
 
 use std::collections::HashMap;
 
-use crate::hal::{BufferId, EventId, StreamId};
+use crate::hal::{BufferId, Capabilities, EventId, StreamId};
+use crate::op::ComputeUnit;
 use crate::sanitize::hazard::{Hazard, HazardKind, HazardSide};
 use crate::sanitize::log::{Access, Entry, OpRef};
 use crate::sanitize::ranges::ByteRanges;
@@ -26,6 +33,32 @@ fn join(into: &mut Clock, other: &Clock) {
     }
     for (a, &b) in into.iter_mut().zip(other) {
         *a = (*a).max(b);
+    }
+}
+
+/// Which execution units the streams of a backend share, so that unordered ops needing the
+/// same one are reported (see the module docs). Both off by default.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ExclusiveUnits {
+    /// The matrix units are one resource: unordered GEMMs on two streams are a hazard.
+    pub matrix: bool,
+    /// The vector units are one resource: unordered vector ops on two streams are a hazard.
+    pub vector: bool,
+}
+
+impl ExclusiveUnits {
+    /// What a backend reports: its matrix units are exclusive when it says they are shared
+    /// between streams ([`Capabilities::shared_matrix_units`]).
+    pub fn from_capabilities(caps: &Capabilities) -> Self {
+        Self { matrix: caps.shared_matrix_units, vector: false }
+    }
+
+    /// Whether ops on `unit` are checked.
+    pub fn covers(self, unit: ComputeUnit) -> bool {
+        match unit {
+            ComputeUnit::Matrix => self.matrix,
+            ComputeUnit::Vector => self.vector,
+        }
     }
 }
 
@@ -54,12 +87,29 @@ pub struct Analyzer {
     /// Per memory region, per stream: past accesses in stream order (so the ones a stream is
     /// ordered after are always a prefix).
     past: HashMap<BufferId, Vec<Vec<Past>>>,
+    /// Per exclusive unit, per stream: past ops on it, in stream order.
+    unit_past: HashMap<ComputeUnit, Vec<Vec<Past>>>,
+    exclusive: ExclusiveUnits,
     entries: usize,
 }
 
 impl Analyzer {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An analyzer that also applies the exclusive-unit rules `units`.
+    pub fn with_exclusive_units(units: ExclusiveUnits) -> Self {
+        Self { exclusive: units, ..Self::default() }
+    }
+
+    /// Change the exclusive-unit rules for the entries analysed from now on.
+    pub fn set_exclusive_units(&mut self, units: ExclusiveUnits) {
+        self.exclusive = units;
+    }
+
+    pub fn exclusive_units(&self) -> ExclusiveUnits {
+        self.exclusive
     }
 
     /// Entries seen so far.
@@ -101,7 +151,7 @@ impl Analyzer {
         let index = self.entries;
         self.entries += 1;
         match entry {
-            Entry::Launch { stream, label, reads, writes } => {
+            Entry::Launch { stream, label, reads, writes, unit } => {
                 let s = self.stream(*stream);
                 let pos = self.tick(s);
                 let op = OpRef { index, label: label.clone(), stream: *stream };
@@ -142,6 +192,26 @@ impl Analyzer {
                     let past =
                         Past { side, stream: s, pos, bytes: access.bytes.clone(), free: false };
                     self.remember(region, past);
+                }
+                let named = writes.first().map(|a| (a, true)).or(reads.first().map(|a| (a, false)));
+                if let (Some(unit), Some((access, writes))) = (*unit, named) {
+                    if self.exclusive.covers(unit) {
+                        let side =
+                            HazardSide { op, param: access.param, buffer: access.buffer, writes };
+                        self.check_unit(&mut hazards, s, unit, &side);
+                        let past = Past {
+                            side,
+                            stream: s,
+                            pos,
+                            bytes: ByteRanges::default(),
+                            free: false,
+                        };
+                        let streams = self.unit_past.entry(unit).or_default();
+                        if streams.len() <= s {
+                            streams.resize_with(s + 1, Vec::new);
+                        }
+                        streams[s].push(past);
+                    }
                 }
                 hazards
             }
@@ -246,10 +316,32 @@ impl Analyzer {
         out[first_new..].sort_by_key(|h| h.first.op.index);
     }
 
+    /// Compare an op on an exclusive `unit` with the past ops on it that it is not ordered
+    /// after.
+    fn check_unit(&self, out: &mut Vec<Hazard>, s: usize, unit: ComputeUnit, side: &HazardSide) {
+        let Some(streams) = self.unit_past.get(&unit) else { return };
+        let kind = match unit {
+            ComputeUnit::Matrix => HazardKind::MatrixOverlap,
+            ComputeUnit::Vector => HazardKind::VectorOverlap,
+        };
+        let clock = &self.clocks[s];
+        let first_new = out.len();
+        for (stream, past) in streams.iter().enumerate() {
+            if stream == s {
+                continue;
+            }
+            let known = clock.get(stream).copied().unwrap_or(0);
+            for p in &past[past.partition_point(|p| p.pos <= known)..] {
+                out.push(Hazard { kind, first: p.side.clone(), second: side.clone(), bytes: 0..0 });
+            }
+        }
+        out[first_new..].sort_by_key(|h| h.first.op.index);
+    }
+
     /// Forget accesses every later call is ordered after (the host has synchronised past them).
     fn prune(&mut self) {
         let host = &self.host;
-        for streams in self.past.values_mut() {
+        for streams in self.past.values_mut().chain(self.unit_past.values_mut()) {
             for (stream, past) in streams.iter_mut().enumerate() {
                 let known = host.get(stream).copied().unwrap_or(0);
                 past.drain(..past.partition_point(|p| p.pos <= known));
@@ -260,7 +352,12 @@ impl Analyzer {
 
 /// Analyse a whole log; returns every hazard, in the order the entries create them.
 pub fn analyze(log: &[Entry]) -> Vec<Hazard> {
-    let mut analyzer = Analyzer::new();
+    analyze_with(log, ExclusiveUnits::default())
+}
+
+/// [`analyze`] with the exclusive-unit rules `units`.
+pub fn analyze_with(log: &[Entry], units: ExclusiveUnits) -> Vec<Hazard> {
+    let mut analyzer = Analyzer::with_exclusive_units(units);
     log.iter().flat_map(|e| analyzer.push(e)).collect()
 }
 
@@ -292,6 +389,15 @@ mod tests {
                 label: label.into(),
                 reads: access(reads, "in"),
                 writes: access(writes, "out"),
+                unit: None,
+            }
+        }
+        fn unit_op(&self, stream: u64, label: &str, unit: ComputeUnit, writes: u64) -> Entry {
+            match self.op(stream, label, &[], &[writes]) {
+                Entry::Launch { stream, label, reads, writes, .. } => {
+                    Entry::Launch { stream, label, reads, writes, unit: Some(unit) }
+                }
+                other => other,
             }
         }
     }
@@ -363,5 +469,78 @@ mod tests {
         let left: Vec<&str> =
             analyzer.past.values().flatten().flatten().map(|p| p.side.op.label.as_str()).collect();
         assert_eq!(left, vec!["read"]);
+    }
+    /// The projection schedule's shape: a GEMM on each of two streams, a vector op on each.
+    fn two_stream_units(ids: &Ids, join: bool) -> Vec<Entry> {
+        let mut log = vec![
+            ids.unit_op(1, "project_bfg", ComputeUnit::Matrix, 0),
+            Entry::Record { stream: ids.s(1), event: ids.e(0) },
+            ids.unit_op(0, "dynamic_quant", ComputeUnit::Vector, 1),
+        ];
+        if join {
+            log.push(Entry::Wait { stream: ids.s(0), event: ids.e(0) });
+        }
+        log.push(ids.unit_op(0, "qkv_matmul", ComputeUnit::Matrix, 2));
+        log
+    }
+
+    #[test]
+    fn unordered_matrix_ops_are_a_hazard_only_when_the_units_are_exclusive() {
+        let ids = Ids(InstanceId::fresh());
+        let unjoined = two_stream_units(&ids, false);
+        assert!(analyze(&unjoined).is_empty(), "off by default");
+        let matrix = ExclusiveUnits { matrix: true, vector: false };
+        let found = analyze_with(&unjoined, matrix);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let h = &found[0];
+        assert_eq!(h.kind, HazardKind::MatrixOverlap);
+        assert_eq!(
+            (h.first.op.label.as_str(), h.second.op.label.as_str()),
+            ("project_bfg", "qkv_matmul")
+        );
+        assert_eq!((h.first.op.stream, h.second.op.stream), (ids.s(1), ids.s(0)));
+        assert_eq!((h.first.param, h.first.buffer, h.bytes.clone()), ("out", ids.b(0), 0..0));
+        let text = h.to_string();
+        for needle in ["matrix units shared", "project_bfg", "qkv_matmul"] {
+            assert!(text.contains(needle), "{needle:?} missing from: {text}");
+        }
+        // Vector work overlapping matrix work is the point of the schedule: never reported.
+        let all = ExclusiveUnits { matrix: true, vector: true };
+        assert!(analyze_with(&two_stream_units(&ids, true), all).is_empty());
+    }
+
+    #[test]
+    fn unordered_vector_ops_are_a_hazard_when_the_vector_units_are_exclusive() {
+        let ids = Ids(InstanceId::fresh());
+        let mut log = two_stream_units(&ids, true);
+        log.push(ids.unit_op(1, "postprocess_bfg", ComputeUnit::Vector, 3));
+        let vector = ExclusiveUnits { matrix: false, vector: true };
+        let found: Vec<_> =
+            analyze_with(&log, vector).into_iter().map(|h| (h.kind, h.first.op.label)).collect();
+        assert_eq!(found, vec![(HazardKind::VectorOverlap, "dynamic_quant".to_string())]);
+        // Ordered after the quant by an event: clean. A host synchronize orders it too.
+        let mut ordered = two_stream_units(&ids, true);
+        ordered.push(Entry::Record { stream: ids.s(0), event: ids.e(1) });
+        ordered.push(Entry::Wait { stream: ids.s(1), event: ids.e(1) });
+        ordered.push(ids.unit_op(1, "postprocess_bfg", ComputeUnit::Vector, 3));
+        assert!(analyze_with(&ordered, vector).is_empty());
+        let mut synced = two_stream_units(&ids, true);
+        synced.push(Entry::Synchronize { stream: ids.s(0) });
+        synced.push(ids.unit_op(1, "postprocess_bfg", ComputeUnit::Vector, 3));
+        assert!(analyze_with(&synced, vector).is_empty());
+    }
+
+    #[test]
+    fn exclusive_units_follow_the_capabilities() {
+        let caps = |shared| Capabilities {
+            concurrent_streams: true,
+            shared_matrix_units: shared,
+            execution: String::new(),
+            threads: 1,
+            gemm_inputs: Vec::new(),
+        };
+        assert_eq!(ExclusiveUnits::from_capabilities(&caps(false)), ExclusiveUnits::default());
+        assert!(ExclusiveUnits::from_capabilities(&caps(true)).covers(ComputeUnit::Matrix));
+        assert!(!ExclusiveUnits::from_capabilities(&caps(true)).covers(ComputeUnit::Vector));
     }
 }

@@ -21,6 +21,14 @@ pub enum HazardKind {
     FreeWhileInUse,
     /// An op uses a buffer after it was freed.
     UseAfterFree,
+    /// Two matrix ops (GEMMs) on different streams with no order between them, on a backend
+    /// whose streams share one set of matrix units (checked only when
+    /// [`ExclusiveUnits::matrix`](crate::sanitize::ExclusiveUnits) is on).
+    MatrixOverlap,
+    /// Two vector ops on different streams with no order between them, on a backend whose
+    /// streams share the vector units (checked only when
+    /// [`ExclusiveUnits::vector`](crate::sanitize::ExclusiveUnits) is on).
+    VectorOverlap,
 }
 
 impl HazardKind {
@@ -31,6 +39,8 @@ impl HazardKind {
             HazardKind::WriteAfterWrite => "write-after-write",
             HazardKind::FreeWhileInUse => "free while in use",
             HazardKind::UseAfterFree => "use after free",
+            HazardKind::MatrixOverlap => "matrix units shared",
+            HazardKind::VectorOverlap => "vector units shared",
         }
     }
 }
@@ -44,7 +54,8 @@ pub struct HazardSide {
     pub writes: bool,
 }
 
-/// A stream hazard, with both ops, both streams, the buffer and the conflicting bytes.
+/// A stream hazard, with both ops, both streams, the buffer and the conflicting bytes. For the
+/// exclusive-unit kinds the sides name each op's first output and `bytes` is empty.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Hazard {
     pub kind: HazardKind,
@@ -64,6 +75,16 @@ impl fmt::Display for HazardSide {
 impl fmt::Display for Hazard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Range { start, end } = self.bytes;
+        if let HazardKind::MatrixOverlap | HazardKind::VectorOverlap = self.kind {
+            return write!(
+                f,
+                "stream hazard ({}): {} and {} may run at the same time on units this backend's \
+                 streams share; order them with an event",
+                self.kind.describe(),
+                self.first.op,
+                self.second.op
+            );
+        }
         write!(f, "stream hazard ({}) on bytes {start}..{end}: ", self.kind.describe())?;
         match self.kind {
             HazardKind::UseAfterFree => {
@@ -74,6 +95,7 @@ impl fmt::Display for Hazard {
                 "{} frees the buffer while {} may still be running; order the use before the free",
                 self.second.op, self.first
             ),
+            HazardKind::MatrixOverlap | HazardKind::VectorOverlap => Ok(()),
             _ => write!(
                 f,
                 "{} and {} with no event ordering them; make stream {} wait on an event recorded \

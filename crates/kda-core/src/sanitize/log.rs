@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::hal::{BufferId, EventId, StreamId};
+use crate::op::ComputeUnit;
 use crate::sanitize::ranges::ByteRanges;
 
 /// One buffer access of an op: which parameter, which buffer, which bytes.
@@ -19,8 +20,15 @@ pub struct Access {
 /// One recorded host call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
-    /// An op queued on a stream, with the bytes it reads and writes.
-    Launch { stream: StreamId, label: String, reads: Vec<Access>, writes: Vec<Access> },
+    /// An op queued on a stream, with the bytes it reads and writes and the execution unit it
+    /// occupies ([`Op::unit`](crate::Op::unit), for the exclusive-unit rules).
+    Launch {
+        stream: StreamId,
+        label: String,
+        reads: Vec<Access>,
+        writes: Vec<Access>,
+        unit: Option<ComputeUnit>,
+    },
     /// `record(event, stream)`.
     Record { stream: StreamId, event: EventId },
     /// `wait(stream, event)`.

@@ -8,6 +8,9 @@
 //! program made). While a capture is open it turns work on
 //! captured streams into [`Graph`] nodes and checks the ACL join rule at the end.
 //!
+//! Optionally ([`ExclusiveUnits`], per instance) it also reports two matrix (or vector) ops on
+//! different streams that nothing orders, for backends whose streams share those units.
+//!
 //! Checked mode is chosen per backend instance; `KDA_SANITIZE=1` (or `0`) overrides the
 //! default. When neither checked mode nor a capture is on, each verb pays one relaxed atomic
 //! load.
@@ -19,13 +22,13 @@ pub mod log;
 pub mod ranges;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::error::{Error, Result};
 use crate::hal::{Backend, BufferHandle, BufferId, EventId, InstanceId, StreamId};
 use crate::op::Op;
 
-pub use analysis::{Analyzer, analyze};
+pub use analysis::{Analyzer, ExclusiveUnits, analyze, analyze_with};
 pub use capture::{CaptureError, Graph, Node};
 pub use hazard::{Hazard, HazardKind, HazardSide};
 pub use log::{Access, Entry, OpRef};
@@ -51,6 +54,9 @@ pub struct Instrumentation<B: Backend> {
     /// `checked` or a capture is open: the only thing the fast path reads.
     active: AtomicBool,
     state: Mutex<State<B>>,
+    /// Per-instance state the core's schedules share: the auxiliary stream that
+    /// [`Backend::aux_stream`] creates on first use and hands to every layer after.
+    aux_stream: OnceLock<B::Stream>,
 }
 
 struct State<B: Backend> {
@@ -77,7 +83,25 @@ impl<B: Backend> Instrumentation<B> {
                 hazards: Vec::new(),
                 capture: None,
             }),
+            aux_stream: OnceLock::new(),
         }
+    }
+
+    /// The slot behind [`Backend::aux_stream`]: per-instance state the core's schedules share.
+    pub fn aux_stream(&self) -> &OnceLock<B::Stream> {
+        &self.aux_stream
+    }
+
+    /// Turn the exclusive-unit rules on or off for the calls recorded from now on (checked mode
+    /// only). A backend whose streams share matrix units sets
+    /// [`ExclusiveUnits::from_capabilities`] when it is built; tests set it explicitly.
+    pub fn set_exclusive_units(&self, units: ExclusiveUnits) {
+        self.lock().analyzer.set_exclusive_units(units);
+    }
+
+    /// The exclusive-unit rules in force.
+    pub fn exclusive_units(&self) -> ExclusiveUnits {
+        self.lock().analyzer.exclusive_units()
     }
 
     pub fn is_checked(&self) -> bool {
@@ -145,6 +169,7 @@ impl<B: Backend> Instrumentation<B> {
             label: label.to_string(),
             reads: op.inputs().into_iter().map(access).collect(),
             writes: op.outputs().into_iter().map(access).collect(),
+            unit: op.unit(),
         };
         self.note(&mut state, entry)?;
         // Submitting under the lock keeps the log in the order the streams receive the work.

@@ -109,5 +109,6 @@ pub(crate) fn execute(op: &Op<ReferenceBackend>, exec: &Exec) -> Result<(), Stri
         Op::KdaChunk(op) => kda::chunk::chunk(op, exec),
         Op::GatedRmsNorm(op) => kda::norm::gated_rms_norm(op, exec),
         Op::ZeroPadding(op) => kda::mask::zero_padding(op),
+        Op::Sigmoid { x, y } => kda::gate::sigmoid_op(x, y),
     }
 }

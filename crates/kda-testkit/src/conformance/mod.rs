@@ -9,6 +9,7 @@ pub mod gemm;
 pub mod kda;
 pub mod mx;
 pub mod sanitize;
+pub mod schedule;
 pub mod streams;
 pub mod views;
 
@@ -87,6 +88,42 @@ macro_rules! conformance_tests {
                 mx::mx_gemm_error_against_bf16_gemm_within_the_derived_bound(&$plain),
             mx_special_values_flow_through => mx::mx_special_values_flow_through(&$plain),
             mx_rejects_bad_operands => mx::mx_rejects_bad_operands(&$plain),
+            schedule_overlapped_trace_is_the_seeds_sequence =>
+                schedule::overlapped_trace_is_the_seeds_sequence(&$checked),
+            schedule_aux_stream_is_created_once_per_instance =>
+                schedule::aux_stream_is_created_once_per_instance(&$checked),
+            schedule_serial_and_overlapped_are_bit_identical =>
+                schedule::serial_and_overlapped_are_bit_identical(&$plain),
+            schedule_projection_matches_host_computation =>
+                schedule::projection_matches_host_computation(&$plain),
+            schedule_overlapped_is_hazard_free => schedule::overlapped_schedule_is_hazard_free(&$checked),
+            schedule_mutation_drop_record_hidden_ready =>
+                schedule::mutation_drop_record_hidden_ready(&$checked),
+            schedule_mutation_drop_wait_hidden_ready =>
+                schedule::mutation_drop_wait_hidden_ready(&$checked),
+            schedule_mutation_drop_record_bfg_projection_ready =>
+                schedule::mutation_drop_record_bfg_projection_ready(&$checked),
+            schedule_mutation_drop_wait_bfg_projection_ready =>
+                schedule::mutation_drop_wait_bfg_projection_ready(&$checked),
+            schedule_mutation_drop_record_quant_ready =>
+                schedule::mutation_drop_record_quant_ready(&$checked),
+            schedule_mutation_drop_wait_quant_ready =>
+                schedule::mutation_drop_wait_quant_ready(&$checked),
+            schedule_mutation_drop_record_bfg_ready =>
+                schedule::mutation_drop_record_bfg_ready(&$checked),
+            schedule_mutation_drop_wait_bfg_ready => schedule::mutation_drop_wait_bfg_ready(&$checked),
+            schedule_mutation_record_bfg_ready_before_postprocess =>
+                schedule::mutation_record_bfg_ready_before_postprocess(&$checked),
+            schedule_capture_replays_equal_eager => schedule::capture_replays_equal_eager(&$checked),
+            schedule_stress_jittered_overlapped_equals_serial =>
+                schedule::stress_jittered_overlapped_equals_serial(&$jittered, 1000),
+            schedule_prepare_beta_slices_and_applies_the_sigmoid_once =>
+                schedule::prepare_beta_slices_and_applies_the_sigmoid_once(&$checked),
+            schedule_postprocess_shapes => schedule::postprocess_shapes(&$checked),
+            schedule_mixed_path_passes_preprocessed_beta =>
+                schedule::mixed_path_passes_preprocessed_beta(&$plain),
+            schedule_dynamic_quant_split_decision => schedule::dynamic_quant_split_decision(&$plain),
+            schedule_projection_rejects_bad_input => schedule::projection_rejects_bad_input(&$checked),
         );
     };
     (@tests $($name:ident => $module:ident :: $body:ident ( $($arg:tt)* )),* $(,)?) => {

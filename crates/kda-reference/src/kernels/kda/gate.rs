@@ -3,7 +3,7 @@
 use kda_core::kda::{GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
 
 use super::super::Exec;
-use super::io::{read_f32, write_f32};
+use super::io::{T, read_f32, with_f32_out, write_f32};
 
 /// `ln(1 + e^a)`, or `a` above the threshold 20 (where the two agree to f32 precision).
 pub(crate) fn softplus(a: f32) -> f32 {
@@ -62,6 +62,18 @@ pub(in crate::kernels) fn kda_gate(
         }
     }
     write_f32(&op.g, &g);
+    Ok(())
+}
+
+/// `y = sigmoid(x)` in f32 (the projection's preprocessed beta, and dispatch's sigmoid of raw
+/// beta): `x` widened exactly, one rounding in the sigmoid itself.
+pub(in crate::kernels) fn sigmoid_op(x: &T, y: &T) -> Result<(), String> {
+    let values = read_f32(x);
+    with_f32_out(y, |out| {
+        for (o, &v) in out.iter_mut().zip(values.iter()) {
+            *o = sigmoid(v);
+        }
+    });
     Ok(())
 }
 

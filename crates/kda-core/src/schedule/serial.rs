@@ -1,0 +1,14 @@
+//! The serial schedule (SCHEDULE.md): everything on the main stream, in the order
+//! `DynamicQuant(x) → QKV GEMM → BFG GEMM → post-process(BFG)`. The baseline, the fallback for a
+//! backend with one stream, and the oracle the overlapped schedule must equal bit for bit.
+
+use crate::error::Result;
+use crate::hal::Backend;
+use crate::schedule::steps::Work;
+
+pub(crate) fn run_serial<B: Backend>(work: &Work<'_, B>, main: &B::Stream) -> Result<()> {
+    work.quantize(main)?;
+    work.qkv_matmul(main)?;
+    work.project_bfg(main)?;
+    work.postprocess(main)
+}
