@@ -20,7 +20,8 @@ fn run_reports_both_orders_and_that_they_agree() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for needle in [
-        "QKV x[3, 7168]",
+        "weights: synthetic Kimi K3 checkpoint (seed 0), layer 0, TP 8 rank 0",
+        "QKV x[3, 7168] . w[4608, 7168]",
         "BFG x[3, 7168]",
         "serial (one stream)",
         "capture valid (2 streams joined)",

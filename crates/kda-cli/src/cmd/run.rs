@@ -6,15 +6,19 @@
 //! graph, validated, replayed), in checked mode, and reports the timings, that both schedules
 //! agree bit for bit, and that no stream hazard was found.
 
+use std::time::Instant;
+
 use clap::Args;
 use half::bf16;
+use kda_core::config::{KdaConfig, Tp};
 use kda_core::schedule::{
-    BfgWeight, MatrixOverlap, ProjectionDims, ProjectionSchedule, ProjectionWeights,
-    QkvBfgProjection, QkvWeight, labels,
+    MatrixOverlap, ProjectionSchedule, ProjectionWeights, QkvBfgProjection, QkvWeight, labels,
 };
-use kda_core::{Backend, DType, Op, ScaleAlg, Tensor};
+use kda_core::weights::{LoadOptions, WeightError, load_layer};
+use kda_core::{Backend, DType, ScaleAlg, Tensor};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 use kda_testkit::Gen;
+use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec};
 
 use super::{median_time, ms};
 use crate::error::CliError;
@@ -65,26 +69,24 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     let backend = ReferenceBackend::with_options(options)?;
     let info = backend.info();
     let main = backend.new_stream()?;
-    let mut rng = Gen::new(args.seed);
-    let dims = ProjectionDims::K3_TP8;
+    // The K3 TP8 rank-0 layer 0 weights from the deterministic synthetic checkpoint (generated
+    // in memory, only this rank's shard), with F composed into the fused BFG at load.
+    let load_start = Instant::now();
+    let config = KdaConfig::kimi_k3();
+    let checkpoint = SyntheticCheckpoint::new(SyntheticSpec::new(config.clone(), args.seed));
+    let tp = Tp::new(8, 0).map_err(WeightError::from)?;
+    let loaded = load_layer(&checkpoint, &config, tp, 0, LoadOptions::default())?;
+    let weights = ProjectionWeights::upload(&backend, &main, &loaded.weights)?;
+    let load_time = load_start.elapsed();
+    let dims = weights.dims();
     let (t, hidden, qkv_width, bfg_width) =
         (args.tokens, dims.hidden, dims.qkv_width(), dims.bfg_width());
+    let alg = match weights.qkv() {
+        QkvWeight::Mxfp8 { alg, .. } => *alg,
+        QkvWeight::Bf16 { .. } => ScaleAlg::OcpFloor,
+    };
+    let mut rng = Gen::new(args.seed);
     let x = random_tensor(&backend, &main, &mut rng, DType::BF16, &[t, hidden])?;
-    // MXFP8 QKV weight: a bf16 weight quantized on the device (OCP floor scales).
-    let alg = ScaleAlg::OcpFloor;
-    let dense = random_tensor(&backend, &main, &mut rng, DType::BF16, &[qkv_width, hidden])?;
-    let data = backend.alloc(DType::E4M3, &[qkv_width, hidden])?;
-    let scale = backend.alloc(DType::E8M0, &[qkv_width, kda_core::mx::num_blocks(hidden)])?;
-    backend.launch(
-        &main,
-        Op::DynamicQuant { x: dense, data: data.clone(), scale: scale.clone(), alg },
-    )?;
-    let w_bfg = random_tensor(&backend, &main, &mut rng, DType::BF16, &[bfg_width, hidden])?;
-    let weights = ProjectionWeights::new(
-        dims,
-        QkvWeight::Mxfp8 { data, scale, alg },
-        BfgWeight::Composed { w: w_bfg },
-    )?;
     backend.synchronize(&main)?;
 
     let serial = QkvBfgProjection::new(&backend, weights.clone(), ProjectionSchedule::Serial)?;
@@ -143,6 +145,12 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         alg.code(),
         info.name,
         info.capabilities.execution
+    );
+    println!(
+        "  weights: synthetic Kimi K3 checkpoint (seed {}), layer 0, TP 8 rank 0; loaded, F \
+         composed into the fused BFG and uploaded in {:.2} s",
+        args.seed,
+        load_time.as_secs_f64()
     );
     let (quant, qkv) = (op_time(labels::DYNAMIC_QUANT), op_time(labels::QKV_MATMUL));
     let (bfg, post) = (op_time(labels::PROJECT_BFG), op_time(labels::POSTPROCESS_BFG));

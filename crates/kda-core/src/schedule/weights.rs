@@ -1,13 +1,14 @@
 //! The device weights a projection schedule multiplies with: the fused QKV linear (bf16, or MXFP8
 //! with its activation scale algorithm) and the fused BFG linear (composed F, or staged F as two
-//! GEMMs for comparison). Uploading checkpoint weights into these is the layer's job; the
-//! schedule only checks that they fit together.
+//! GEMMs for comparison), checked against each other, and [`ProjectionWeights::upload`] to put
+//! one rank's loaded checkpoint weights ([`LayerWeights`]) on a device.
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::Backend;
 use crate::mx::{ScaleAlg, num_blocks};
 use crate::tensor::Tensor;
+use crate::weights::{BfgMode, HostTensor, LayerWeights, QkvWeights};
 
 const WHAT: &str = "projection weights";
 
@@ -138,6 +139,39 @@ impl<B: Backend> ProjectionWeights<B> {
         Ok(Self { dims, qkv, bfg })
     }
 
+    /// Upload one rank's loaded projection weights on `stream`: the fused QKV as loaded (dense,
+    /// or MXFP8 data and plain-layout scales with the checkpoint's `scale_alg`) and the composed
+    /// fused BFG. A staged BFG has no single weight to upload; load it composed.
+    pub fn upload(backend: &B, stream: &B::Stream, layer: &LayerWeights) -> Result<Self> {
+        let d = &layer.dims;
+        let dims = ProjectionDims { hidden: d.hidden, heads: d.local_heads, head_dim: d.head_dim };
+        let incomplete = |param: &'static str, actual: String| Error::Param {
+            op: "upload projection weights",
+            param,
+            expected: "a fully loaded weight".into(),
+            actual,
+        };
+        let qkv = match layer.qkv.weights() {
+            Some(QkvWeights::Dense(w)) => QkvWeight::Bf16 { w: upload(backend, stream, w)? },
+            Some(QkvWeights::Mxfp8 { data, scale, scale_alg }) => QkvWeight::Mxfp8 {
+                data: upload_as(backend, stream, data, DType::E4M3)?,
+                scale: upload_as(backend, stream, scale, DType::E8M0)?,
+                alg: scale_alg,
+            },
+            None => return Err(incomplete("qkv", format!("missing {:?}", layer.qkv.missing()))),
+        };
+        let bfg = match (layer.bfg.mode(), layer.bfg.weight()) {
+            (BfgMode::Composed, Some(w)) if layer.bfg.is_composed() => {
+                BfgWeight::Composed { w: upload(backend, stream, w)? }
+            }
+            (mode, _) => {
+                let state = format!("{mode:?}, composed: {}", layer.bfg.is_composed());
+                return Err(incomplete("bfg", state));
+            }
+        };
+        Self::new(dims, qkv, bfg)
+    }
+
     pub fn dims(&self) -> ProjectionDims {
         self.dims
     }
@@ -149,4 +183,22 @@ impl<B: Backend> ProjectionWeights<B> {
     pub fn bfg(&self) -> &BfgWeight<B> {
         &self.bfg
     }
+}
+
+/// A device copy of a float host tensor, in its own dtype.
+fn upload<B: Backend>(backend: &B, stream: &B::Stream, t: &HostTensor) -> Result<Tensor<B>> {
+    upload_as(backend, stream, t, t.dtype())
+}
+
+/// A device copy of `t`'s bytes as `dtype` (E4M3 and E8M0 bytes arrive as `u8` host tensors).
+fn upload_as<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    t: &HostTensor,
+    dtype: DType,
+) -> Result<Tensor<B>> {
+    let device = backend.alloc(dtype, t.shape())?;
+    backend
+        .launch(stream, crate::op::Op::Upload { dst: device.clone(), data: t.as_bytes().into() })?;
+    Ok(device)
 }
