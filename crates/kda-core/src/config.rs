@@ -387,6 +387,24 @@ fn checked(
     value.ok_or_else(|| ConfigError::Overflow { what, detail: detail() })
 }
 
+/// A tiny full-rank, unquantised config for the weight loaders' unit tests: 4 heads of
+/// dim 2, conv width 3, hidden size `hidden`.
+#[cfg(test)]
+pub(crate) fn tiny_config(hidden: usize) -> KdaConfig {
+    KdaConfig {
+        hidden_size: hidden,
+        rms_norm_eps: 1e-5,
+        linear_attn_config: LinearAttnConfig {
+            num_heads: 4,
+            head_dim: 2,
+            short_conv_kernel_size: 3,
+            gate_lower_bound: None,
+        },
+        use_full_rank_gate: true,
+        qkv_quantization: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

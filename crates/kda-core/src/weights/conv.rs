@@ -140,24 +140,11 @@ impl ConvWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{KdaConfig, LinearAttnConfig, Tp};
+    use crate::config::{Tp, tiny_config};
     use crate::dtype::DType;
 
     fn dims() -> LayerDims {
-        KdaConfig {
-            hidden_size: 8,
-            rms_norm_eps: 1e-5,
-            linear_attn_config: LinearAttnConfig {
-                num_heads: 4,
-                head_dim: 2,
-                short_conv_kernel_size: 3,
-                gate_lower_bound: None,
-            },
-            use_full_rank_gate: true,
-            qkv_quantization: None,
-        }
-        .dims(Tp::new(2, 1).unwrap())
-        .unwrap()
+        tiny_config(8).dims(Tp::new(2, 1).unwrap()).unwrap()
     }
 
     /// Conv part `p`, channel `c` (global), tap `j` has value `100 p + 10 c + j`.

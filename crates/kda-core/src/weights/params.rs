@@ -89,23 +89,10 @@ pub fn load_o_proj(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{KdaConfig, LinearAttnConfig, Tp};
+    use crate::config::{Tp, tiny_config};
 
     fn dims() -> LayerDims {
-        KdaConfig {
-            hidden_size: 5,
-            rms_norm_eps: 1e-5,
-            linear_attn_config: LinearAttnConfig {
-                num_heads: 4,
-                head_dim: 2,
-                short_conv_kernel_size: 3,
-                gate_lower_bound: None,
-            },
-            use_full_rank_gate: true,
-            qkv_quantization: None,
-        }
-        .dims(Tp::new(2, 1).unwrap())
-        .unwrap()
+        tiny_config(5).dims(Tp::new(2, 1).unwrap()).unwrap()
     }
 
     fn iota(shape: &[usize]) -> HostTensor {

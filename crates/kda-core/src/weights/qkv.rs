@@ -307,23 +307,10 @@ fn quantize_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{KdaConfig, LinearAttnConfig, Tp};
+    use crate::config::{Tp, tiny_config};
 
     fn dims(tp: Tp) -> LayerDims {
-        KdaConfig {
-            hidden_size: 40,
-            rms_norm_eps: 1e-5,
-            linear_attn_config: LinearAttnConfig {
-                num_heads: 4,
-                head_dim: 2,
-                short_conv_kernel_size: 3,
-                gate_lower_bound: None,
-            },
-            use_full_rank_gate: true,
-            qkv_quantization: None,
-        }
-        .dims(tp)
-        .unwrap()
+        tiny_config(40).dims(tp).unwrap()
     }
 
     fn dense(salt: f32) -> HostTensor {
