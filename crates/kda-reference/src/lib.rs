@@ -30,7 +30,13 @@ use kda_core::{
 
 pub use buffer::RefBuffer;
 use kernels::Exec;
+use stream::WaitPolicy;
 pub use stream::{Jitter, RefEvent, RefStream};
+
+/// How long a one-core-per-stream worker polls for another stream's work before it sleeps.
+/// Long enough to cover a projection GEMM at decode and small-prefill sizes (where a late start
+/// after a wake-up shows); bounded, so a long wait in an oversubscribed test run still sleeps.
+const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How the reference backend uses the host's cores.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -185,7 +191,11 @@ impl Backend for ReferenceBackend {
     fn new_stream(&self) -> Result<RefStream> {
         let inner = &self.inner;
         let id = StreamId { instance: inner.instance, index: inner.next(&inner.next_stream) };
-        RefStream::spawn(id, inner.exec.clone(), inner.options.jitter, inner.timeline.clone())
+        let wait = match inner.options.mode {
+            ExecutionMode::PerStream => WaitPolicy::Spin(SPIN_LIMIT),
+            ExecutionMode::SharedPool { .. } => WaitPolicy::Block,
+        };
+        RefStream::spawn(id, inner.exec.clone(), wait, inner.options.jitter, inner.timeline.clone())
     }
 
     fn new_event(&self) -> Result<RefEvent> {
