@@ -16,6 +16,12 @@ use crate::error::CliError;
     about = "Kimi Delta Attention on accelerators: run, inspect, benchmark"
 )]
 struct Cli {
+    /// More log output on stderr (-v info, -vv debug, -vvv trace); `RUST_LOG` overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -34,20 +40,43 @@ enum Command {
     /// Composed vs staged low-rank gates (the fused BFG's forget gate) against an f64 oracle,
     /// on K3-shaped weights; `--write docs/precision.md` writes the report.
     Precision(cmd::precision::PrecisionArgs),
-    /// Benchmarks.
-    #[command(subcommand)]
-    Bench(cmd::bench::BenchCommand),
+    /// Benchmarks. Without a subcommand: the projection-schedule matrix (serial and both
+    /// overlap policies x composed | staged F x token counts), as `kda bench schedule`.
+    Bench(cmd::bench::BenchArgs),
+}
+
+/// Log to stderr: `RUST_LOG` when set, else the level `-v`/`-q` ask for (warnings by default).
+fn init_logging(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        (false, _) => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// One line for the error, then one indented line per underlying cause not already in it.
+fn report(error: &CliError) {
+    let mut shown = error.to_string();
+    eprintln!("error: {shown}");
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !shown.contains(&text) {
+            eprintln!("  caused by: {text}");
+            shown = text;
+        }
+        source = cause.source();
+    }
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("KDA_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.verbose, cli.quiet);
     let result: Result<(), CliError> = match cli.command {
         Command::Info => cmd::info::run(),
         Command::Run(args) => cmd::run::run(&args),
@@ -59,7 +88,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            report(&e);
             ExitCode::FAILURE
         }
     }

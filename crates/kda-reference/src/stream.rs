@@ -281,6 +281,9 @@ fn run_worker(
         if let Some(error) = failure {
             state.error.get_or_insert((seq, error));
         }
+        if let Some(timeline) = timeline {
+            timeline.finished(shared.id, seq);
+        }
         state.completed = seq;
         // Published after the error, under the lock: a poller that sees `seq` and then takes
         // the lock finds the error of item `seq` too.
@@ -302,6 +305,9 @@ fn run_item(
     match item {
         Item::Wait { upstream, target } => {
             let state = upstream.wait_completed(target, wait);
+            if let Some(timeline) = timeline {
+                timeline.waited(shared.id, upstream.id, target);
+            }
             match &state.error {
                 Some((failed_at, error)) if *failed_at <= target => Some(Error::DependencyFailed {
                     stream: shared.id,

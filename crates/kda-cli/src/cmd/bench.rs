@@ -7,6 +7,16 @@ use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 use super::{median_time, ms};
 use crate::error::CliError;
 
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
+    /// The default benchmark's options (when no subcommand is given).
+    #[command(flatten)]
+    pub matrix: super::schedule::ScheduleBenchArgs,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Dense Linear GEMM `y[M,N] = x[M,K] · w[N,K]^T` on the reference backend, in GFLOP/s.
@@ -61,7 +71,10 @@ pub struct GemmArgs {
     pub repeats: usize,
 }
 
-pub fn run(command: &BenchCommand) -> Result<(), CliError> {
+pub fn run(args: &BenchArgs) -> Result<(), CliError> {
+    let Some(command) = &args.command else {
+        return super::schedule::bench(&args.matrix);
+    };
     match command {
         BenchCommand::Gemm(args) => gemm(args),
         BenchCommand::Quant(args) => quant(args),

@@ -11,6 +11,8 @@ pub mod tensor_file;
 
 use std::time::{Duration, Instant};
 
+use crate::error::CliError;
+
 /// Time `f` `repeats` times (after one warm-up call) and return the median.
 pub fn median_time<E>(repeats: usize, mut f: impl FnMut() -> Result<(), E>) -> Result<Duration, E> {
     f()?;
@@ -22,6 +24,22 @@ pub fn median_time<E>(repeats: usize, mut f: impl FnMut() -> Result<(), E>) -> R
     }
     times.sort();
     Ok(times[times.len() / 2])
+}
+
+/// A progress bar on stderr for `len` steps of `unit` (hidden when stderr is not a terminal).
+pub fn progress_bar(len: u64, unit: &str) -> indicatif::ProgressBar {
+    let style = indicatif::ProgressStyle::with_template(&format!(
+        "{{elapsed_precise}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{msg}}"
+    ))
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    indicatif::ProgressBar::new(len).with_style(style)
+}
+
+/// Write `value` as pretty JSON to `path`.
+pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(), CliError> {
+    let io = |source| CliError::Io { action: "write", path: path.display().to_string(), source };
+    let text = serde_json::to_string_pretty(value).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(path, text + "\n").map_err(io)
 }
 
 /// Milliseconds, for reports.

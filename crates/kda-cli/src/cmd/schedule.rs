@@ -42,6 +42,9 @@ pub struct ScheduleBenchArgs {
     /// Seed of the synthetic weights and activations.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Also write every figure as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// Time the timed rounds of one token count aim for, when `--repeats` is not given.
@@ -204,6 +207,38 @@ struct Report {
 }
 
 impl Report {
+    /// Every figure, times in milliseconds, configurations by name.
+    fn to_json(&self) -> serde_json::Value {
+        let wall: serde_json::Map<String, serde_json::Value> = CONFIGS
+            .iter()
+            .zip(self.wall)
+            .map(|(c, w)| (c.name.to_string(), ms(w).into()))
+            .collect();
+        let staged: serde_json::Map<String, serde_json::Value> = STAGED_LABELS
+            .iter()
+            .zip(self.staged_parts)
+            .map(|(l, d)| ((*l).to_string(), ms(d).into()))
+            .collect();
+        serde_json::json!({
+            "tokens": self.tokens,
+            "rounds": self.rounds,
+            "wall_ms": wall,
+            "ops_alone_ms": {
+                "dynamic_quant": ms(self.quant), "qkv_matmul": ms(self.qkv),
+                "project_bfg": ms(self.bfg), "postprocess_bfg": ms(self.post),
+            },
+            "staged_bfg_ms": staged,
+            "hidden_vector_fraction": self.hidden,
+            "hidden_fraction_dynamic_quant": self.hidden_quant,
+            "hidden_fraction_postprocess": self.hidden_post,
+            "serialized_over_serial": self.overhead,
+            "concurrent_ideal_ms": ms(self.ideal()),
+            "concurrent_of_ideal": self.of_ideal,
+            "concurrent_speedup": self.speedup,
+            "serial_spread_ms": [ms(self.serial_spread.0), ms(self.serial_spread.1)],
+        })
+    }
+
     fn ideal(&self) -> Duration {
         ideal(self.quant, self.qkv, self.bfg, self.post)
     }
@@ -260,6 +295,7 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
         alg.code()
     );
     let mut reports = Vec::new();
+    let progress = super::progress_bar(0, "runs");
     for &t in &args.tokens {
         let x = random_bf16(&b, &main, &mut rng, &[t, dims.hidden], 1.0)?;
         let bufs =
@@ -272,18 +308,22 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
             b.synchronize(&main)?;
             Ok(Run { wall: start.elapsed(), timeline: b.timeline() })
         };
-        eprintln!("  T={t}: warm-up round ...");
+        progress.inc_length(CONFIGS.len() as u64);
+        progress.set_message(format!("T={t}: warm-up"));
         let warm = Instant::now();
         for i in 0..CONFIGS.len() {
             run(i)?;
+            progress.inc(1);
         }
         let fit = (ROUNDS_BUDGET.as_secs_f64() / warm.elapsed().as_secs_f64()).ceil() as usize;
         let rounds = args.repeats.unwrap_or(fit.clamp(1, MAX_ROUNDS)).max(1);
+        progress.inc_length((rounds * CONFIGS.len()) as u64);
         let mut runs: Vec<Vec<Run>> = (0..CONFIGS.len()).map(|_| Vec::new()).collect();
         for round in 0..rounds {
-            eprintln!("  T={t}: round {}/{rounds} ...", round + 1);
+            progress.set_message(format!("T={t}: round {}/{rounds}", round + 1));
             for (i, out) in runs.iter_mut().enumerate() {
                 out.push(run(i)?);
+                progress.inc(1);
             }
         }
         // The schedules must agree bit for bit (each config's buffers hold its last run).
@@ -294,10 +334,23 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
             }
         }
         let r = report(t, rounds, &runs);
-        print_report(&r);
+        progress.suspend(|| print_report(&r));
         reports.push(r);
     }
+    progress.finish_and_clear();
     print_summary(&reports);
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "benchmark": "schedule",
+            "shapes": { "hidden": dims.hidden, "heads": dims.heads,
+                        "local_projection": dims.local_projection(), "head_dim": dims.head_dim },
+            "scale_alg": alg.code(),
+            "backend": "reference, one core per stream",
+            "results": reports.iter().map(Report::to_json).collect::<Vec<_>>(),
+        });
+        super::write_json(path, &json)?;
+        println!("figures written to {}", path.display());
+    }
     Ok(())
 }
 
