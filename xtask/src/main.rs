@@ -3,18 +3,31 @@
 //! - `test`: formatting check, clippy with `-D warnings`, the whole test suite (release), docs
 //!   with warnings denied. What CI runs.
 //! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports.
+//! - `kernels`, `test --backend ascend`: the AscendC kernels and the NPU run (see `ascend.rs`).
+//! - `gpu-check`: the CUDA backend on a real GPU: build, conformance, capture, benchmarks,
+//!   one JSON report (see `gpu_check.rs`).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
+mod ascend;
+mod gpu_check;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("test") if args.get(1).is_some_and(|a| a == "--backend") => {
+            ascend::test_backend(args.get(2).map(String::as_str))
+        }
         Some("test") => test(),
+        Some("kernels") => ascend::kernels().map(|_| ()),
         Some("bench") => bench(),
+        Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <test|bench>");
+            eprintln!(
+                "usage: cargo xtask <test [--backend ascend]|bench|kernels|gpu-check [--out PATH] [--quick]>"
+            );
             return ExitCode::from(2);
         }
     };
@@ -50,11 +63,26 @@ fn test() -> Result<(), String> {
     step(
         "clippy",
         &cargo,
-        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--features",
+            ascend::EMULATED,
+            "--",
+            "-D",
+            "warnings",
+        ],
         &[],
     )?;
     let counts = run_tests(&cargo)?;
-    step("doc", &cargo, &["doc", "--workspace", "--no-deps"], &[("RUSTDOCFLAGS", "-D warnings")])?;
+    step(
+        "doc",
+        &cargo,
+        &["doc", "--workspace", "--no-deps", "--features", ascend::EMULATED],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
+    ascend::twin_checks()?;
     // One closing line for the whole suite, so CI reads the total, not the last binary's count.
     println!(
         "tests: {} passed, {} failed, {} skipped",
@@ -75,7 +103,7 @@ struct Counts {
 
 /// `cargo test --workspace --release`, echoing its output and adding up its `test result:` lines.
 fn run_tests(cargo: &str) -> Result<Counts, String> {
-    let args = ["test", "--workspace", "--release"];
+    let args = ["test", "--workspace", "--release", "--features", ascend::EMULATED];
     eprintln!("==> test: {cargo} {}", args.join(" "));
     let start = Instant::now();
     let mut child = Command::new(cargo)
@@ -151,6 +179,9 @@ fn bench() -> Result<(), String> {
     let mut args = kda.to_vec();
     args.extend(["bench", "schedule"]);
     step("bench schedule", &cargo, &args, &[])?;
+    let mut args = kda.to_vec();
+    args.extend(["bench", "layer"]);
+    step("bench layer", &cargo, &args, &[])?;
     Ok(())
 }
 

@@ -8,6 +8,10 @@ pub enum CliError {
     Kda(#[from] kda_core::Error),
     #[error("invalid argument {arg}: {reason}")]
     Argument { arg: &'static str, reason: String },
+    #[error("check failed: {reason}")]
+    CheckFailed { reason: String },
+    #[error("the sanitizer found {count} stream hazard(s); the first: {first}")]
+    Hazards { count: usize, first: String },
     #[error("{what}: results differ between {a} and {b}")]
     Mismatch { what: String, a: &'static str, b: &'static str },
     #[error(transparent)]

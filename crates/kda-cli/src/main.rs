@@ -30,13 +30,24 @@ struct Cli {
 enum Command {
     /// Backends compiled in, their capabilities, execution modes and threads.
     Info,
-    /// The main job on an embedded default (today: the K3 TP8 projections, serial and overlapped).
+    /// The main job: one KDA layer (default: synthetic Kimi K3 TP8 rank 0) on a prefill batch
+    /// then decode steps, overlapped against serial, under capture validation and the sanitizer.
     Run(cmd::run::RunArgs),
+    /// One layer forward drawn as an SVG timeline (lane per stream, box per op, arrow per wait)
+    /// and/or written as a Chrome/Perfetto trace.
+    Trace(cmd::trace::TraceArgs),
+    /// Capture one layer forward and report the validation (joined streams, hazards); exit code
+    /// 0 only when valid.
+    Check(cmd::check::CheckArgs),
     /// Quantize every f32/bf16 tensor of a safetensors file to MXFP8 (E4M3 data, E8M0 scales).
     Quant(cmd::quant::QuantArgs),
     /// The KDA recurrence (chunked or token by token) on a safetensors file of q, k, v, g, beta
     /// [, initial_state], in flash-linear-attention's conventions; writes o and final_state.
     Core(cmd::core::CoreArgs),
+    /// One KDA layer of a checkpoint on a safetensors file of hidden states and
+    /// query_start_loc (fresh prefills); writes this rank's output, final_state and, with
+    /// --dump, the intermediates.
+    Layer(cmd::layer::LayerArgs),
     /// Composed vs staged low-rank gates (the fused BFG's forget gate) against an f64 oracle,
     /// on K3-shaped weights; `--write docs/precision.md` writes the report.
     Precision(cmd::precision::PrecisionArgs),
@@ -80,8 +91,11 @@ fn main() -> ExitCode {
     let result: Result<(), CliError> = match cli.command {
         Command::Info => cmd::info::run(),
         Command::Run(args) => cmd::run::run(&args),
+        Command::Trace(args) => cmd::trace::run(&args),
+        Command::Check(args) => cmd::check::run(&args),
         Command::Quant(args) => cmd::quant::run(&args),
         Command::Core(args) => cmd::core::run(&args),
+        Command::Layer(args) => cmd::layer::run(&args),
         Command::Precision(args) => cmd::precision::run(&args),
         Command::Bench(bench) => cmd::bench::run(&bench),
     };

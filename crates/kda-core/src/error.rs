@@ -88,6 +88,9 @@ pub enum Error {
     #[error(transparent)]
     Weights(#[from] crate::weights::WeightError),
 
+    #[error(transparent)]
+    Batch(#[from] crate::layer::BatchError),
+
     #[error("{backend} backend: {message}")]
     Backend { backend: &'static str, message: String },
 }

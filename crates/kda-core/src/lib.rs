@@ -15,15 +15,15 @@
 //! - [`schedule`]: the serial and overlapped QKV/BFG projection schedules, generic over the HAL,
 //!   and the beta contract at the dispatch boundary;
 //! - [`timeline`]: when each op ran, on which stream (overlap measurements, traces).
-//!
-//! Later layers (the KDA layer) live here too, generic over the
-//! HAL, so every backend runs the same code.
+//! - [`layer`]: the KDA layer, [`KdaLayer`]: projections, dispatch over a continuous batch with
+//!   a caller-owned [`StateCache`], gated norm and `o_proj`, generic over the HAL.
 
 pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod hal;
 pub mod kda;
+pub mod layer;
 pub mod layout;
 pub mod mx;
 pub mod op;
@@ -39,6 +39,7 @@ pub use hal::{
     Backend, BackendInfo, BufferHandle, BufferId, Capabilities, EventHandle, EventId, InstanceId,
     StreamHandle, StreamId,
 };
+pub use layer::{BatchMeta, KdaLayer, StateCache};
 pub use layout::Layout;
 pub use mx::{MxError, MxFloat, ScaleAlg, ScaleLayout};
 pub use op::{ComputeUnit, DownloadSlot, GemmDims, HostFn, Op};

@@ -245,7 +245,7 @@ impl<B: Backend> Op<B> {
             }
             let others = outputs.iter().take_while(|(p, _)| p != param);
             for (other, inp) in inputs.iter().chain(others) {
-                if overlaps(out, inp) {
+                if out.overlaps(inp) {
                     let span = out.byte_span();
                     return Err(Error::Aliasing {
                         op,
@@ -296,16 +296,6 @@ impl<B: Backend> Op<B> {
             }
         }
     }
-}
-
-/// Two views may share bytes (conservative: compares the spans they can touch).
-fn overlaps<B: Backend>(a: &Tensor<B>, b: &Tensor<B>) -> bool {
-    let (sa, sb) = (a.byte_span(), b.byte_span());
-    a.buffer().id() == b.buffer().id()
-        && !sa.is_empty()
-        && !sb.is_empty()
-        && sa.start < sb.end
-        && sb.start < sa.end
 }
 
 fn expect_dtype(

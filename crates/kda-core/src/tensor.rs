@@ -71,6 +71,17 @@ impl<B: Backend> Tensor<B> {
         self.layout.byte_span()
     }
 
+    /// Whether this view and `other` may share bytes (conservative: compares the byte spans
+    /// they can touch, so two interleaved strided views count as overlapping).
+    pub fn overlaps(&self, other: &Tensor<B>) -> bool {
+        let (a, b) = (self.byte_span(), other.byte_span());
+        self.buffer.id() == other.buffer.id()
+            && !a.is_empty()
+            && !b.is_empty()
+            && a.start < b.end
+            && b.start < a.end
+    }
+
     fn with_layout(&self, layout: Layout) -> Self {
         Self { buffer: self.buffer.clone(), layout }
     }

@@ -167,7 +167,7 @@ impl RefBuffer {
     }
 
     /// Raw pointer to element `offset` of a `T` view, for kernels that pass strides to a GEMM.
-    pub(crate) fn element_ptr<T>(&self, offset: usize) -> *mut T {
+    pub fn element_ptr<T>(&self, offset: usize) -> *mut T {
         self.base::<T>().wrapping_add(offset)
     }
 }

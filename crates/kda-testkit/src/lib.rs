@@ -5,8 +5,10 @@
 //! - [`generate`]: [`Gen`], seeded inputs that reproduce bit-for-bit on every machine;
 //! - [`oracle`]: slow, obviously-correct f64 formulations to check the reference against;
 //! - [`oracle_kda`]: the same for the KDA core (conv, norms, gates, the recurrence);
+//! - [`oracle_layer`]: the whole layer on one rank, in f64, from host weights;
 //! - [`checkpoint`]: synthetic HF-style KDA checkpoints (any preset or scaled-down config,
-//!   generated lazily region by region, or written to a directory).
+//!   generated lazily region by region, or written to a directory);
+//! - [`workload`]: the deterministic prefill-then-decode batches and inputs `kda run` drives.
 //!
 //! - [`conformance`]: the backend conformance suite, test bodies generic over `Backend` that
 //!   each backend crate instantiates with [`conformance_tests!`].
@@ -22,7 +24,10 @@ pub mod conformance;
 pub mod generate;
 pub mod oracle;
 pub mod oracle_kda;
+#[allow(clippy::expect_used, reason = "an oracle of complete test weights")]
+pub mod oracle_layer;
 pub mod tolerance;
+pub mod workload;
 
 pub use generate::Gen;
 pub use tolerance::{AsF64, Mismatches, Tolerance};

@@ -36,6 +36,10 @@ pub enum BenchCommand {
     /// serial, overlapped under both matrix-overlap policies, each op alone, the hidden vector
     /// fraction, and composed against staged F.
     Schedule(super::schedule::ScheduleBenchArgs),
+    /// The whole KDA layer at Kimi K3 TP8 shapes: prefill tokens/s (4 x 1024 tokens) and
+    /// decode latency (32 x 1 token), serial against overlapped, and the decode step as a
+    /// multiple of the time to read the layer's weights once (bandwidth measured in the run).
+    Layer(super::layer_bench::LayerBenchArgs),
 }
 
 /// Operand dtype of the GEMM benchmark (x, w and y all take it).
@@ -82,6 +86,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
         BenchCommand::Launch(args) => launch(args),
         BenchCommand::Core(args) => super::core::bench(args),
         BenchCommand::Schedule(args) => super::schedule::bench(args),
+        BenchCommand::Layer(args) => super::layer_bench::bench(args),
     }
 }
 
@@ -106,8 +111,8 @@ fn gemm(args: &GemmArgs) -> Result<(), CliError> {
     let dtype = DType::from(args.dtype);
     let (m, n, k) = (args.m, args.n, args.k);
     let mut rng = kda_testkit::Gen::new(7);
-    let x = super::run::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
-    let w = super::run::random_tensor(&backend, &stream, &mut rng, dtype, &[n, k])?;
+    let x = super::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
+    let w = super::random_tensor(&backend, &stream, &mut rng, dtype, &[n, k])?;
     let y = backend.alloc(dtype, &[m, n])?;
     let time = median_time(args.repeats, || {
         backend.launch(&stream, Op::Gemm { x: x.clone(), w: w.clone(), y: y.clone() })?;
@@ -155,7 +160,7 @@ fn quant(args: &QuantArgs) -> Result<(), CliError> {
     let dtype = DType::from(args.dtype);
     let (m, k) = (args.m, args.k);
     let mut rng = kda_testkit::Gen::new(11);
-    let x = super::run::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
+    let x = super::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
     let data = backend.alloc(DType::E4M3, &[m, k])?;
     let scale = backend.alloc(DType::E8M0, &[m, kda_core::mx::num_blocks(k)])?;
     let copy = backend.alloc(dtype, &[m, k])?;
@@ -223,7 +228,7 @@ fn mx_gemm(args: &MxGemmArgs) -> Result<(), CliError> {
     let blocks = kda_core::mx::num_blocks(k);
     let mut rng = kda_testkit::Gen::new(13);
     let mut quantized = |rows: usize| -> Result<_, CliError> {
-        let x = super::run::random_tensor(&backend, &stream, &mut rng, DType::BF16, &[rows, k])?;
+        let x = super::random_tensor(&backend, &stream, &mut rng, DType::BF16, &[rows, k])?;
         let data = backend.alloc(DType::E4M3, &[rows, k])?;
         let scale = backend.alloc(DType::E8M0, &[rows, blocks])?;
         let alg = ScaleAlg::OcpFloor;

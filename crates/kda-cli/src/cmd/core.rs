@@ -409,7 +409,7 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
     let dtype = DType::from(args.dtype);
     let mut rng = kda_testkit::Gen::new(17);
     let random = |rng: &mut kda_testkit::Gen, dtype, shape: &[usize]| {
-        super::run::random_tensor(&b, &s, rng, dtype, shape)
+        super::random_tensor(&b, &s, rng, dtype, shape)
     };
     let (q, k, v) = (
         random(&mut rng, dtype, &[t, h, d])?,

@@ -1,17 +1,48 @@
 //! One module per `kda` subcommand, plus what they share.
 
 pub mod bench;
+pub mod check;
 pub mod core;
 pub mod info;
+pub mod layer;
+pub mod layer_bench;
+pub mod model;
 pub mod precision;
 pub mod quant;
 pub mod run;
 pub mod schedule;
 pub mod tensor_file;
+pub mod trace;
 
 use std::time::{Duration, Instant};
 
+use kda_core::{Backend, DType, Tensor};
+use kda_testkit::Gen;
+
 use crate::error::CliError;
+
+/// Allocate a tensor and fill it with seeded uniform values in [-1, 1).
+pub fn random_tensor<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    rng: &mut Gen,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<Tensor<B>, CliError> {
+    let t = backend.alloc(dtype, shape)?;
+    let n = t.numel();
+    match dtype {
+        DType::BF16 => backend.upload(stream, &t, &rng.uniform_bf16(n, -1.0, 1.0))?,
+        DType::F32 => backend.upload(stream, &t, &rng.uniform_f32(n, -1.0, 1.0))?,
+        other => {
+            return Err(CliError::Argument {
+                arg: "dtype",
+                reason: format!("{other} is not generated"),
+            });
+        }
+    }
+    Ok(t)
+}
 
 /// Time `f` `repeats` times (after one warm-up call) and return the median.
 pub fn median_time<E>(repeats: usize, mut f: impl FnMut() -> Result<(), E>) -> Result<Duration, E> {

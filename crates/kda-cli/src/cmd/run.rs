@@ -1,193 +1,311 @@
 //! `kda run`: the main job on an embedded default.
 //!
-//! Until the KDA layer exists, it runs what is real today: the Kimi K3 TP8 rank-0 projections
-//! (fused QKV `[4608, 7168]` in MXFP8 with its DynamicQuant, fused BFG `[3084, 7168]` bf16 and
-//! its post-process) under the serial schedule and under the overlapped one (captured once as a
-//! graph, validated, replayed), in checked mode, and reports the timings, that both schedules
-//! agree bit for bit, and that no stream hazard was found.
+//! One KDA layer (by default layer 0 of a deterministic synthetic Kimi K3 checkpoint, TP 8
+//! rank 0, F composed into the fused BFG at load, MXFP8 QKV) on the reference backend, one
+//! core per stream, in checked mode: a prefill batch ([`Workload`]: 4 requests × 512 tokens)
+//! under the serial and the overlapped schedule, then decode steps (one token per request)
+//! replayed from one captured graph of the overlapped layer, each step checked against the
+//! serial layer run eagerly. It reports load and composition time, op time per stage, the
+//! overlapped schedule's speedup and hidden vector fraction, prefill tokens/s, decode step
+//! latency, an output checksum (the f64 sum of every output element of the prefill and the
+//! decode steps, in order), and whether the capture was valid and the sanitizer silent.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Args;
-use half::bf16;
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::schedule::{
-    MatrixOverlap, ProjectionSchedule, ProjectionWeights, QkvBfgProjection, QkvWeight, labels,
-};
-use kda_core::weights::{LoadOptions, WeightError, load_layer};
-use kda_core::{Backend, DType, ScaleAlg, Tensor};
+use kda_core::config::QkvFormat;
+use kda_core::layer::{KdaLayer, LayerOptions, StateCache};
+use kda_core::schedule::{MatrixOverlap, ProjectionSchedule, labels};
+use kda_core::timeline::{Span, Timeline};
+use kda_core::{Backend, DType, Tensor};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
-use kda_testkit::Gen;
-use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec};
+use kda_testkit::workload::Workload;
 
-use super::{median_time, ms};
+use super::model::{self, ModelArgs, ScheduleArg};
+use super::ms;
 use crate::error::CliError;
+
+type Ref = ReferenceBackend;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Tokens in the batch (rows of the activation).
-    #[arg(long, default_value_t = 256)]
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The schedule under test; `overlapped` also runs `serial` to compare with.
+    #[arg(long, value_enum, default_value_t = ScheduleArg::Overlapped)]
+    pub schedule: ScheduleArg,
+    /// Requests in the prefill batch (each then decodes).
+    #[arg(long, default_value_t = 4)]
+    pub requests: usize,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 512)]
     pub tokens: usize,
-    /// Timed repeats of each schedule (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub repeats: usize,
-    /// Seed of the synthetic weights and activations.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Decode steps after the prefill (one token per request each).
+    #[arg(long, default_value_t = 16)]
+    pub decode_steps: usize,
 }
 
-/// Allocate a tensor and fill it with seeded uniform values in [-1, 1).
-pub fn random_tensor<B: Backend>(
-    backend: &B,
-    stream: &B::Stream,
-    rng: &mut Gen,
-    dtype: DType,
-    shape: &[usize],
-) -> Result<Tensor<B>, CliError> {
-    let t = backend.alloc(dtype, shape)?;
-    let n = t.numel();
-    match dtype {
-        DType::BF16 => backend.upload(stream, &t, &rng.uniform_bf16(n, -1.0, 1.0))?,
-        DType::F32 => backend.upload(stream, &t, &rng.uniform_f32(n, -1.0, 1.0))?,
-        other => {
-            return Err(CliError::Argument {
-                arg: "dtype",
-                reason: format!("{other} is not generated"),
-            });
-        }
+/// The op labels of each stage of the layer, for the per-stage report.
+const STAGES: [(&str, &[&str]); 6] = [
+    (
+        "projections",
+        &[
+            labels::DYNAMIC_QUANT,
+            labels::QKV_MATMUL,
+            labels::QKV_LINEAR_QUANT,
+            labels::PROJECT_BFG,
+            labels::PROJECT_BFG_B,
+            labels::PROJECT_BFG_F_A,
+            labels::PROJECT_BFG_F_B,
+            labels::PROJECT_BFG_G,
+            labels::POSTPROCESS_BFG,
+        ],
+    ),
+    ("conv", &["causal_conv", "causal_conv_update"]),
+    ("q/k norm + gate", &["l2norm", "kda_gate", "sigmoid", "beta_sigmoid"]),
+    ("recurrence", &["kda_chunk", "kda_recurrent"]),
+    ("output norm", &["gated_rms_norm"]),
+    ("o_proj", &["o_proj"]),
+];
+
+/// The vector work the overlapped schedule hides, and the GEMMs it hides it under.
+fn is_hidden_vector(s: &Span) -> bool {
+    s.label == labels::DYNAMIC_QUANT || s.label == labels::POSTPROCESS_BFG
+}
+
+fn is_projection_gemm(s: &Span) -> bool {
+    s.label == labels::QKV_MATMUL || s.label.starts_with(labels::PROJECT_BFG)
+}
+
+/// One layer with its own cache and buffers.
+struct Path {
+    layer: KdaLayer<Ref>,
+    cache: StateCache<Ref>,
+    out: Tensor<Ref>,
+    x_decode: Tensor<Ref>,
+    out_decode: Tensor<Ref>,
+}
+
+impl Path {
+    fn new(
+        b: &Ref,
+        s: &<Ref as Backend>::Stream,
+        loaded: &model::Loaded,
+        schedule: ProjectionSchedule,
+        w: &Workload,
+    ) -> Result<Self, CliError> {
+        let options = LayerOptions { schedule: Some(schedule), ..LayerOptions::default() };
+        let layer = KdaLayer::new(b, s, &loaded.weights, options)?;
+        let hidden = layer.dims().hidden;
+        Ok(Self {
+            cache: layer.new_cache(s, w.requests, 0)?,
+            out: b.alloc(DType::F32, &[w.prefill_tokens(), hidden])?,
+            x_decode: b.alloc(DType::BF16, &[w.requests, hidden])?,
+            out_decode: b.alloc(DType::F32, &[w.requests, hidden])?,
+            layer,
+        })
     }
-    Ok(t)
+
+    /// The prefill, timed from launch to completion.
+    fn prefill(
+        &mut self,
+        b: &Ref,
+        s: &<Ref as Backend>::Stream,
+        x: &Tensor<Ref>,
+        w: &Workload,
+    ) -> Result<Duration, CliError> {
+        b.synchronize(s)?;
+        let start = Instant::now();
+        self.layer.forward(s, x, &w.prefill_meta(), &mut self.cache, &mut self.out)?;
+        b.synchronize(s)?;
+        Ok(start.elapsed())
+    }
+}
+
+fn f64_sum(values: &[f32]) -> f64 {
+    values.iter().map(|&v| f64::from(v)).sum()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn check_same(what: String, a: &[f32], b: &[f32]) -> Result<(), CliError> {
+    if same_bits(a, b) {
+        Ok(())
+    } else {
+        Err(CliError::Mismatch { what, a: "serial", b: "overlapped" })
+    }
 }
 
 pub fn run(args: &RunArgs) -> Result<(), CliError> {
-    if args.tokens == 0 {
-        return Err(CliError::Argument { arg: "--tokens", reason: "must be at least 1".into() });
-    }
-    // Checked mode: every launch below is analysed for stream hazards (cheap next to the GEMMs);
-    // the timeline gives each op's own time.
+    let w = model::workload(&args.model, args.requests, args.tokens, args.decode_steps)?;
+    // Checked mode: every launch is analysed for stream hazards (cheap next to the GEMMs); the
+    // timeline gives each op's own time.
     let options = ReferenceOptions { checked: true, timeline: true, ..ReferenceOptions::default() };
-    let backend = ReferenceBackend::with_options(options)?;
-    let info = backend.info();
-    let main = backend.new_stream()?;
-    // The K3 TP8 rank-0 layer 0 weights from the deterministic synthetic checkpoint (generated
-    // in memory, only this rank's shard), with F composed into the fused BFG at load.
-    let load_start = Instant::now();
-    let config = KdaConfig::kimi_k3();
-    let checkpoint = SyntheticCheckpoint::new(SyntheticSpec::new(config.clone(), args.seed));
-    let tp = Tp::new(8, 0).map_err(WeightError::from)?;
-    let loaded = load_layer(&checkpoint, &config, tp, 0, LoadOptions::default())?;
-    let weights = ProjectionWeights::upload(&backend, &main, &loaded.weights)?;
-    let load_time = load_start.elapsed();
-    let dims = weights.dims();
-    let (t, hidden, qkv_width, bfg_width) =
-        (args.tokens, dims.hidden, dims.qkv_width(), dims.bfg_width());
-    let alg = match weights.qkv() {
-        QkvWeight::Mxfp8 { alg, .. } => *alg,
-        QkvWeight::Bf16 { .. } => ScaleAlg::OcpFloor,
-    };
-    let mut rng = Gen::new(args.seed);
-    let x = random_tensor(&backend, &main, &mut rng, DType::BF16, &[t, hidden])?;
-    backend.synchronize(&main)?;
+    let b = ReferenceBackend::with_options(options)?;
+    let info = b.info();
+    let main = b.new_stream()?;
 
-    let serial = QkvBfgProjection::new(&backend, weights.clone(), ProjectionSchedule::Serial)?;
-    let overlapped = QkvBfgProjection::new(&backend, weights, ProjectionSchedule::Overlapped)?;
-    let (serial_out, overlapped_out) = (serial.alloc_buffers(&x)?, overlapped.alloc_buffers(&x)?);
-    let mut op_times = Vec::new();
-    let time_serial = median_time(args.repeats, || {
-        backend.clear_timeline();
-        serial.forward_into(&main, &x, &serial_out)?;
-        backend.synchronize(&main)?;
-        op_times.push(backend.timeline());
-        Ok::<(), CliError>(())
-    })?;
-    let op_time = |label: &str| {
-        let mut times: Vec<f64> =
-            op_times.iter().map(|tl| tl.total(|s| s.label == label).as_secs_f64()).collect();
-        times.sort_by(f64::total_cmp);
-        times.get(times.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-
-    // The overlapped schedule, captured once as a graph (which checks that the aux stream is
-    // joined back) and replayed for timing.
-    backend.begin_capture(&main)?;
-    overlapped.forward_into(&main, &x, &overlapped_out)?;
-    let graph = backend.end_capture(&main)?;
-    let time_overlapped = median_time(args.repeats, || {
-        backend.launch_graph(&graph, &main)?;
-        backend.synchronize(&main)
-    })?;
-
-    let mut checksum = 0.0f64;
-    let pairs = [
-        (&serial_out.mixed_qkv, &overlapped_out.mixed_qkv, "mixed_qkv"),
-        (&serial_out.bfg, &overlapped_out.bfg, "bfg"),
-    ];
-    for (a, b, what) in pairs {
-        let (va, vb): (Vec<bf16>, Vec<bf16>) =
-            (backend.download(&main, a)?, backend.download(&main, b)?);
-        if va != vb {
-            return Err(CliError::Mismatch { what: what.into(), a: "serial", b: "overlapped" });
+    let loaded = model::load(&args.model)?;
+    let upload_start = Instant::now();
+    let chosen: ProjectionSchedule = args.schedule.into();
+    let mut path = Path::new(&b, &main, &loaded, chosen, &w)?;
+    let mut serial = match chosen {
+        ProjectionSchedule::Overlapped => {
+            Some(Path::new(&b, &main, &loaded, ProjectionSchedule::Serial, &w)?)
         }
-        checksum += va.iter().map(|v| f64::from(v.to_f32())).sum::<f64>();
+        ProjectionSchedule::Serial => None,
+    };
+    b.synchronize(&main)?;
+    let upload_time = upload_start.elapsed();
+    let dims = *path.layer.dims();
+    let hidden = dims.hidden;
+
+    // Prefill.
+    let x = b.alloc(DType::BF16, &[w.prefill_tokens(), hidden])?;
+    b.upload(&main, &x, &w.prefill_hidden(hidden))?;
+    let serial_time = match serial.as_mut() {
+        Some(p) => Some(p.prefill(&b, &main, &x, &w)?),
+        None => None,
+    };
+    b.clear_timeline();
+    let prefill_time = path.prefill(&b, &main, &x, &w)?;
+    let timeline = b.timeline();
+    let prefill_out: Vec<f32> = b.download(&main, &path.out)?;
+    if let Some(p) = &serial {
+        check_same("prefill output".into(), &b.download::<f32>(&main, &p.out)?, &prefill_out)?;
     }
-    let (beta_a, beta_b): (Vec<f32>, Vec<f32>) = (
-        backend.download(&main, &serial_out.beta)?,
-        backend.download(&main, &overlapped_out.beta)?,
-    );
-    if beta_a.iter().map(|v| v.to_bits()).ne(beta_b.iter().map(|v| v.to_bits())) {
-        return Err(CliError::Mismatch { what: "beta".into(), a: "serial", b: "overlapped" });
+    let mut checksum = f64_sum(&prefill_out);
+
+    // Decode: one captured graph of a decode step, replayed per step with new inputs.
+    let decode = w.decode_meta(0);
+    b.begin_capture(&main)?;
+    path.layer.forward(&main, &path.x_decode, &decode, &mut path.cache, &mut path.out_decode)?;
+    let graph = b.end_capture(&main)?;
+    let mut step_times = Vec::with_capacity(w.decode_steps);
+    let mut serial_step_times = Vec::with_capacity(w.decode_steps);
+    for step in 0..w.decode_steps {
+        let input = w.decode_hidden(step, hidden);
+        b.upload(&main, &path.x_decode, &input)?;
+        b.synchronize(&main)?;
+        let start = Instant::now();
+        b.launch_graph(&graph, &main)?;
+        b.synchronize(&main)?;
+        step_times.push(start.elapsed());
+        let out: Vec<f32> = b.download(&main, &path.out_decode)?;
+        if let Some(p) = serial.as_mut() {
+            b.upload(&main, &p.x_decode, &input)?;
+            b.synchronize(&main)?;
+            let start = Instant::now();
+            let meta = w.decode_meta(step);
+            p.layer.forward(&main, &p.x_decode, &meta, &mut p.cache, &mut p.out_decode)?;
+            b.synchronize(&main)?;
+            serial_step_times.push(start.elapsed());
+            let expected: Vec<f32> = b.download(&main, &p.out_decode)?;
+            check_same(format!("decode step {step} output"), &expected, &out)?;
+        }
+        checksum += f64_sum(&out);
+    }
+    if let Some(p) = &serial {
+        let (a, c) = (p.cache.recurrent(), path.cache.recurrent());
+        check_same(
+            "final recurrent states".into(),
+            &b.download(&main, a)?,
+            &b.download(&main, c)?,
+        )?;
+    }
+    let hazards = b.instrumentation().hazards();
+    if let Some(first) = hazards.first() {
+        return Err(CliError::Hazards { count: hazards.len(), first: first.to_string() });
     }
 
-    let gflop = |n: usize| 2.0 * (t * n * hidden) as f64 / 1e9;
+    // The report.
+    let tp = loaded.tp;
     println!(
-        "kda run: Kimi K3 TP8 rank-0 projections, {t} tokens, MXFP8 QKV (scale_alg {}) and fused \
-         BFG bf16 ({} backend, {})",
-        alg.code(),
-        info.name,
-        info.capabilities.execution
+        "kda run: layer {} of the {}, TP rank {} of {} ({} backend, {}, checked)",
+        args.model.layer, loaded.origin, tp.rank, tp.size, info.name, info.capabilities.execution
     );
     println!(
-        "  weights: synthetic Kimi K3 checkpoint (seed {}), layer 0, TP 8 rank 0; loaded, F \
-         composed into the fused BFG and uploaded in {:.2} s",
-        args.seed,
-        load_time.as_secs_f64()
-    );
-    let (quant, qkv) = (op_time(labels::DYNAMIC_QUANT), op_time(labels::QKV_MATMUL));
-    let (bfg, post) = (op_time(labels::PROJECT_BFG), op_time(labels::POSTPROCESS_BFG));
-    println!(
-        "  QKV x[{t}, {hidden}] . w[{qkv_width}, {hidden}]^T  {:>9.2} ms  {:>6.1} GFLOP/s (MXFP8; \
-         dynamic_quant {:.3} ms before it)",
-        qkv * 1e3,
-        gflop(qkv_width) / qkv,
-        quant * 1e3
+        "  shapes: hidden {hidden}, {} local heads of {}, QKV {}, gate {:?}",
+        dims.local_heads,
+        dims.head_dim,
+        match loaded.config.qkv_format() {
+            QkvFormat::Dense => "bf16".to_string(),
+            QkvFormat::Mxfp8 { scale_alg } => format!("MXFP8 (scale_alg {})", scale_alg.code()),
+        },
+        loaded.weights.gate
     );
     println!(
-        "  BFG x[{t}, {hidden}] . w[{bfg_width}, {hidden}]^T  {:>9.2} ms  {:>6.1} GFLOP/s (bf16; \
-         postprocess {:.3} ms after it)",
-        bfg * 1e3,
-        gflop(bfg_width) / bfg,
-        post * 1e3
+        "  load: checkpoint read and fused weights composed in {:.3} s; uploaded in {:.3} s",
+        loaded.load_time.as_secs_f64(),
+        upload_time.as_secs_f64()
     );
-    println!("  serial (one stream)                {:>9.2} ms", ms(time_serial));
-    let policy = match overlapped.matrix_overlap() {
+    let n = w.prefill_tokens();
+    println!("  prefill: {} requests x {} tokens = {n} tokens", w.requests, w.prompt_tokens);
+    let policy = match path.layer.projection().matrix_overlap() {
         MatrixOverlap::Serialized => "GEMMs serialized",
         MatrixOverlap::Concurrent => "GEMMs concurrent",
     };
+    match serial_time {
+        Some(serial_time) => {
+            println!("    serial      {:>10.2} ms", ms(serial_time));
+            println!(
+                "    overlapped  {:>10.2} ms ({policy}): speedup {:.2}x over serial",
+                ms(prefill_time),
+                serial_time.as_secs_f64() / prefill_time.as_secs_f64()
+            );
+        }
+        None => println!("    serial      {:>10.2} ms", ms(prefill_time)),
+    }
+    if let Some(f) = timeline.hidden_fraction(is_hidden_vector, is_projection_gemm) {
+        println!(
+            "    hidden vector fraction {f:.3} (dynamic_quant and postprocess_bfg time under a \
+             GEMM on the other stream)"
+        );
+    }
+    println!("    prefill throughput {:.1} tokens/s", n as f64 / prefill_time.as_secs_f64());
+    println!("    op time by stage: {}", stage_times(&timeline));
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v.get(v.len() / 2).copied()
+    };
+    if let Some(step) = median(step_times) {
+        print!(
+            "  decode: {} steps x {} requests from one captured graph: step latency {:.2} ms \
+             (median)",
+            w.decode_steps,
+            w.requests,
+            ms(step)
+        );
+        match median(serial_step_times) {
+            Some(s) => println!("; serial eager {:.2} ms", ms(s)),
+            None => println!(),
+        }
+    }
+    if serial.is_some() {
+        println!(
+            "  serial and overlapped identical bit for bit: prefill, {} decode steps, final states",
+            w.decode_steps
+        );
+    }
+    println!("  checksum: {checksum:e}");
     println!(
-        "  overlapped (two streams, {policy}) {:>9.2} ms  speedup {:.2}x over serial",
-        ms(time_overlapped),
-        time_serial.as_secs_f64() / time_overlapped.as_secs_f64()
-    );
-    println!(
-        "  serial and overlapped outputs (mixed_qkv, beta, g1, g2) identical bit for bit; \
-         checksum {checksum:.6e}"
-    );
-    let hazards = backend.instrumentation().hazards();
-    let ops = backend.instrumentation().log().len();
-    println!(
-        "  capture valid ({} streams joined); sanitizer: {ops} calls checked, {} hazards",
+        "  capture valid ({} streams joined, {} ops), no hazards ({} calls checked)",
         graph.streams(),
-        hazards.len()
+        graph.ops().len(),
+        b.instrumentation().log().len()
     );
     Ok(())
+}
+
+/// `stage a ms, stage b ms, ..., other c ms` from the op spans of one forward.
+fn stage_times(t: &Timeline) -> String {
+    let stage_of = |label: &str| STAGES.iter().position(|(_, ls)| ls.contains(&label));
+    let mut totals = [Duration::ZERO; STAGES.len() + 1];
+    for s in &t.spans {
+        totals[stage_of(&s.label).unwrap_or(STAGES.len())] += s.duration();
+    }
+    let names = STAGES.iter().map(|(n, _)| *n).chain(["other"]);
+    names.zip(totals).map(|(n, d)| format!("{n} {:.2} ms", ms(d))).collect::<Vec<_>>().join(", ")
 }

@@ -54,3 +54,55 @@ pub fn write(
 fn safetensors_error(path: &Path, e: safetensors::SafeTensorError) -> CliError {
     CliError::Safetensors { path: path.display().to_string(), message: e.to_string() }
 }
+
+/// A float tensor's values as f32 (exact for bf16) with the dtype it was stored in; f32 and
+/// bf16 only. safetensors stores little-endian and does not promise alignment, so elements are
+/// decoded one by one.
+pub fn floats(name: &str, view: &TensorView<'_>) -> Result<(kda_core::DType, Vec<f32>), CliError> {
+    let bytes = view.data();
+    match view.dtype() {
+        Dtype::F32 => Ok((
+            kda_core::DType::F32,
+            bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        )),
+        Dtype::BF16 => Ok((
+            kda_core::DType::BF16,
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
+        )),
+        other => Err(dtype_error(name, other, view.shape(), "expected f32 or bf16")),
+    }
+}
+
+/// An i32 tensor's values.
+pub fn i32s(name: &str, view: &TensorView<'_>) -> Result<Vec<i32>, CliError> {
+    match view.dtype() {
+        Dtype::I32 => Ok(view
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()),
+        other => Err(dtype_error(name, other, view.shape(), "expected i32")),
+    }
+}
+
+/// f32 values as an output tensor.
+pub fn f32_tensor(name: &str, shape: &[usize], values: &[f32]) -> OutTensor {
+    OutTensor {
+        name: name.to_string(),
+        dtype: Dtype::F32,
+        shape: shape.to_vec(),
+        bytes: values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn dtype_error(name: &str, dtype: Dtype, shape: &[usize], reason: &str) -> CliError {
+    CliError::Tensor {
+        name: name.to_string(),
+        dtype: format!("{dtype:?}").to_lowercase(),
+        shape: shape.to_vec(),
+        reason: reason.into(),
+    }
+}

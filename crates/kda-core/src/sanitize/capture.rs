@@ -7,6 +7,7 @@
 //! over the captured nodes, as the device runtime would reject the capture.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use thiserror::Error;
@@ -62,6 +63,8 @@ pub enum Node<B: Backend> {
 /// origin; the others are forked and joined inside.
 pub struct Graph<B: Backend> {
     pub(crate) instance: InstanceId,
+    /// Unique in the process, never reused (see [`Graph::id`]).
+    id: u64,
     pub(crate) nodes: Vec<Node<B>>,
     pub(crate) streams: usize,
     pub(crate) events: usize,
@@ -75,6 +78,7 @@ impl<B: Backend> std::fmt::Debug for Graph<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Graph")
             .field("instance", &self.instance)
+            .field("id", &self.id)
             .field("nodes", &self.nodes.len())
             .field("streams", &self.streams)
             .field("events", &self.events)
@@ -83,6 +87,17 @@ impl<B: Backend> std::fmt::Debug for Graph<B> {
 }
 
 impl<B: Backend> Graph<B> {
+    /// The backend instance the graph was captured on (only that instance may launch it).
+    pub fn instance(&self) -> InstanceId {
+        self.instance
+    }
+
+    /// The graph's identity: unique among the graphs of this process and never reused, so a
+    /// backend may key what it builds for a graph (an instantiated device graph) on it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// Captured streams, the origin included.
     pub fn streams(&self) -> usize {
         self.streams
@@ -264,8 +279,10 @@ impl<B: Backend> Capture<B> {
                 });
             }
         }
+        static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0);
         Ok(Graph {
             instance,
+            id: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
             nodes: self.nodes,
             streams: self.order.len(),
             events: self.event_count,

@@ -84,6 +84,8 @@ pub struct QkvBfgProjection<B: Backend> {
     schedule: ProjectionSchedule,
     matrix_overlap: MatrixOverlap,
     events: ScheduleEvents<B>,
+    /// [`Mutation::None`] except in tests and `kda check`'s self-test.
+    mutation: Mutation,
 }
 
 impl<B: Backend> QkvBfgProjection<B> {
@@ -100,12 +102,21 @@ impl<B: Backend> QkvBfgProjection<B> {
             schedule,
             matrix_overlap,
             events: ScheduleEvents::new(backend)?,
+            mutation: Mutation::None,
         })
     }
 
     /// Override the matrix-overlap policy.
     pub fn with_matrix_overlap(mut self, policy: MatrixOverlap) -> Self {
         self.matrix_overlap = policy;
+        self
+    }
+
+    /// Apply `mutation` to every overlapped call from now on (tests, and `kda check`'s
+    /// self-test). Not for production use.
+    #[doc(hidden)]
+    pub fn with_mutation(mut self, mutation: Mutation) -> Self {
+        self.mutation = mutation;
         self
     }
 
@@ -184,7 +195,7 @@ impl<B: Backend> QkvBfgProjection<B> {
         x: &Tensor<B>,
         bufs: &ProjectionBuffers<B>,
     ) -> Result<Projected<B>> {
-        self.run(main, x, bufs, Mutation::None)
+        self.run(main, x, bufs, self.mutation)
     }
 
     /// [`Self::forward`] with one edit to the overlapped order, for the tests that show every

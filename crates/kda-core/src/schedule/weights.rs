@@ -145,21 +145,7 @@ impl<B: Backend> ProjectionWeights<B> {
     pub fn upload(backend: &B, stream: &B::Stream, layer: &LayerWeights) -> Result<Self> {
         let d = &layer.dims;
         let dims = ProjectionDims { hidden: d.hidden, heads: d.local_heads, head_dim: d.head_dim };
-        let incomplete = |param: &'static str, actual: String| Error::Param {
-            op: "upload projection weights",
-            param,
-            expected: "a fully loaded weight".into(),
-            actual,
-        };
-        let qkv = match layer.qkv.weights() {
-            Some(QkvWeights::Dense(w)) => QkvWeight::Bf16 { w: upload(backend, stream, w)? },
-            Some(QkvWeights::Mxfp8 { data, scale, scale_alg }) => QkvWeight::Mxfp8 {
-                data: upload_as(backend, stream, data, DType::E4M3)?,
-                scale: upload_as(backend, stream, scale, DType::E8M0)?,
-                alg: scale_alg,
-            },
-            None => return Err(incomplete("qkv", format!("missing {:?}", layer.qkv.missing()))),
-        };
+        let qkv = upload_qkv(backend, stream, layer)?;
         let bfg = match (layer.bfg.mode(), layer.bfg.weight()) {
             (BfgMode::Composed, Some(w)) if layer.bfg.is_composed() => {
                 BfgWeight::Composed { w: upload(backend, stream, w)? }
@@ -185,13 +171,44 @@ impl<B: Backend> ProjectionWeights<B> {
     }
 }
 
+fn incomplete(param: &'static str, actual: String) -> Error {
+    Error::Param {
+        op: "upload projection weights",
+        param,
+        expected: "a fully loaded weight".into(),
+        actual,
+    }
+}
+
+/// A device copy of the fused QKV as loaded: dense, or MXFP8 data and plain-layout scales with
+/// the checkpoint's `scale_alg`.
+pub(crate) fn upload_qkv<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    layer: &LayerWeights,
+) -> Result<QkvWeight<B>> {
+    Ok(match layer.qkv.weights() {
+        Some(QkvWeights::Dense(w)) => QkvWeight::Bf16 { w: upload(backend, stream, w)? },
+        Some(QkvWeights::Mxfp8 { data, scale, scale_alg }) => QkvWeight::Mxfp8 {
+            data: upload_as(backend, stream, data, DType::E4M3)?,
+            scale: upload_as(backend, stream, scale, DType::E8M0)?,
+            alg: scale_alg,
+        },
+        None => return Err(incomplete("qkv", format!("missing {:?}", layer.qkv.missing()))),
+    })
+}
+
 /// A device copy of a float host tensor, in its own dtype.
-fn upload<B: Backend>(backend: &B, stream: &B::Stream, t: &HostTensor) -> Result<Tensor<B>> {
+pub(crate) fn upload<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    t: &HostTensor,
+) -> Result<Tensor<B>> {
     upload_as(backend, stream, t, t.dtype())
 }
 
 /// A device copy of `t`'s bytes as `dtype` (E4M3 and E8M0 bytes arrive as `u8` host tensors).
-fn upload_as<B: Backend>(
+pub(crate) fn upload_as<B: Backend>(
     backend: &B,
     stream: &B::Stream,
     t: &HostTensor,

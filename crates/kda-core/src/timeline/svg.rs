@@ -22,7 +22,7 @@ pub struct SvgOptions {
 const DEFAULT_WIDTH: f64 = 1200.0;
 const LEFT: f64 = 120.0;
 const RIGHT: f64 = 20.0;
-const TOP: f64 = 56.0;
+const TOP: f64 = 64.0;
 const LANE: f64 = 44.0;
 const BOX: f64 = 28.0;
 /// Roughly the width of one character of the box labels, for deciding what fits.
@@ -60,6 +60,14 @@ fn escape(text: &str) -> String {
 pub(super) fn human(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;
     if us < 1000.0 { format!("{us:.1} µs") } else { format!("{:.3} ms", us / 1000.0) }
+}
+
+/// `us` microseconds with as many decimals as the tick spacing `step` needs.
+fn tick_label(us: f64, step: f64) -> String {
+    let (value, step, unit) =
+        if step >= 1000.0 { (us / 1e3, step / 1e3, "ms") } else { (us, step, "µs") };
+    let decimals = (-step.log10().floor()).max(0.0) as usize;
+    format!("{value:.decimals$} {unit}")
 }
 
 /// A tick spacing of 1, 2 or 5 times a power of ten giving about `target` ticks over `span`.
@@ -101,10 +109,14 @@ impl Timeline {
         let title = options.title.as_deref().unwrap_or("timeline");
         let _ = writeln!(
             svg,
-            r#"<text x="8" y="18" font-size="14" font-weight="bold">{}</text>"#,
+            r##"<text x="8" y="16" font-size="13" font-weight="bold">{}</text><text x="8" y="31" fill="#444">{}</text>"##,
+            escape(title),
             escape(&format!(
-                "{title} — {} ops, makespan {}",
+                "{} ops on {} streams, {} cross-stream waits (arrow: from when the awaited work \
+                 finished to when the waiting stream went on); makespan {}",
                 self.spans.len(),
+                streams.len(),
+                self.waits.len(),
                 human(self.makespan())
             ))
         );
@@ -120,7 +132,7 @@ impl Timeline {
                 TOP - 8.0,
                 height - 20.0,
                 TOP - 12.0,
-                escape(&human(Duration::from_secs_f64(tick / 1e6)))
+                tick_label(tick, step)
             );
             tick += step;
         }

@@ -7,6 +7,7 @@
 
 pub mod gemm;
 pub mod kda;
+pub mod layer;
 pub mod mx;
 pub mod sanitize;
 pub mod schedule;
@@ -124,6 +125,25 @@ macro_rules! conformance_tests {
                 schedule::mixed_path_passes_preprocessed_beta(&$plain),
             schedule_dynamic_quant_split_decision => schedule::dynamic_quant_split_decision(&$plain),
             schedule_projection_rejects_bad_input => schedule::projection_rejects_bad_input(&$checked),
+            layer_matches_f64_oracle => layer::matches_f64_oracle(&$plain),
+            layer_staged_loader_equals_composed_loader =>
+                layer::staged_loader_equals_composed_loader(&$plain),
+            layer_norm_uses_the_checkpoint_eps => layer::norm_uses_the_checkpoint_eps(&$plain),
+            layer_prefill_whole_equals_parts_and_decodes =>
+                layer::prefill_whole_equals_parts_and_decodes(&$plain),
+            layer_speculative_equals_single_decodes =>
+                layer::speculative_equals_single_decodes(&$plain),
+            layer_batch_equals_each_alone => layer::batch_equals_each_alone(&$plain),
+            layer_tp_partials_sum_to_tp1 => layer::tp_partials_sum_to_tp1(&$plain),
+            layer_padding_and_empty_batch => layer::padding_and_empty_batch(&$plain),
+            layer_beta_paths_and_intermediate_shapes =>
+                layer::beta_paths_and_intermediate_shapes(&$checked),
+            layer_overlapped_forward_is_clean_and_replays =>
+                layer::overlapped_forward_is_clean_and_replays(&$checked),
+            layer_bad_input_leaves_the_cache_unchanged =>
+                layer::bad_input_leaves_the_cache_unchanged(&$plain),
+            layer_jittered_overlapped_equals_serial =>
+                layer::jittered_overlapped_equals_serial(&$jittered, 20),
         );
     };
     (@tests $($name:ident => $module:ident :: $body:ident ( $($arg:tt)* )),* $(,)?) => {

@@ -1,0 +1,359 @@
+//! `kda-acl-emu`: an emulated Ascend runtime exporting the C symbols of CANN's ACL runtime,
+//! aclnn ops and kernel launches that kda's Ascend backend calls, so that the backend's real
+//! `extern "C"` layer — pointers, out-parameters and structs included — runs here without an
+//! NPU.
+//!
+//! It implements the documented semantics on top of the CPU reference backend: streams are its
+//! asynchronous worker threads, events its snapshots (waits accept only `ACL_EVENT_SYNC`
+//! events), capture is its graph capture with the ACL join rule, device memory is its buffers
+//! (device addresses are real host addresses), and every aclnn op or kernel computes through
+//! its kernels. It rejects what CANN rejects: a wait on an event without `ACL_EVENT_SYNC`, an
+//! executor run twice without `aclSetAclOpExecutorRepeatable`, a capture ending with a forked
+//! stream not joined back, an aclnn executor prepared while a capture is open, MX dtypes on a
+//! SoC without MX GEMMs (`KDA_ACL_EMU_SOC`, default `Ascend950PR`).
+//!
+//! What it does not emulate: timing, the AI Core / AI Vector split, real kernel binaries
+//! (`aclrtBinaryLoadFromFile` accepts any path and serves the kda kernels by name).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(
+    clippy::missing_safety_doc,
+    reason = "each entry point's contract is CANN's documentation of the same symbol"
+)]
+
+#[path = "../../src/kernels/abi.rs"]
+#[allow(dead_code, reason = "the backend uses the encoding half")]
+mod abi;
+mod kernel;
+mod nn;
+mod rt;
+#[path = "../../src/sys/types.rs"]
+mod types;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::{CString, c_char};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+
+use kda_core::sanitize::Graph;
+use kda_core::{Backend, BufferHandle, DType, Layout, Op, Tensor};
+use kda_reference::{RefBuffer, RefEvent, RefStream, ReferenceBackend, ReferenceOptions};
+
+use types::*;
+
+type Ref = ReferenceBackend;
+type T = Tensor<Ref>;
+
+/// An event and the flags it was created with.
+struct EmuEvent {
+    event: RefEvent,
+    flags: u32,
+    /// Records queued so far, and the last one whose work has completed.
+    recorded: u64,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A prepared aclnn op: what phase two queues, the workspace it needs, whether it may run
+/// more than once.
+struct Executor {
+    api: &'static str,
+    ops: Vec<Op<Ref>>,
+    workspace: u64,
+    repeatable: bool,
+}
+
+/// The whole emulated device (one device, one context, as kda uses it).
+struct Emu {
+    initialized: bool,
+    backend: Ref,
+    soc: CString,
+    /// Device (and host-pinned) allocations by base address.
+    memory: BTreeMap<usize, RefBuffer>,
+    streams: HashMap<usize, RefStream>,
+    events: HashMap<usize, EmuEvent>,
+    tensors: HashMap<usize, (T, aclDataType)>,
+    scalars: HashMap<usize, f64>,
+    executors: HashMap<usize, Executor>,
+    /// Executors freed by their (only) run: a second run is the error CANN reports.
+    spent: HashSet<usize>,
+    models: HashMap<usize, Graph<Ref>>,
+    binaries: HashSet<usize>,
+    functions: HashMap<usize, &'static str>,
+    /// The capture open now, if any.
+    capture: Option<Capturing>,
+    next: usize,
+}
+
+/// An open capture: the stream it was begun on and the thread that began it. The emulator
+/// captures through its one reference instance, which holds one capture at a time, so a second
+/// thread's `aclmdlRICaptureBegin` waits for the first capture to end (CANN captures streams of
+/// different threads independently); the calls of other threads meanwhile are not captured.
+#[derive(Copy, Clone, Debug)]
+struct Capturing {
+    stream: usize,
+    thread: std::thread::ThreadId,
+}
+
+impl Emu {
+    /// Whether this thread has a capture open (its records and phase-one calls are then part of
+    /// the capture).
+    fn capturing_here(&self) -> bool {
+        self.capture.is_some_and(|c| c.thread == std::thread::current().id())
+    }
+}
+
+static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
+    let options = ReferenceOptions { checked: false, ..ReferenceOptions::default() };
+    let backend = ReferenceBackend::with_options(options).unwrap_or_default();
+    Mutex::new(Emu {
+        initialized: false,
+        backend,
+        soc: CString::default(),
+        memory: BTreeMap::new(),
+        streams: HashMap::new(),
+        events: HashMap::new(),
+        tensors: HashMap::new(),
+        scalars: HashMap::new(),
+        executors: HashMap::new(),
+        spent: HashSet::new(),
+        models: HashMap::new(),
+        binaries: HashSet::new(),
+        functions: HashMap::new(),
+        capture: None,
+        next: 0x1000,
+    })
+});
+
+/// One call into the emulated runtime, as [`calls_of_this_thread`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// The entry point, or for launches the aclnn op or kernel name; event creation notes its
+    /// flags (`aclrtCreateEventExWithFlag(SYNC)`).
+    pub api: String,
+    /// The stream handle the call names (0: none).
+    pub stream: usize,
+    /// The event handle the call names (0: none).
+    pub event: usize,
+}
+
+static LOG: Mutex<Vec<(std::thread::ThreadId, Call)>> = Mutex::new(Vec::new());
+
+/// Log a successful call, with the calling thread (tests read their own thread's calls).
+fn log(api: impl Into<String>, stream: usize, event: usize) {
+    let call = Call { api: api.into(), stream, event };
+    LOG.lock().unwrap_or_else(PoisonError::into_inner).push((std::thread::current().id(), call));
+}
+
+/// The calls this thread has made so far, in order: what a test asserts the backend's runtime
+/// call sequence with.
+pub fn calls_of_this_thread() -> Vec<Call> {
+    let me = std::thread::current().id();
+    let log = LOG.lock().unwrap_or_else(PoisonError::into_inner);
+    log.iter().filter(|(t, _)| *t == me).map(|(_, c)| c.clone()).collect()
+}
+
+/// Objects the runtime holds for its callers: what a leak test counts.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub allocations: usize,
+    pub streams: usize,
+    pub events: usize,
+    pub tensors: usize,
+    pub scalars: usize,
+    pub executors: usize,
+    pub models: usize,
+}
+
+/// The objects alive now.
+pub fn live() -> Live {
+    let emu = emu();
+    Live {
+        allocations: emu.memory.len(),
+        streams: emu.streams.len(),
+        events: emu.events.len(),
+        tensors: emu.tensors.len(),
+        scalars: emu.scalars.len(),
+        executors: emu.executors.len(),
+        models: emu.models.len(),
+    }
+}
+
+thread_local! {
+    /// `aclGetRecentErrMsg`: the last failure of this thread's calls.
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn emu() -> MutexGuard<'static, Emu> {
+    EMU.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Fail a call: remember `message` for `aclGetRecentErrMsg` and return `code`.
+fn fail(code: aclError, message: impl Into<String>) -> aclError {
+    let text = CString::new(message.into().replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = text);
+    code
+}
+
+/// Run a call's body: `Err((code, message))` becomes [`fail`].
+fn call(body: impl FnOnce() -> Result<(), (aclError, String)>) -> aclError {
+    match body() {
+        Ok(()) => ACL_SUCCESS,
+        Err((code, message)) => fail(code, message),
+    }
+}
+
+type Res<T> = Result<T, (aclError, String)>;
+
+fn invalid<T>(message: impl Into<String>) -> Res<T> {
+    Err((ACL_ERROR_INVALID_PARAM, message.into()))
+}
+
+impl Emu {
+    fn ready(&self, api: &str) -> Res<()> {
+        if self.initialized {
+            Ok(())
+        } else {
+            Err((ACL_ERROR_UNINITIALIZE, format!("{api}: aclInit was not called")))
+        }
+    }
+
+    fn handle(&mut self) -> usize {
+        self.next += 0x10;
+        self.next
+    }
+
+    fn stream(&self, api: &str, handle: aclrtStream) -> Res<RefStream> {
+        self.streams
+            .get(&(handle as usize))
+            .cloned()
+            .ok_or_else(|| (ACL_ERROR_INVALID_PARAM, format!("{api}: unknown stream {handle:?}")))
+    }
+
+    fn backend_instance(&self) -> kda_core::InstanceId {
+        self.backend.instance()
+    }
+
+    /// Whether the MX dtypes exist on this SoC (Ascend 950 only).
+    fn has_mx(&self) -> bool {
+        self.soc.to_bytes().starts_with(b"Ascend950")
+    }
+
+    /// The allocation holding `len` bytes from device address `addr`, and the byte offset.
+    fn locate(&self, api: &str, addr: usize, len: usize) -> Res<(RefBuffer, usize)> {
+        let found = self.memory.range(..=addr).next_back();
+        match found {
+            Some((&base, buf)) if addr - base + len <= buf.len_bytes() => {
+                Ok((buf.clone(), addr - base))
+            }
+            _ => invalid(format!(
+                "{api}: {len} bytes at {addr:#x} are not inside one device allocation"
+            )),
+        }
+    }
+
+    /// A byte view of `len` bytes at device address `addr`.
+    fn bytes(&self, api: &str, addr: usize, len: usize) -> Res<T> {
+        let (buf, offset) = self.locate(api, addr, len)?;
+        let layout = Layout::strided(DType::U8, &[len], &[1], offset).map_err(bad)?;
+        Tensor::new(buf, layout).map_err(bad)
+    }
+
+    /// A typed view: device address of the storage, element offset, shape and strides.
+    fn view(
+        &self,
+        api: &str,
+        addr: usize,
+        code: aclDataType,
+        shape: &[i64],
+        strides: &[i64],
+        offset: i64,
+    ) -> Res<T> {
+        let dtype = dtype_of(code)
+            .ok_or_else(|| (ACL_ERROR_INVALID_PARAM, format!("{api}: dtype code {code}")))?;
+        let to_usize = |v: &i64| usize::try_from(*v);
+        let shape: Vec<usize> = shape
+            .iter()
+            .map(to_usize)
+            .collect::<Result<_, _>>()
+            .map_err(|_| (ACL_ERROR_INVALID_PARAM, format!("{api}: negative dimension")))?;
+        let strides: Vec<usize> = strides
+            .iter()
+            .map(to_usize)
+            .collect::<Result<_, _>>()
+            .map_err(|_| (ACL_ERROR_INVALID_PARAM, format!("{api}: negative stride")))?;
+        let offset = usize::try_from(offset)
+            .map_err(|_| (ACL_ERROR_INVALID_PARAM, format!("{api}: negative offset")))?;
+        let (buf, byte_offset) = self.locate(api, addr, 0)?;
+        let size = dtype.size_bytes();
+        if byte_offset % size != 0 {
+            return invalid(format!("{api}: address {addr:#x} not aligned to {dtype}"));
+        }
+        let layout =
+            Layout::strided(dtype, &shape, &strides, offset + byte_offset / size).map_err(bad)?;
+        Tensor::new(buf, layout).map_err(bad)
+    }
+
+    /// Queue `ops` on `stream` (captured instead, while its capture is open) under the name of
+    /// the task (`aclnnMatmul`, a kernel's name): a failure names it, as an AI Core exception
+    /// report names the kernel.
+    fn launch(&self, task: &str, stream: &RefStream, ops: Vec<Op<Ref>>) -> Res<()> {
+        for op in ops {
+            self.backend
+                .launch_labeled(stream, task, op)
+                .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{task}: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+fn bad(e: impl std::fmt::Display) -> (aclError, String) {
+    (ACL_ERROR_INVALID_PARAM, e.to_string())
+}
+
+/// The kda dtype of an ACL dtype code.
+fn dtype_of(code: aclDataType) -> Option<DType> {
+    Some(match code {
+        ACL_FLOAT => DType::F32,
+        ACL_FLOAT16 => DType::F16,
+        ACL_BF16 => DType::BF16,
+        ACL_INT32 => DType::I32,
+        ACL_UINT8 => DType::U8,
+        ACL_FLOAT8_E4M3FN => DType::E4M3,
+        ACL_FLOAT8_E8M0 => DType::E8M0,
+        _ => return None,
+    })
+}
+
+/// Copy `n` values from a C array (empty for `n == 0`, whatever the pointer).
+///
+/// # Safety
+/// `ptr` points to `n` readable values when `n > 0`.
+unsafe fn array<V: Copy>(ptr: *const V, n: usize) -> Res<Vec<V>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if ptr.is_null() {
+        return invalid("null array");
+    }
+    // SAFETY: the caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec())
+}
+
+/// Store `value` through an out-parameter.
+///
+/// # Safety
+/// `out` is null or valid for a write of `V`.
+unsafe fn put<V>(api: &str, out: *mut V, value: V) -> Res<()> {
+    if out.is_null() {
+        return invalid(format!("{api}: null out-parameter"));
+    }
+    // SAFETY: non-null, and valid per the caller's contract.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// The message of this thread's most recent failed call (CANN's `aclGetRecentErrMsg`).
+#[unsafe(no_mangle)]
+pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}

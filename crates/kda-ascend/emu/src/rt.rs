@@ -1,0 +1,457 @@
+//! The ACL runtime: init, device, memory, copies, streams, events, host functions, capture.
+
+use std::ffi::{CString, c_char, c_int, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use kda_core::sanitize::CaptureError;
+use kda_core::{Backend, DownloadSlot, Error, HostFn, Op};
+
+use crate::types::*;
+use crate::{EmuEvent, Res, array, call, emu, invalid, put};
+
+/// The SoC the emulated device reports: `KDA_ACL_EMU_SOC`, else an Ascend 950 (MX GEMMs).
+fn soc_name() -> CString {
+    let name = std::env::var("KDA_ACL_EMU_SOC").unwrap_or_else(|_| "Ascend950PR".into());
+    CString::new(name).unwrap_or_default()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclInit(_config_path: *const c_char) -> aclError {
+    let mut emu = emu();
+    if emu.initialized {
+        return crate::fail(ACL_ERROR_REPEAT_INITIALIZE, "aclInit: already initialized");
+    }
+    emu.initialized = true;
+    emu.soc = soc_name();
+    ACL_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSetDevice(device: i32) -> aclError {
+    call(|| {
+        emu().ready("aclrtSetDevice")?;
+        if device != 0 {
+            return invalid(format!("aclrtSetDevice: device {device} (the emulator has device 0)"));
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtGetSocName() -> *const c_char {
+    // The CString lives in the static emulator state and is replaced only by `aclInit`.
+    emu().soc.as_ptr()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMalloc(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    _policy: aclrtMemMallocPolicy,
+) -> aclError {
+    call(|| {
+        let mut emu = emu();
+        emu.ready("aclrtMalloc")?;
+        if size == 0 {
+            return invalid("aclrtMalloc: size 0");
+        }
+        let buf = emu
+            .backend
+            .alloc_buffer(size)
+            .map_err(|e| (ACL_ERROR_BAD_ALLOC, format!("aclrtMalloc({size}): {e}")))?;
+        let addr = buf.element_ptr::<u8>(0);
+        emu.memory.insert(addr as usize, buf);
+        // SAFETY: the caller passes a writable out-parameter (CANN's contract).
+        unsafe { put("aclrtMalloc", dev_ptr, addr.cast()) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtFree(dev_ptr: *mut c_void) -> aclError {
+    call(|| match emu().memory.remove(&(dev_ptr as usize)) {
+        // Queued work holds its own handles: the memory lives until that work has run.
+        Some(_) => Ok(()),
+        None => invalid(format!("aclrtFree: {dev_ptr:?} is not an allocation")),
+    })
+}
+
+/// Host-pinned memory: in the emulator it is device memory too (the device reads host memory).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> aclError {
+    // SAFETY: forwarded contract.
+    unsafe { aclrtMalloc(host_ptr, size, ACL_MEM_MALLOC_HUGE_FIRST) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> aclError {
+    aclrtFree(host_ptr)
+}
+
+/// `aclrtHostRegister`: map pinned host memory for the device; here the mapping is the identity.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtHostRegister(
+    ptr: *mut c_void,
+    size: u64,
+    _kind: c_int,
+    dev_ptr: *mut *mut c_void,
+) -> aclError {
+    call(|| {
+        let emu = emu();
+        emu.locate("aclrtHostRegister", ptr as usize, size as usize)?;
+        // SAFETY: writable out-parameter per CANN's contract.
+        unsafe { put("aclrtHostRegister", dev_ptr, ptr) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtHostUnregister(_ptr: *mut c_void) -> aclError {
+    ACL_SUCCESS
+}
+
+/// A host address the emulator may write later, on a stream's thread.
+struct HostPtr(usize);
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMemcpyAsync(
+    dst: *mut c_void,
+    dest_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: aclrtMemcpyKind,
+    stream: aclrtStream,
+) -> aclError {
+    const API: &str = "aclrtMemcpyAsync";
+    call(|| {
+        let emu = emu();
+        emu.ready(API)?;
+        if count > dest_max {
+            return invalid(format!("{API}: count {count} > destMax {dest_max}"));
+        }
+        let s = emu.stream(API, stream)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let ops = match kind {
+            ACL_MEMCPY_HOST_TO_DEVICE => {
+                // SAFETY: `src` holds `count` readable bytes (CANN's contract); the emulator
+                // stages them at once, which the real runtime does not promise.
+                let data = unsafe { array(src.cast::<u8>(), count) }?;
+                vec![Op::Upload { dst: emu.bytes(API, dst as usize, count)?, data: data.into() }]
+            }
+            ACL_MEMCPY_DEVICE_TO_HOST => {
+                let slot = DownloadSlot::default();
+                let src = emu.bytes(API, src as usize, count)?;
+                let (out, target) = (slot.clone(), HostPtr(dst as usize));
+                let write = HostFn::new(move || {
+                    let bytes = out.take().ok_or("device-to-host copy lost its bytes")?;
+                    let target = &target;
+                    // SAFETY: the caller keeps `dst` valid for `count` bytes until the stream has
+                    // passed this copy (CANN's contract for asynchronous copies).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(bytes.as_ptr(), target.0 as *mut u8, count)
+                    };
+                    Ok(())
+                });
+                vec![Op::Download { src, slot }, Op::Host { name: "memcpy_d2h", f: write }]
+            }
+            ACL_MEMCPY_DEVICE_TO_DEVICE => vec![Op::Copy {
+                src: emu.bytes(API, src as usize, count)?,
+                dst: emu.bytes(API, dst as usize, count)?,
+            }],
+            other => return invalid(format!("{API}: copy kind {other}")),
+        };
+        emu.launch(API, &s, ops)?;
+        crate::log(API, stream as usize, 0);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError {
+    call(|| {
+        let mut emu = emu();
+        emu.ready("aclrtCreateStream")?;
+        let s =
+            emu.backend.new_stream().map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, e.to_string()))?;
+        let h = emu.handle();
+        emu.streams.insert(h, s);
+        // SAFETY: writable out-parameter per CANN's contract.
+        unsafe { put("aclrtCreateStream", stream, h as aclrtStream) }
+    })
+}
+
+/// The emulator always stops a stream's later tasks after a failed one, which is mode 1.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSetStreamFailureMode(stream: aclrtStream, mode: u64) -> aclError {
+    call(|| {
+        emu().stream("aclrtSetStreamFailureMode", stream)?;
+        if mode != ACL_STOP_ON_FAILURE {
+            return invalid(format!(
+                "aclrtSetStreamFailureMode: mode {mode} (the emulator implements STOP_ON_FAILURE)"
+            ));
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
+    call(|| {
+        let mut emu = emu();
+        if emu.capture.is_some_and(|c| c.stream == stream as usize) {
+            return invalid("aclrtDestroyStream: the stream is capturing");
+        }
+        // The worker finishes its queue and exits once the last handle is gone.
+        match emu.streams.remove(&(stream as usize)) {
+            Some(_) => Ok(()),
+            None => invalid(format!("aclrtDestroyStream: unknown stream {stream:?}")),
+        }
+    })
+}
+
+/// Block until the stream's work has run; the first failure since the last synchronize is
+/// returned (`ACL_ERROR_RT_AICORE_EXCEPTION`, its text in `aclGetRecentErrMsg`).
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
+    const API: &str = "aclrtSynchronizeStream";
+    call(|| {
+        let (backend, s) = {
+            let emu = emu();
+            (emu.backend.clone(), emu.stream(API, stream)?)
+        };
+        // Blocks without the emulator lock: host functions on the stream may call the runtime.
+        backend.synchronize(&s).map_err(|e| match e {
+            Error::Capture(c) => (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {c}")),
+            other => (ACL_ERROR_RT_AICORE_EXCEPTION, format!("{API}: {other}")),
+        })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtCreateEventExWithFlag(event: *mut aclrtEvent, flag: u32) -> aclError {
+    call(|| {
+        let mut emu = emu();
+        emu.ready("aclrtCreateEventExWithFlag")?;
+        let ev =
+            emu.backend.new_event().map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, e.to_string()))?;
+        let h = emu.handle();
+        emu.events
+            .insert(h, EmuEvent { event: ev, flags: flag, recorded: 0, done: Arc::default() });
+        let kind = if flag & ACL_EVENT_SYNC != 0 { "SYNC" } else { "no SYNC" };
+        crate::log(format!("aclrtCreateEventExWithFlag({kind})"), 0, h);
+        // SAFETY: writable out-parameter per CANN's contract.
+        unsafe { put("aclrtCreateEventExWithFlag", event, h as aclrtEvent) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtDestroyEvent(event: aclrtEvent) -> aclError {
+    call(|| match emu().events.remove(&(event as usize)) {
+        Some(_) => Ok(()),
+        None => invalid(format!("aclrtDestroyEvent: unknown event {event:?}")),
+    })
+}
+
+fn event<'a>(api: &str, emu: &'a crate::Emu, event: aclrtEvent) -> Res<&'a EmuEvent> {
+    emu.events
+        .get(&(event as usize))
+        .ok_or_else(|| (ACL_ERROR_INVALID_PARAM, format!("{api}: unknown event {event:?}")))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtRecordEvent(ev: aclrtEvent, stream: aclrtStream) -> aclError {
+    const API: &str = "aclrtRecordEvent";
+    call(|| {
+        let mut emu = emu();
+        let s = emu.stream(API, stream)?;
+        let e = event(API, &emu, ev)?.event.clone();
+        emu.backend
+            .record(&e, &s)
+            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
+        crate::log(API, stream as usize, ev as usize);
+        if emu.capturing_here() {
+            // A captured record completes when the model runs; queries see it as recorded.
+            return Ok(());
+        }
+        // Completion for `aclrtQueryEventStatus`: a marker right behind the recorded work.
+        let slot =
+            emu.events.get_mut(&(ev as usize)).ok_or((ACL_ERROR_INVALID_PARAM, API.into()))?;
+        slot.recorded += 1;
+        let (generation, done) = (slot.recorded, Arc::clone(&slot.done));
+        let mark = HostFn::new(move || {
+            done.fetch_max(generation, Ordering::AcqRel);
+            Ok(())
+        });
+        emu.launch(API, &s, vec![Op::Host { name: "event_complete", f: mark }])
+    })
+}
+
+/// Only an event created with `ACL_EVENT_SYNC` orders another stream; CANN rejects the rest.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, ev: aclrtEvent) -> aclError {
+    const API: &str = "aclrtStreamWaitEvent";
+    call(|| {
+        let emu = emu();
+        let (e, flags) = event(API, &emu, ev).map(|e| (e.event.clone(), e.flags))?;
+        if flags & ACL_EVENT_SYNC == 0 {
+            return Err((
+                ACL_ERROR_RT_PARAM_INVALID,
+                format!(
+                    "{API}: event {ev:?} was created with flags {flags:#x}, without ACL_EVENT_SYNC"
+                ),
+            ));
+        }
+        let s = emu.stream(API, stream)?;
+        emu.backend
+            .wait(&s, &e)
+            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
+        crate::log(API, stream as usize, ev as usize);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtQueryEventStatus(
+    ev: aclrtEvent,
+    status: *mut aclrtEventRecordedStatus,
+) -> aclError {
+    const API: &str = "aclrtQueryEventStatus";
+    call(|| {
+        let emu = emu();
+        let e = event(API, &emu, ev)?;
+        let done = e.done.load(Ordering::Acquire) >= e.recorded;
+        let value = if done {
+            ACL_EVENT_RECORDED_STATUS_COMPLETE
+        } else {
+            ACL_EVENT_RECORDED_STATUS_NOT_READY
+        };
+        // SAFETY: writable out-parameter per CANN's contract.
+        unsafe { put(API, status, value) }
+    })
+}
+
+/// The user data of a host function, sent to the stream's thread.
+struct HostCall {
+    f: unsafe extern "C" fn(*mut c_void),
+    args: usize,
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtLaunchHostFunc(
+    stream: aclrtStream,
+    f: aclrtHostFunc,
+    args: *mut c_void,
+) -> aclError {
+    const API: &str = "aclrtLaunchHostFunc";
+    call(|| {
+        let emu = emu();
+        let s = emu.stream(API, stream)?;
+        let Some(f) = f else { return invalid(format!("{API}: null function")) };
+        let host = Arc::new(HostCall { f, args: args as usize });
+        let run = HostFn::new(move || {
+            // SAFETY: the caller keeps `args` valid until the function has run and `f` is a
+            // valid host function (CANN's contract).
+            unsafe { (host.f)(host.args as *mut c_void) };
+            Ok(())
+        });
+        emu.launch(API, &s, vec![Op::Host { name: "host_func", f: run }])?;
+        crate::log(API, stream as usize, 0);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclmdlRICaptureBegin(stream: aclrtStream, mode: aclmdlRICaptureMode) -> aclError {
+    const API: &str = "aclmdlRICaptureBegin";
+    call(|| {
+        let mut emu = loop {
+            let emu = emu();
+            match emu.capture {
+                // Another thread's capture: wait for it to end (see `Capturing`).
+                Some(open) if open.thread != std::thread::current().id() => {
+                    drop(emu);
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                }
+                _ => break emu,
+            }
+        };
+        if !(ACL_MODEL_RI_CAPTURE_MODE_GLOBAL..=ACL_MODEL_RI_CAPTURE_MODE_RELAXED).contains(&mode) {
+            return invalid(format!("{API}: capture mode {mode}"));
+        }
+        let s = emu.stream(API, stream)?;
+        emu.backend
+            .begin_capture(&s)
+            .map_err(|e| (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {e}")))?;
+        emu.capture =
+            Some(crate::Capturing { stream: stream as usize, thread: std::thread::current().id() });
+        crate::log(API, stream as usize, 0);
+        Ok(())
+    })
+}
+
+/// End the capture: fails with `ACL_ERROR_RT_STREAM_CAPTURE_UNJOINED` when a forked stream was
+/// not joined back to the origin after its last work.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclmdlRICaptureEnd(
+    stream: aclrtStream,
+    model_ri: *mut aclmdlRI,
+) -> aclError {
+    const API: &str = "aclmdlRICaptureEnd";
+    call(|| {
+        let mut emu = emu();
+        let s = emu.stream(API, stream)?;
+        let graph = emu.backend.end_capture(&s).map_err(|e| match e {
+            Error::Capture(
+                c @ (CaptureError::NotJoined { .. } | CaptureError::WorkAfterJoin { .. }),
+            ) => (ACL_ERROR_RT_STREAM_CAPTURE_UNJOINED, format!("{API}: {c}")),
+            other => (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {other}")),
+        });
+        if emu.capture.is_some_and(|c| c.stream == stream as usize) {
+            emu.capture = None;
+        }
+        let graph = graph?;
+        let h = emu.handle();
+        emu.models.insert(h, graph);
+        // SAFETY: writable out-parameter per CANN's contract.
+        unsafe { put(API, model_ri, h as aclmdlRI) }?;
+        crate::log(API, stream as usize, 0);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclmdlRIExecuteAsync(model_ri: aclmdlRI, stream: aclrtStream) -> aclError {
+    const API: &str = "aclmdlRIExecuteAsync";
+    call(|| {
+        let emu = emu();
+        let s = emu.stream(API, stream)?;
+        let graph = emu.models.get(&(model_ri as usize)).ok_or_else(|| {
+            (ACL_ERROR_INVALID_PARAM, format!("{API}: unknown model {model_ri:?}"))
+        })?;
+        emu.backend
+            .launch_graph(graph, &s)
+            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
+        crate::log(API, stream as usize, 0);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn aclmdlRIDestroy(model_ri: aclmdlRI) -> aclError {
+    call(|| match emu().models.remove(&(model_ri as usize)) {
+        Some(_) => {
+            crate::log("aclmdlRIDestroy", 0, 0);
+            Ok(())
+        }
+        None => invalid(format!("aclmdlRIDestroy: unknown model {model_ri:?}")),
+    })
+}
+
+/// Read an i32 flag in device memory at execution time (the host guard kernel).
+pub(crate) fn flag_is_set(buf: &kda_reference::RefBuffer, byte_offset: usize) -> bool {
+    let ptr = buf.element_ptr::<u8>(byte_offset).cast::<AtomicI32>();
+    // SAFETY: `ptr` is inside a live allocation (checked when the kernel was launched), 4-byte
+    // aligned (64-byte base, offset a multiple of 4, checked), and only accessed atomically.
+    unsafe { (*ptr).load(Ordering::Acquire) != 0 }
+}

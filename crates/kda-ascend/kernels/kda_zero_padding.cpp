@@ -1,0 +1,41 @@
+// Zero-padding mask: rows at or past num_actual_tokens (read on device, so the launch is
+// graph-friendly) become exactly zero, even when they held NaN; earlier rows are untouched.
+// Units: rows.
+#include "kda_kernel_abi.h"
+
+using namespace AscendC;
+
+struct ZeroPaddingArgs {
+    ArgsHeader h;
+    GmTensor x;                  // [rows, row_len] (rows contiguous), any dtype
+    GmTensor num_actual_tokens;  // [1] i32
+};
+
+extern "C" __global__ __aicore__ void kda_zero_padding(ZeroPaddingArgs a)
+{
+    uint32_t start, count;
+    kda_share(a.h.tiling, start, count);
+    GlobalTensor<int32_t> live_gm;
+    live_gm.SetGlobalBuffer(kda_gm<int32_t>(a.num_actual_tokens));
+    const int64_t live = live_gm.GetValue(0);
+    const int64_t row_len = a.x.shape[a.x.rank - 1];
+    const int64_t stride = a.x.rank > 1 ? a.x.strides[0] : row_len;
+    // Zero bytes: the element size does not matter, so the rows are copied as 16-bit words
+    // (every kda dtype is a whole number of them, except u8/fp8 rows of odd length, which
+    // the host never pads).
+    const int64_t elem = (a.x.dtype == KDA_FLOAT || a.x.dtype == KDA_INT32) ? 4 : 2;
+    const int64_t words = row_len * elem / 2;
+    GlobalTensor<uint16_t> x;
+    x.SetGlobalBuffer(reinterpret_cast<__gm__ uint16_t *>(a.x.addr) + a.x.offset * elem / 2);
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> zeros;
+    pipe.InitBuffer(zeros, words * sizeof(uint16_t));
+    LocalTensor<uint16_t> z = zeros.Get<uint16_t>();
+    Duplicate(z, static_cast<uint16_t>(0), words);
+    PipeBarrier<PIPE_ALL>();
+    for (uint32_t row = start; row < start + count; ++row) {
+        if (static_cast<int64_t>(row) >= live) {
+            DataCopy(x[row * stride * elem / 2], z, words);
+        }
+    }
+}

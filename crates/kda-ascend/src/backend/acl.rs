@@ -1,0 +1,191 @@
+//! Thin safe wrappers over the [`sys`](crate::sys) calls: error checking, per-thread device
+//! binding, and owned handles that release themselves.
+
+use std::cell::Cell;
+use std::ffi::{CStr, c_void};
+use std::sync::OnceLock;
+
+use crate::error::AscendError;
+use crate::sys;
+
+/// Turn an ACL / aclnn return code into a typed error naming the function.
+pub(crate) fn check(func: &'static str, code: sys::aclError) -> Result<(), AscendError> {
+    if code == sys::ACL_SUCCESS {
+        Ok(())
+    } else {
+        Err(AscendError::Acl { func, code, message: sys::recent_error() })
+    }
+}
+
+/// `aclInit` once per process (a second init is reported by CANN and harmless).
+fn init() -> Result<(), AscendError> {
+    static INIT: OnceLock<Result<(), AscendError>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: a null config path is allowed ("no configuration").
+        let code = unsafe { sys::aclInit(std::ptr::null()) };
+        if code == sys::ACL_ERROR_REPEAT_INITIALIZE { Ok(()) } else { check("aclInit", code) }
+    })
+    .clone()
+}
+
+thread_local! {
+    /// The device this thread's ACL context is bound to.
+    static BOUND: Cell<Option<i32>> = const { Cell::new(None) };
+}
+
+/// Make `device` current on the calling thread (ACL contexts are per thread).
+pub(crate) fn bind(device: i32) -> Result<(), AscendError> {
+    if BOUND.with(Cell::get) == Some(device) {
+        return Ok(());
+    }
+    init()?;
+    // SAFETY: plain call with a device ordinal.
+    check("aclrtSetDevice", unsafe { sys::aclrtSetDevice(device) })?;
+    BOUND.with(|b| b.set(Some(device)));
+    Ok(())
+}
+
+/// The SoC name the runtime reports.
+pub(crate) fn soc_name() -> String {
+    // SAFETY: returns null or a NUL-terminated static string owned by the runtime.
+    let ptr = unsafe { sys::aclrtGetSocName() };
+    if ptr.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, NUL-terminated.
+    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+}
+
+/// An owned `aclrtStream` (stored as an address: the handle is an opaque token).
+#[derive(Debug)]
+pub(crate) struct RawStream(usize);
+
+impl RawStream {
+    pub(crate) fn create() -> Result<Self, AscendError> {
+        let mut s: sys::aclrtStream = std::ptr::null_mut();
+        // SAFETY: `s` is a valid out-parameter.
+        check("aclrtCreateStream", unsafe { sys::aclrtCreateStream(&mut s) })?;
+        let stream = RawStream(s as usize);
+        // A failed task stops the stream's later tasks (the HAL's failure contract).
+        // SAFETY: a live stream.
+        check("aclrtSetStreamFailureMode", unsafe {
+            sys::aclrtSetStreamFailureMode(stream.get(), sys::ACL_STOP_ON_FAILURE)
+        })?;
+        Ok(stream)
+    }
+
+    pub(crate) fn get(&self) -> sys::aclrtStream {
+        self.0 as sys::aclrtStream
+    }
+}
+
+impl Drop for RawStream {
+    fn drop(&mut self) {
+        // SAFETY: created by `aclrtCreateStream`, destroyed once; queued work still completes.
+        let _ = unsafe { sys::aclrtDestroyStream(self.get()) };
+    }
+}
+
+/// An owned event created with `ACL_EVENT_SYNC` (the only kind another stream may wait on).
+#[derive(Debug)]
+pub(crate) struct RawEvent(usize);
+
+impl RawEvent {
+    pub(crate) fn create() -> Result<Self, AscendError> {
+        let mut e: sys::aclrtEvent = std::ptr::null_mut();
+        // SAFETY: `e` is a valid out-parameter.
+        check("aclrtCreateEventExWithFlag", unsafe {
+            sys::aclrtCreateEventExWithFlag(&mut e, sys::ACL_EVENT_SYNC)
+        })?;
+        Ok(RawEvent(e as usize))
+    }
+
+    pub(crate) fn get(&self) -> sys::aclrtEvent {
+        self.0 as sys::aclrtEvent
+    }
+
+    pub(crate) fn record(&self, stream: &RawStream) -> Result<(), AscendError> {
+        // SAFETY: live event and stream.
+        check("aclrtRecordEvent", unsafe { sys::aclrtRecordEvent(self.get(), stream.get()) })
+    }
+
+    /// Whether the work of the most recent record has completed.
+    pub(crate) fn is_complete(&self) -> Result<bool, AscendError> {
+        let mut status = sys::ACL_EVENT_RECORDED_STATUS_NOT_READY;
+        // SAFETY: live event, valid out-parameter.
+        check("aclrtQueryEventStatus", unsafe {
+            sys::aclrtQueryEventStatus(self.get(), &mut status)
+        })?;
+        Ok(status == sys::ACL_EVENT_RECORDED_STATUS_COMPLETE)
+    }
+}
+
+pub(crate) fn wait(stream: &RawStream, event: &RawEvent) -> Result<(), AscendError> {
+    // SAFETY: live stream and event.
+    check("aclrtStreamWaitEvent", unsafe { sys::aclrtStreamWaitEvent(stream.get(), event.get()) })
+}
+
+impl Drop for RawEvent {
+    fn drop(&mut self) {
+        // SAFETY: created by `aclrtCreateEventExWithFlag`, destroyed once.
+        let _ = unsafe { sys::aclrtDestroyEvent(self.get()) };
+    }
+}
+
+/// Pinned host memory (`aclrtMallocHost`): staging for asynchronous copies, and the host
+/// functions' failure flags (mapped for the device with `aclrtHostRegister`).
+#[derive(Debug)]
+pub(crate) struct HostMemory {
+    ptr: usize,
+    len: usize,
+    device: usize,
+}
+
+/// `aclrtHostRegister`'s mapped mode.
+const ACL_HOST_REGISTER_MAPPED: std::ffi::c_int = 0;
+
+impl HostMemory {
+    pub(crate) fn alloc(len: usize) -> Result<Self, AscendError> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-parameter.
+        check("aclrtMallocHost", unsafe { sys::aclrtMallocHost(&mut p, len.max(1)) })?;
+        Ok(HostMemory { ptr: p as usize, len: len.max(1), device: 0 })
+    }
+
+    /// Pinned memory the device can read (the guard kernels read the failure flag).
+    pub(crate) fn mapped(len: usize) -> Result<Self, AscendError> {
+        let mut mem = Self::alloc(len)?;
+        let mut d: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `mem` is a live pinned allocation of `mem.len` bytes; valid out-parameter.
+        check("aclrtHostRegister", unsafe {
+            sys::aclrtHostRegister(
+                mem.ptr as *mut c_void,
+                mem.len as u64,
+                ACL_HOST_REGISTER_MAPPED,
+                &mut d,
+            )
+        })?;
+        mem.device = d as usize;
+        Ok(mem)
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr as *mut u8
+    }
+
+    /// The device address of mapped memory.
+    pub(crate) fn device_addr(&self) -> usize {
+        self.device
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        if self.device != 0 {
+            // SAFETY: registered above, unregistered once.
+            let _ = unsafe { sys::aclrtHostUnregister(self.ptr as *mut c_void) };
+        }
+        // SAFETY: allocated by `aclrtMallocHost`, freed once.
+        let _ = unsafe { sys::aclrtFreeHost(self.ptr as *mut c_void) };
+    }
+}

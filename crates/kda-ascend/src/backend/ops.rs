@@ -1,0 +1,666 @@
+//! Each HAL op as ACL work: aclnn two-phase calls, kernel launches, copies and host functions.
+//!
+//! [`prepare`] does everything that can fail on the host — descriptors, phase one of every
+//! aclnn op (`GetWorkspaceSize`, executor), workspaces, tilings, argument blocks — and returns
+//! [`Step`]s; [`issue`] queues them. Capture uses the same split: every executor is prepared
+//! (and made repeatable) before `aclmdlRICaptureBegin`.
+//!
+//! | HAL op | ACL |
+//! |---|---|
+//! | `Gemm` | `aclnnMatmul` (`mat2` = the weight's transposed view) |
+//! | `Copy`, `Fill` | `aclnnInplaceCopy`, `aclnnInplaceFillScalar` |
+//! | `Upload`, `Download` | `aclrtMemcpyAsync` through pinned staging (+ `aclnnInplaceCopy` for strided views) |
+//! | `Host` | `aclrtLaunchHostFunc` + the `kda_host_guard` kernel |
+//! | `DynamicQuant`, `MxGemm` | `aclnnDynamicMxQuantV3`, `aclnnQuantMatmulV5` (Ascend 950); else `kda_mx_quant`, `kda_mx_dequant` + `aclnnMatmul` |
+//! | `Sigmoid`, `KdaGate`, `ZeroPadding`, `CausalConvUpdate`, `KdaRecurrent`, `L2Norm`, `GatedRmsNorm`, `MxDequant` | their AscendC kernels |
+//! | `CausalConv`, `KdaChunk` | fallback kernels without AscendC sources yet (see docs/ascend.md) |
+
+use std::any::Any;
+use std::ffi::{CStr, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use kda_core::kda::GateForm;
+use kda_core::mx::num_blocks;
+use kda_core::op::{gemm_dims, mx_gemm_dims, mx_quant_dims};
+use kda_core::{BufferId, DType, DownloadSlot, HostFn, Layout, Op, Result, Tensor};
+
+use super::acl::{HostMemory, check};
+use super::descriptor::{AclScalar, AclTensor, gm};
+use super::host::HostCall;
+use super::kernel::Launch;
+use super::{AscendBackend, AscendStream};
+use crate::error::AscendError;
+use crate::kernels::abi::{GmTensor, names};
+use crate::kernels::tiling::{self, Work};
+use crate::sys;
+
+type T = Tensor<AscendBackend>;
+
+/// One unit of queued ACL work, owning what it needs until its stream has run it.
+#[derive(Debug)]
+pub(crate) enum Step {
+    Aclnn(AclnnCall),
+    Kernel(Launch),
+    ToDevice {
+        dst: usize,
+        staging: HostMemory,
+        len: usize,
+    },
+    ToHost {
+        src: usize,
+        staging: Arc<HostMemory>,
+        len: usize,
+    },
+    Host(Arc<HostCall>),
+    /// A temporary the other steps use.
+    Keep(#[allow(dead_code, reason = "held, never read")] KeepAlive),
+}
+
+impl Step {
+    /// The device task's name (kernel or aclnn API), for failure reports.
+    pub(crate) fn task(&self) -> Option<&'static str> {
+        match self {
+            Step::Aclnn(call) => Some(call.api),
+            Step::Kernel(launch) => Some(launch.name),
+            _ => None,
+        }
+    }
+}
+
+/// Anything kept alive with the steps (temporaries).
+pub(crate) struct KeepAlive(
+    #[allow(dead_code, reason = "held, never read")] Box<dyn Any + Send + Sync>,
+);
+
+impl std::fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeepAlive")
+    }
+}
+
+/// Phase one done: an executor (and its workspace) waiting for phase two.
+#[derive(Debug)]
+pub(crate) struct AclnnCall {
+    api: &'static str,
+    run: sys::AclnnRun,
+    executor: usize,
+    size: u64,
+    workspace: Option<AscendBuffer>,
+    repeatable: bool,
+    /// Phase two ran; a one-shot executor is then freed by the runtime.
+    ran: AtomicBool,
+    _tensors: Vec<AclTensor>,
+    _scalar: Option<AclScalar>,
+}
+
+use super::memory::AscendBuffer;
+
+impl AclnnCall {
+    fn issue(&self, stream: sys::aclrtStream) -> Result<()> {
+        if self.ran.swap(true, Ordering::AcqRel) && !self.repeatable {
+            return Err(AscendError::Unsupported {
+                op: self.api,
+                message: "a one-shot executor ran already".into(),
+            }
+            .into());
+        }
+        let ws = self.workspace.as_ref().map_or(std::ptr::null_mut(), |w| w.addr() as *mut c_void);
+        let _span = tracing::trace_span!("aclnn", api = self.api, workspace = self.size).entered();
+        // SAFETY: an executor from phase one of the same op (freed by this call unless
+        // repeatable), a workspace of at least `size` bytes kept alive with the step, a live stream.
+        check(self.api, unsafe {
+            (self.run)(ws, self.size, self.executor as *mut sys::aclOpExecutor, stream)
+        })?;
+        Ok(())
+    }
+}
+
+impl Drop for AclnnCall {
+    fn drop(&mut self) {
+        if self.repeatable {
+            // SAFETY: a repeatable executor is freed by its owner, once.
+            let _ =
+                unsafe { sys::aclDestroyAclOpExecutor(self.executor as *mut sys::aclOpExecutor) };
+        }
+    }
+}
+
+/// Builds the steps of one op.
+struct Prep<'a> {
+    b: &'a AscendBackend,
+    stream: &'a AscendStream,
+    repeatable: bool,
+    steps: Vec<Step>,
+}
+
+type GetWorkspace<'f> = dyn FnOnce(
+        &[AclTensor],
+        Option<&AclScalar>,
+        *mut u64,
+        *mut *mut sys::aclOpExecutor,
+    ) -> sys::aclnnStatus
+    + 'f;
+
+impl Prep<'_> {
+    /// Phase one of an aclnn op, its workspace, and (for capture) repeatability.
+    fn aclnn(
+        &mut self,
+        get_api: &'static str,
+        api: &'static str,
+        run: sys::AclnnRun,
+        tensors: Vec<AclTensor>,
+        scalar: Option<AclScalar>,
+        get: Box<GetWorkspace<'_>>,
+    ) -> Result<()> {
+        let (mut size, mut executor) = (0u64, std::ptr::null_mut());
+        check(get_api, get(&tensors, scalar.as_ref(), &mut size, &mut executor))?;
+        let call = AclnnCall {
+            api,
+            run,
+            executor: executor as usize,
+            size,
+            workspace: None,
+            repeatable: false,
+            ran: AtomicBool::new(false),
+            _tensors: tensors,
+            _scalar: scalar,
+        };
+        let mut call = call;
+        if self.repeatable {
+            // SAFETY: a fresh executor from phase one.
+            check("aclSetAclOpExecutorRepeatable", unsafe {
+                sys::aclSetAclOpExecutorRepeatable(executor)
+            })?;
+            call.repeatable = true;
+        }
+        if size > 0 {
+            call.workspace = Some(self.scratch(size as usize)?);
+        }
+        self.steps.push(Step::Aclnn(call));
+        Ok(())
+    }
+
+    /// Device memory for the op's own use (not seen by the sanitizer: no HAL call touches it).
+    fn scratch(&self, bytes: usize) -> Result<AscendBuffer> {
+        let inner = &self.b.inner;
+        let id =
+            BufferId { instance: inner.instance, index: AscendBackend::next(&inner.next_buffer) };
+        Ok(inner.pool.alloc(id, bytes)?.0)
+    }
+
+    fn temp(&mut self, dtype: DType, shape: &[usize]) -> Result<T> {
+        let layout = Layout::contiguous(dtype, shape);
+        let t = Tensor::new(self.scratch(layout.numel() * dtype.size_bytes())?, layout)?;
+        self.steps.push(Step::Keep(KeepAlive(Box::new(t.clone()))));
+        Ok(t)
+    }
+
+    fn kernel(
+        &mut self,
+        name: &'static str,
+        work: Work,
+        tensors: &[Option<&T>],
+        scalars: &[f64],
+    ) -> Result<()> {
+        let Some(tiling) = tiling::plan(name, &self.b.inner.chip, work)? else { return Ok(()) };
+        let gms = tensors.iter().map(|t| gm(name, *t)).collect::<Result<Vec<GmTensor>>>()?;
+        let launch = self.b.inner.kernels.prepare(name, tiling, &gms, scalars)?;
+        self.steps.push(Step::Kernel(launch));
+        Ok(())
+    }
+
+    fn copy(&mut self, src: &T, dst: &T) -> Result<()> {
+        const OP: &str = "aclnnInplaceCopy";
+        let tensors = vec![AclTensor::of(OP, dst)?, AclTensor::of(OP, src)?];
+        self.aclnn(
+            "aclnnInplaceCopyGetWorkspaceSize",
+            OP,
+            sys::aclnnInplaceCopy,
+            tensors,
+            None,
+            Box::new(|t, _, ws, ex| {
+                // SAFETY: live descriptors, valid out-parameters.
+                unsafe { sys::aclnnInplaceCopyGetWorkspaceSize(t[0].ptr(), t[1].ptr(), ws, ex) }
+            }),
+        )
+    }
+
+    fn fill(&mut self, dst: &T, value: f64) -> Result<()> {
+        const OP: &str = "aclnnInplaceFillScalar";
+        let tensors = vec![AclTensor::of(OP, dst)?];
+        let scalar = AclScalar::double(value)?;
+        self.aclnn(
+            "aclnnInplaceFillScalarGetWorkspaceSize",
+            OP,
+            sys::aclnnInplaceFillScalar,
+            tensors,
+            Some(scalar),
+            Box::new(|t, s, ws, ex| {
+                let s = s.map_or(std::ptr::null(), AclScalar::ptr);
+                // SAFETY: live descriptors, valid out-parameters.
+                unsafe { sys::aclnnInplaceFillScalarGetWorkspaceSize(t[0].ptr(), s, ws, ex) }
+            }),
+        )
+    }
+
+    /// `y = x · w^T` through `aclnnMatmul`.
+    fn matmul(&mut self, x: &T, w: &T, y: &T) -> Result<()> {
+        const OP: &str = "aclnnMatmul";
+        let tensors =
+            vec![AclTensor::of(OP, x)?, AclTensor::transposed(OP, w)?, AclTensor::of(OP, y)?];
+        self.aclnn(
+            "aclnnMatmulGetWorkspaceSize",
+            OP,
+            sys::aclnnMatmul,
+            tensors,
+            None,
+            Box::new(|t, _, ws, ex| {
+                // SAFETY: live descriptors, valid out-parameters.
+                unsafe {
+                    sys::aclnnMatmulGetWorkspaceSize(
+                        t[0].ptr(),
+                        t[1].ptr(),
+                        t[2].ptr(),
+                        sys::KEEP_DTYPE,
+                        ws,
+                        ex,
+                    )
+                }
+            }),
+        )
+    }
+
+    /// A plain `[rows, ceil(K/32)]` E8M0 scale as Ascend's `[rows, ceil(K/64), 2]`: the same
+    /// memory when the block count is even and rows are dense, else a padded copy (`into`:
+    /// which way the copy goes).
+    fn ascend_scale(
+        &mut self,
+        op: &'static str,
+        scale: &T,
+        k: usize,
+        into_ascend: bool,
+    ) -> Result<(AclTensor, Option<(T, T)>)> {
+        let rows = scale.shape()[0];
+        let blocks = num_blocks(k);
+        let pairs = blocks.div_ceil(2);
+        let row_stride = scale.layout().strides()[0];
+        if blocks % 2 == 0 && (blocks <= 1 || scale.layout().strides()[1] == 1) {
+            return Ok((AclTensor::view(op, scale, &[rows, pairs, 2], &[row_stride, 2, 1])?, None));
+        }
+        let padded = self.temp(DType::E8M0, &[rows, pairs, 2])?;
+        let plain = padded.reshape(&[rows, 2 * pairs])?.narrow(1, 0, blocks)?;
+        if into_ascend {
+            // The padding entries scale nothing; zero keeps them defined.
+            self.fill(&padded, 0.0)?;
+            self.copy(scale, &plain)?;
+        }
+        Ok((AclTensor::of(op, &padded)?, Some((plain, scale.clone()))))
+    }
+
+    fn host(&mut self, name: &str, f: HostFn) -> Result<()> {
+        self.steps.push(Step::Host(HostCall::new(name, f, self.stream)));
+        Ok(())
+    }
+}
+
+/// Everything that can fail before queueing, for `op` on `stream`. `repeatable`: executors
+/// are made repeatable (capture, replays).
+pub(crate) fn prepare(
+    b: &AscendBackend,
+    stream: &AscendStream,
+    op: &Op<AscendBackend>,
+    repeatable: bool,
+) -> Result<Vec<Step>> {
+    let mut p = Prep { b, stream, repeatable, steps: Vec::new() };
+    build(&mut p, op)?;
+    Ok(p.steps)
+}
+
+fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
+    match op {
+        Op::Gemm { x, w, y } => {
+            gemm_dims(x, w, y)?;
+            p.matmul(x, w, y)
+        }
+        Op::Copy { src, dst } => p.copy(src, dst),
+        Op::Fill { dst, value } => p.fill(dst, *value),
+        Op::Upload { dst, data } => upload(p, dst, data),
+        Op::Download { src, slot } => download(p, src, slot),
+        Op::Host { name, f } => {
+            p.host(name, f.clone())?;
+            let flag = GmTensor {
+                addr: p.stream.inner.guard_addr() as u64,
+                shape: [1, 0, 0, 0, 0, 0],
+                strides: [1, 0, 0, 0, 0, 0],
+                rank: 1,
+                dtype: sys::ACL_INT32,
+                ..GmTensor::default()
+            };
+            let tiling = tiling::plan(names::HOST_GUARD, &p.b.inner.chip, tiling::rows(1, 4))?;
+            if let Some(tiling) = tiling {
+                let launch = p.b.inner.kernels.prepare(names::HOST_GUARD, tiling, &[flag], &[])?;
+                p.steps.push(Step::Kernel(launch));
+            }
+            Ok(())
+        }
+        Op::DynamicQuant { x, data, scale, alg } => {
+            let dims = mx_quant_dims(x, data, scale)?;
+            if dims.m == 0 || dims.k == 0 {
+                return Ok(());
+            }
+            if !p.b.inner.native_mx {
+                let work = tiling::rows(dims.m, dims.k * (x.dtype().size_bytes() + 1 + 4));
+                return p.kernel(
+                    names::MX_QUANT,
+                    work,
+                    &[Some(x), Some(data), Some(scale)],
+                    &[f64::from(alg.code())],
+                );
+            }
+            const OP: &str = "aclnnDynamicMxQuantV3";
+            let (scale_desc, copy_back) = p.ascend_scale(OP, scale, dims.k, false)?;
+            let tensors = vec![AclTensor::of(OP, x)?, AclTensor::of(OP, data)?, scale_desc];
+            let alg = i64::from(alg.code());
+            p.aclnn(
+                "aclnnDynamicMxQuantV3GetWorkspaceSize",
+                OP,
+                sys::aclnnDynamicMxQuantV3,
+                tensors,
+                None,
+                Box::new(move |t, _, ws, ex| {
+                    let rint: &CStr = c"rint";
+                    // SAFETY: live descriptors, a static C string, valid out-parameters.
+                    unsafe {
+                        sys::aclnnDynamicMxQuantV3GetWorkspaceSize(
+                            t[0].ptr(),
+                            -1,
+                            rint.as_ptr(),
+                            i64::from(sys::ACL_FLOAT8_E4M3FN),
+                            sys::MX_BLOCK_SIZE,
+                            alg,
+                            0.0,
+                            0.0,
+                            t[1].ptr(),
+                            t[2].ptr(),
+                            ws,
+                            ex,
+                        )
+                    }
+                }),
+            )?;
+            if let Some((padded_plain, scale)) = copy_back {
+                p.copy(&padded_plain, &scale)?;
+            }
+            Ok(())
+        }
+        Op::MxDequant { data, scale, y } => {
+            let dims = kda_core::op::mx_dequant_dims(data, scale, y)?;
+            let work = tiling::mx_dequant(dims.m, dims.k, y.dtype().size_bytes());
+            p.kernel(names::MX_DEQUANT, work, &[Some(data), Some(scale), Some(y)], &[])
+        }
+        Op::MxGemm { a, a_scale, w, w_scale, y } => {
+            let dims = mx_gemm_dims(a, a_scale, w, w_scale, y)?;
+            if dims.m == 0 || dims.n == 0 {
+                return Ok(());
+            }
+            if !p.b.inner.native_mx {
+                // A2/A3: no MX GEMM. Dequantize both operands to bf16 (exact for E4M3 times a
+                // power of two in bf16's range) and run the bf16 GEMM.
+                let a16 = p.temp(DType::BF16, &[dims.m, dims.k])?;
+                let w16 = p.temp(DType::BF16, &[dims.n, dims.k])?;
+                for (d, s, out, rows) in [(a, a_scale, &a16, dims.m), (w, w_scale, &w16, dims.n)] {
+                    let work = tiling::rows(rows, dims.k * (1 + 4 + 2));
+                    p.kernel(names::MX_DEQUANT, work, &[Some(d), Some(s), Some(out)], &[])?;
+                }
+                return p.matmul(&a16, &w16, y);
+            }
+            const OP: &str = "aclnnQuantMatmulV5";
+            let (a_scale_desc, _) = p.ascend_scale(OP, a_scale, dims.k, true)?;
+            let (w_scale_desc, _) = p.ascend_scale(OP, w_scale, dims.k, true)?;
+            let tensors = vec![
+                AclTensor::of(OP, a)?,
+                AclTensor::of(OP, w)?,
+                a_scale_desc,
+                w_scale_desc,
+                AclTensor::of(OP, y)?,
+            ];
+            p.aclnn(
+                "aclnnQuantMatmulV5GetWorkspaceSize",
+                OP,
+                sys::aclnnQuantMatmulV5,
+                tensors,
+                None,
+                Box::new(|t, _, ws, ex| {
+                    let none = std::ptr::null();
+                    // SAFETY: live descriptors, null optional operands, valid out-parameters.
+                    unsafe {
+                        sys::aclnnQuantMatmulV5GetWorkspaceSize(
+                            t[0].ptr(),
+                            t[1].ptr(),
+                            t[2].ptr(),
+                            t[3].ptr(),
+                            none,
+                            none,
+                            none,
+                            none,
+                            none,
+                            false,
+                            true,
+                            sys::MX_GROUP_SIZE,
+                            t[4].ptr(),
+                            ws,
+                            ex,
+                        )
+                    }
+                }),
+            )
+        }
+        Op::Sigmoid { x, y } => {
+            let work = tiling::sigmoid(x.numel(), x.dtype().size_bytes());
+            p.kernel(names::SIGMOID, work, &[Some(x), Some(y)], &[])
+        }
+        Op::KdaGate(g) => {
+            let d = g.validate()?;
+            let work = tiling::gate(d.tokens, d.heads, d.dim, g.g1.dtype().size_bytes());
+            let (form, bound) = match g.form {
+                GateForm::Softplus => (0.0, 0.0),
+                GateForm::LowerBound { lower_bound } => (1.0, f64::from(lower_bound)),
+            };
+            p.kernel(
+                names::GATE,
+                work,
+                &[Some(&g.g1), Some(&g.a_log), Some(&g.dt_bias), Some(&g.g)],
+                &[form, bound],
+            )
+        }
+        Op::ZeroPadding(z) => {
+            let d = z.validate()?;
+            let work = tiling::zero_padding(d.rows, d.row_len, z.x.dtype().size_bytes());
+            p.kernel(names::ZERO_PADDING, work, &[Some(&z.x), Some(&z.num_actual_tokens)], &[])
+        }
+        Op::CausalConvUpdate(c) => {
+            let d = c.validate()?;
+            let work = tiling::conv_update(d.channels, d.width, d.state_len, d.tokens);
+            let t = [
+                Some(&c.x),
+                Some(&c.weight),
+                Some(&c.state_slots),
+                c.num_accepted_tokens.as_ref(),
+                Some(&c.state),
+                Some(&c.y),
+            ];
+            p.kernel(names::CONV_UPDATE, work, &t, &[])
+        }
+        Op::KdaRecurrent(r) => {
+            let d = r.validate()?;
+            let work = tiling::recurrent(d.batch, d.heads, d.k, d.v);
+            let t = [
+                Some(&r.q),
+                Some(&r.k),
+                Some(&r.v),
+                Some(&r.g),
+                Some(&r.beta),
+                Some(&r.state_slots),
+                r.num_accepted_tokens.as_ref(),
+                Some(&r.state),
+                Some(&r.o),
+            ];
+            p.kernel(
+                names::RECURRENT,
+                work,
+                &t,
+                &[f64::from(r.scale), f64::from(u8::from(r.qk_l2norm))],
+            )
+        }
+        Op::CausalConv(c) => {
+            let d = c.validate()?;
+            // One unit per channel, streaming 64-token tiles.
+            let work = tiling::rows(d.channels, (d.width + d.state_len + 2 * 64) * 4);
+            let t = [
+                Some(&c.x),
+                Some(&c.weight),
+                Some(&c.query_start_loc),
+                Some(&c.state_slots),
+                Some(&c.has_initial_state),
+                Some(&c.state),
+                Some(&c.y),
+            ];
+            p.kernel(names::CONV_PREFILL, work, &t, &[])
+        }
+        Op::L2Norm(n) => {
+            let d = n.validate()?;
+            let work = tiling::l2norm(d.rows, d.dim, n.x.dtype().size_bytes());
+            p.kernel(names::L2NORM, work, &[Some(&n.x), Some(&n.y)], &[f64::from(n.scale)])
+        }
+        Op::GatedRmsNorm(n) => {
+            let d = n.validate()?;
+            let work = tiling::gated_rms_norm(d.rows, d.dim, n.x.dtype().size_bytes());
+            p.kernel(
+                names::GATED_RMS_NORM,
+                work,
+                &[Some(&n.x), Some(&n.gate), Some(&n.weight), Some(&n.y)],
+                &[f64::from(n.eps)],
+            )
+        }
+        Op::KdaChunk(c) => {
+            let d = c.validate()?;
+            // One unit per (sequence, head) state; the chunk's intermediates stream through.
+            let work = tiling::rows(d.batch * d.heads, d.k * d.v * 4);
+            let t = [
+                Some(&c.q),
+                Some(&c.k),
+                Some(&c.v),
+                Some(&c.g),
+                Some(&c.beta),
+                Some(&c.cu_seqlens),
+                Some(&c.state_slots),
+                Some(&c.has_initial_state),
+                Some(&c.state),
+                Some(&c.o),
+            ];
+            p.kernel(
+                names::CHUNK,
+                work,
+                &t,
+                &[f64::from(c.scale), f64::from(u8::from(c.qk_l2norm))],
+            )
+        }
+    }
+}
+
+/// Byte address of a view's first element.
+fn addr_of(t: &T) -> usize {
+    t.buffer().addr() + t.layout().offset() * t.dtype().size_bytes()
+}
+
+fn upload(p: &mut Prep<'_>, dst: &T, data: &[u8]) -> Result<()> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let staging = HostMemory::alloc(data.len())?;
+    // SAFETY: `staging` holds `data.len()` fresh pinned bytes no one else uses.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staging.ptr(), data.len()) };
+    if dst.layout().is_contiguous() {
+        p.steps.push(Step::ToDevice { dst: addr_of(dst), staging, len: data.len() });
+        return Ok(());
+    }
+    let dense = p.temp(dst.dtype(), dst.shape())?;
+    p.steps.push(Step::ToDevice { dst: addr_of(&dense), staging, len: data.len() });
+    p.copy(&dense, dst)
+}
+
+fn download(p: &mut Prep<'_>, src: &T, slot: &DownloadSlot) -> Result<()> {
+    let len = src.numel() * src.dtype().size_bytes();
+    let staging = Arc::new(HostMemory::alloc(len)?);
+    let from = if src.layout().is_contiguous() || len == 0 {
+        src.clone()
+    } else {
+        let dense = p.temp(src.dtype(), src.shape())?;
+        p.copy(src, &dense)?;
+        dense
+    };
+    if len > 0 {
+        p.steps.push(Step::ToHost { src: addr_of(&from), staging: Arc::clone(&staging), len });
+    }
+    let (slot, bytes) = (slot.clone(), Mutex::new(Some(staging)));
+    let deliver = HostFn::new(move || {
+        let staging =
+            bytes.lock().map_err(|e| e.to_string())?.take().ok_or("download delivered twice")?;
+        // SAFETY: the copy into `staging` (`len` bytes) ran before this host function on the
+        // same stream; nothing writes it any more.
+        let data = unsafe { std::slice::from_raw_parts(staging.ptr(), len) }.to_vec();
+        slot.put(data);
+        Ok(())
+    });
+    p.host("download", deliver)
+}
+
+/// Queue `steps` on `stream`.
+pub(crate) fn issue_steps(stream: &AscendStream, steps: &[Step]) -> Result<()> {
+    let raw = stream.raw().get();
+    for step in steps {
+        match step {
+            Step::Aclnn(call) => call.issue(raw)?,
+            Step::Kernel(launch) => launch.issue(raw)?,
+            Step::ToDevice { dst, staging, len } => {
+                // SAFETY: `dst` is `len` bytes of a live device view; `staging` is pinned memory
+                // of `len` bytes kept alive with the step until the stream has run it.
+                check("aclrtMemcpyAsync", unsafe {
+                    sys::aclrtMemcpyAsync(
+                        *dst as *mut c_void,
+                        *len,
+                        staging.ptr().cast(),
+                        *len,
+                        sys::ACL_MEMCPY_HOST_TO_DEVICE,
+                        raw,
+                    )
+                })?;
+            }
+            Step::ToHost { src, staging, len } => {
+                // SAFETY: as above, the other way.
+                check("aclrtMemcpyAsync", unsafe {
+                    sys::aclrtMemcpyAsync(
+                        staging.ptr().cast(),
+                        *len,
+                        *src as *const c_void,
+                        *len,
+                        sys::ACL_MEMCPY_DEVICE_TO_HOST,
+                        raw,
+                    )
+                })?;
+            }
+            Step::Host(call) => call.issue(raw)?,
+            Step::Keep(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Queue `steps` on `stream` and keep them until it is synchronized.
+pub(crate) fn issue(stream: &AscendStream, steps: Vec<Step>) -> Result<()> {
+    let result = issue_steps(stream, &steps);
+    // Even after a failed step, what was queued before it must stay alive.
+    stream.inner.keep(steps);
+    result
+}

@@ -1,0 +1,29 @@
+//! The backend's errors: ACL failures with the function and code, and the twin's answer.
+
+use thiserror::Error;
+
+/// Why an Ascend call failed.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum AscendError {
+    /// The crate was built without feature `acl` (CANN) or `emulated`.
+    #[error(
+        "kda-ascend was compiled without Ascend support: build with feature `acl` (and a CANN \
+         toolkit) or `emulated`"
+    )]
+    NotCompiledWithAscend,
+    /// An ACL runtime or aclnn call returned a non-zero code.
+    #[error("{func} failed with ACL error {code}: {message}")]
+    Acl { func: &'static str, code: i32, message: String },
+    /// A tiling that cannot be built (a row larger than the unified buffer, no cores).
+    #[error("tiling of {kernel}: {message}")]
+    Tiling { kernel: &'static str, message: String },
+    /// A HAL request the backend cannot express (e.g. a dtype without an ACL code).
+    #[error("{op}: {message}")]
+    Unsupported { op: &'static str, message: String },
+}
+
+impl From<AscendError> for kda_core::Error {
+    fn from(e: AscendError) -> Self {
+        kda_core::Error::Backend { backend: "ascend", message: e.to_string() }
+    }
+}

@@ -1,0 +1,39 @@
+//! `kda-ascend`: the Ascend NPU backend of kda.
+//!
+//! - `sys`: the hand-written `extern "C"` declarations of the ACL runtime, aclnn and
+//!   kernel-launch entry points used (feature `acl` links CANN's libraries; feature `emulated`
+//!   links `kda-acl-emu`, which exports the same symbols).
+//! - [`AscendBackend`]: the kda-core HAL over them. Streams and `ACL_EVENT_SYNC` events, a
+//!   caching allocator with stream-ordered reuse, host↔device copies, capture through
+//!   `aclmdlRICapture*`; aclnn two-phase ops for the GEMMs, MXFP8 quantization and copies; the
+//!   AscendC kernels of `kernels/` for the vector work, tiled by [`kernels::tiling`].
+//! - Without either feature the crate compiles to a twin whose constructor returns
+//!   [`AscendError::NotCompiledWithAscend`], so code naming the backend builds everywhere.
+//!
+//! `docs/ascend.md` says how to build and run it with CANN, and what is verified where.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod error;
+pub mod kernels;
+mod options;
+
+pub use error::AscendError;
+pub use options::{AscendOptions, MxGemmPath};
+
+#[cfg(any(feature = "acl", feature = "emulated"))]
+mod backend;
+#[cfg(any(feature = "acl", feature = "emulated"))]
+pub mod sys;
+#[cfg(any(feature = "acl", feature = "emulated"))]
+pub use backend::{AclGraph, AscendBackend, AscendBuffer, AscendEvent, AscendStream};
+
+#[cfg(not(any(feature = "acl", feature = "emulated")))]
+mod twin;
+#[cfg(not(any(feature = "acl", feature = "emulated")))]
+pub use twin::{AscendBackend, AscendBuffer, AscendEvent, AscendStream};
+
+// The emulated runtime is linked only for its exported C symbols.
+#[cfg(all(feature = "emulated", not(feature = "acl")))]
+#[allow(unused_extern_crates, reason = "linked for the C symbols `sys` declares")]
+extern crate kda_acl_emu;

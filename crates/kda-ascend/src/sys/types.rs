@@ -1,0 +1,112 @@
+//! The C types, codes and flags of CANN's `acl_base.h`, `acl_rt.h`, `acl_mdl.h` and
+//! `aclnn/acl_meta.h` that kda uses, with their values from the 8.x/9.x headers.
+//!
+//! Shared, like the headers themselves, by the FFI declarations (`sys`) and by the emulated
+//! runtime that implements them.
+
+#![allow(non_camel_case_types, dead_code)]
+
+use std::ffi::{c_int, c_void};
+
+pub type aclError = c_int;
+pub type aclnnStatus = c_int;
+pub type aclDataType = c_int;
+pub type aclFormat = c_int;
+pub type aclrtMemcpyKind = c_int;
+pub type aclrtMemMallocPolicy = c_int;
+pub type aclmdlRICaptureMode = c_int;
+pub type aclrtEventRecordedStatus = c_int;
+
+pub type aclrtStream = *mut c_void;
+pub type aclrtEvent = *mut c_void;
+pub type aclrtContext = *mut c_void;
+pub type aclmdlRI = *mut c_void;
+pub type aclrtBinHandle = *mut c_void;
+pub type aclrtFuncHandle = *mut c_void;
+/// `void (*)(void *args)`, the host function of `aclrtLaunchHostFunc`.
+pub type aclrtHostFunc = Option<unsafe extern "C" fn(args: *mut c_void)>;
+
+/// Opaque aclnn objects (`struct aclTensor` etc. in `acl_meta.h`).
+#[repr(C)]
+#[derive(Debug)]
+pub struct aclTensor {
+    _private: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct aclScalar {
+    _private: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct aclOpExecutor {
+    _private: [u8; 0],
+}
+/// `aclrtBinaryLoadOptions`; kda passes none (null).
+#[repr(C)]
+#[derive(Debug)]
+pub struct aclrtBinaryLoadOptions {
+    _private: [u8; 0],
+}
+
+pub const ACL_SUCCESS: aclError = 0;
+pub const ACL_ERROR_INVALID_PARAM: aclError = 100000;
+pub const ACL_ERROR_UNINITIALIZE: aclError = 100001;
+pub const ACL_ERROR_REPEAT_INITIALIZE: aclError = 100002;
+pub const ACL_ERROR_INVALID_FILE: aclError = 100003;
+pub const ACL_ERROR_FEATURE_UNSUPPORTED: aclError = 200006;
+pub const ACL_ERROR_BAD_ALLOC: aclError = 200000;
+pub const ACL_ERROR_RT_PARAM_INVALID: aclError = 107000;
+pub const ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: aclError = 107022;
+pub const ACL_ERROR_RT_STREAM_CAPTURE_UNJOINED: aclError = 107023;
+pub const ACL_ERROR_RT_AICORE_EXCEPTION: aclError = 507015;
+pub const ACL_ERROR_RT_INTERNAL_ERROR: aclError = 507899;
+pub const ACLNN_SUCCESS: aclnnStatus = 0;
+pub const ACLNN_ERR_PARAM_NULLPTR: aclnnStatus = 161001;
+pub const ACLNN_ERR_PARAM_INVALID: aclnnStatus = 161002;
+pub const ACLNN_ERR_INNER: aclnnStatus = 561000;
+
+pub const ACL_FLOAT: aclDataType = 0;
+pub const ACL_FLOAT16: aclDataType = 1;
+pub const ACL_INT8: aclDataType = 2;
+pub const ACL_INT32: aclDataType = 3;
+pub const ACL_UINT8: aclDataType = 4;
+pub const ACL_INT64: aclDataType = 9;
+pub const ACL_DOUBLE: aclDataType = 11;
+pub const ACL_BF16: aclDataType = 27;
+pub const ACL_FLOAT8_E5M2: aclDataType = 35;
+pub const ACL_FLOAT8_E4M3FN: aclDataType = 36;
+pub const ACL_FLOAT8_E8M0: aclDataType = 37;
+pub const ACL_FLOAT4_E2M1: aclDataType = 40;
+
+pub const ACL_FORMAT_ND: aclFormat = 2;
+
+pub const ACL_MEMCPY_HOST_TO_HOST: aclrtMemcpyKind = 0;
+pub const ACL_MEMCPY_HOST_TO_DEVICE: aclrtMemcpyKind = 1;
+pub const ACL_MEMCPY_DEVICE_TO_HOST: aclrtMemcpyKind = 2;
+pub const ACL_MEMCPY_DEVICE_TO_DEVICE: aclrtMemcpyKind = 3;
+
+pub const ACL_MEM_MALLOC_HUGE_FIRST: aclrtMemMallocPolicy = 0;
+
+/// `aclrtCreateEventExWithFlag` flags: only SYNC events may be waited on by another stream.
+pub const ACL_EVENT_SYNC: u32 = 0x1;
+pub const ACL_EVENT_TIME_LINE: u32 = 0x8;
+
+pub const ACL_EVENT_RECORDED_STATUS_NOT_READY: aclrtEventRecordedStatus = 0;
+pub const ACL_EVENT_RECORDED_STATUS_COMPLETE: aclrtEventRecordedStatus = 1;
+
+/// `aclrtSetStreamFailureMode`: stop the stream's later tasks after a failed one.
+pub const ACL_STOP_ON_FAILURE: u64 = 1;
+
+pub const ACL_MODEL_RI_CAPTURE_MODE_GLOBAL: aclmdlRICaptureMode = 0;
+pub const ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL: aclmdlRICaptureMode = 1;
+pub const ACL_MODEL_RI_CAPTURE_MODE_RELAXED: aclmdlRICaptureMode = 2;
+
+/// `aclnnMatmul`'s `cubeMathType`: keep the input dtype (no HF32 down-conversion).
+pub const KEEP_DTYPE: i8 = 0;
+
+/// `aclnnQuantMatmulV5` `groupSize` for MX: `(groupM << 32) | (groupN << 16) | groupK` with
+/// groupM = 1, groupN = 1, groupK = 32.
+pub const MX_GROUP_SIZE: i64 = (1 << 32) | (1 << 16) | 32;
+/// `aclnnDynamicMxQuantV3` block size along K.
+pub const MX_BLOCK_SIZE: i64 = 32;

@@ -1,0 +1,21 @@
+//! The backend conformance suite on kda-ascend over the emulated ACL runtime (feature
+//! `emulated`; `cargo xtask test` enables it): the backend's real FFI layer, the emulator's
+//! implementation of the same C symbols, compared with the reference.
+#![cfg(feature = "emulated")]
+#![allow(clippy::expect_used, reason = "test setup")]
+
+use kda_ascend::{AscendBackend, AscendOptions};
+use kda_core::sanitize::checked_from_env;
+
+/// Checked mode is on unless `KDA_SANITIZE=0` says otherwise, as for the reference.
+fn backend(checked: bool) -> AscendBackend {
+    let options = AscendOptions { checked, ..AscendOptions::default() };
+    AscendBackend::with_options(options).expect("ascend backend over the emulated runtime")
+}
+
+// The emulated runtime injects no delays: the jittered factory is a plain one.
+kda_testkit::conformance_tests!(
+    plain: || backend(checked_from_env(true)),
+    jittered: || backend(checked_from_env(true)),
+    checked: || backend(true),
+);

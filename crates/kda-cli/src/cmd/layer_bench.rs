@@ -1,0 +1,201 @@
+//! `kda bench layer`: the whole KDA layer on the reference at Kimi K3 TP8 shapes (synthetic
+//! rank-0 weights): prefill tokens/s (4 fresh requests of 1024 tokens) and decode latency (32
+//! single-token requests), serial against overlapped; and the decode step time as a multiple of
+//! the time to read the layer's weights once, with the memory bandwidth measured in the same run.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots, StateCache};
+use kda_core::schedule::ProjectionSchedule;
+use kda_core::timeline::Timeline;
+use kda_core::{Backend, DType, Tensor};
+use kda_reference::ReferenceBackend;
+
+use super::model::{ModelArgs, load};
+use super::{median_time, ms};
+use crate::error::CliError;
+
+#[derive(Debug, Args)]
+pub struct LayerBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Fresh prefill requests per prefill step.
+    #[arg(long, default_value_t = 4)]
+    pub prefill_requests: usize,
+    /// Tokens per prefill request.
+    #[arg(long, default_value_t = 1024)]
+    pub prefill_len: usize,
+    /// Single-token requests per decode step.
+    #[arg(long, default_value_t = 32)]
+    pub decode_batch: usize,
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Timed prefill steps (after one warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Timed decode steps (after one warm-up).
+    #[arg(long, default_value_t = 20)]
+    pub decode_repeats: usize,
+}
+
+/// One schedule's figures.
+struct Figures {
+    prefill: Duration,
+    decode: Duration,
+}
+
+pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
+    let (requests, len, decodes) = (args.prefill_requests, args.prefill_len, args.decode_batch);
+    if requests == 0 || len == 0 || decodes == 0 {
+        return Err(CliError::Argument {
+            arg: "--prefill-requests/--prefill-len/--decode-batch",
+            reason: "must be at least 1".into(),
+        });
+    }
+    let loaded = load(&args.model)?;
+    let d = loaded.weights.dims;
+    eprintln!(
+        "loaded {} layer {} (tp {}/{}) in {:.1} s",
+        loaded.origin,
+        args.model.layer,
+        loaded.tp.rank,
+        loaded.tp.size,
+        loaded.load_time.as_secs_f64()
+    );
+    // Timed with the op timeline on, for the per-op breakdown of one extra step.
+    let mut options = super::bench::reference_with_threads(args.threads)?.options().clone();
+    options.timeline = true;
+    let b = ReferenceBackend::with_options(options)?;
+    let s = b.new_stream()?;
+    let mut rng = kda_testkit::Gen::new(args.model.seed);
+    let prefill_x =
+        super::random_tensor(&b, &s, &mut rng, DType::BF16, &[requests * len, d.hidden])?;
+    let decode_x = super::random_tensor(&b, &s, &mut rng, DType::BF16, &[decodes, d.hidden])?;
+    let prefill = BatchMeta::prefills(&vec![len; requests], &(0..requests).collect::<Vec<_>>());
+    let mut decode = BatchMeta::empty();
+    for slot in 0..decodes {
+        decode.push(1, len, RequestSlots::Single(slot));
+    }
+
+    let mut figures = Vec::new();
+    let mut weight_bytes = 0;
+    for schedule in [ProjectionSchedule::Serial, ProjectionSchedule::Overlapped] {
+        let options = LayerOptions { schedule: Some(schedule), ..LayerOptions::default() };
+        let layer = KdaLayer::new(&b, &s, &loaded.weights, options)?;
+        weight_bytes = layer.weights().bytes();
+        let mut cache = layer.new_cache(&s, requests.max(decodes), 0)?;
+        let step = |x: &Tensor<_>, meta: &BatchMeta, cache: &mut StateCache<_>| {
+            let mut out = b.alloc(DType::F32, &[x.shape()[0], d.hidden])?;
+            layer.forward(&s, x, meta, cache, &mut out)?;
+            b.synchronize(&s)
+        };
+        let prefill_time = median_time(args.repeats, || step(&prefill_x, &prefill, &mut cache))?;
+        let decode_time =
+            median_time(args.decode_repeats, || step(&decode_x, &decode, &mut cache))?;
+        let name = format!("{schedule:?}").to_lowercase();
+        b.clear_timeline();
+        step(&prefill_x, &prefill, &mut cache)?;
+        let prefill_ops = breakdown(&b.timeline());
+        b.clear_timeline();
+        step(&decode_x, &decode, &mut cache)?;
+        let decode_ops = breakdown(&b.timeline());
+        println!(
+            "{name:>10}: prefill {requests} x {len} tokens {:.1} ms ({:.0} tokens/s); decode \
+             {decodes} x 1 token {:.2} ms",
+            ms(prefill_time),
+            (requests * len) as f64 / prefill_time.as_secs_f64(),
+            ms(decode_time),
+        );
+        println!("{:>10}  prefill ops: {prefill_ops}", "");
+        println!("{:>10}  decode ops: {decode_ops}", "");
+        figures.push((name, Figures { prefill: prefill_time, decode: decode_time }));
+    }
+
+    let bandwidth = read_bandwidth(weight_bytes.max(256 << 20), args.threads, args.repeats.max(3));
+    let read_once = Duration::from_secs_f64(weight_bytes as f64 / bandwidth);
+    println!(
+        "weights {:.1} MB; memory read bandwidth {:.1} GB/s ({} thread(s), summing a buffer larger \
+         than the caches): reading the weights once takes {:.2} ms",
+        weight_bytes as f64 / 1e6,
+        bandwidth / 1e9,
+        args.threads,
+        ms(read_once),
+    );
+    // A decode step also reads and writes each request's recurrent state: the floor is the
+    // weights once plus the states twice.
+    let state_bytes = decodes * d.local_heads * d.head_dim * d.head_dim * 4;
+    let floor = Duration::from_secs_f64((weight_bytes + 2 * state_bytes) as f64 / bandwidth);
+    println!(
+        "decode states {:.1} MB (read and written): weights + states take {:.2} ms at that rate",
+        state_bytes as f64 / 1e6,
+        ms(floor),
+    );
+    for (name, f) in &figures {
+        println!(
+            "{name:>10}: decode step = {:.1} x the weight read time ({:.1} x weights + states)",
+            f.decode.as_secs_f64() / read_once.as_secs_f64(),
+            f.decode.as_secs_f64() / floor.as_secs_f64(),
+        );
+    }
+    if let [(_, serial), (_, overlapped)] = figures.as_slice() {
+        println!(
+            "overlapped / serial: prefill {:.2}x, decode {:.2}x (time ratio; < 1 is faster)",
+            overlapped.prefill.as_secs_f64() / serial.prefill.as_secs_f64(),
+            overlapped.decode.as_secs_f64() / serial.decode.as_secs_f64(),
+        );
+    }
+    Ok(())
+}
+
+/// The five op labels that took longest in `timeline` (summed over streams), with their share
+/// of the summed op time.
+fn breakdown(timeline: &Timeline) -> String {
+    let mut by_label: Vec<(String, Duration)> = Vec::new();
+    for span in &timeline.spans {
+        match by_label.iter_mut().find(|(l, _)| *l == span.label) {
+            Some((_, total)) => *total += span.duration(),
+            None => by_label.push((span.label.clone(), span.duration())),
+        }
+    }
+    let all: Duration = by_label.iter().map(|(_, d)| *d).sum();
+    by_label.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+    by_label
+        .iter()
+        .take(5)
+        .map(|(label, d)| {
+            format!(
+                "{label} {:.1} ms ({:.0}%)",
+                ms(*d),
+                100.0 * d.as_secs_f64() / all.as_secs_f64()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Bytes per second read by `threads` threads summing disjoint parts of a `bytes`-byte buffer
+/// (median of `repeats`).
+fn read_bandwidth(bytes: usize, threads: usize, repeats: usize) -> f64 {
+    let words: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    let per = words.len().div_ceil(threads.max(1));
+    let mut times: Vec<Duration> = (0..repeats + 1)
+        .map(|_| {
+            let start = Instant::now();
+            std::thread::scope(|scope| {
+                for part in words.chunks(per.max(1)) {
+                    scope.spawn(move || {
+                        black_box(part.iter().fold(0u64, |a, &w| a.wrapping_add(w)))
+                    });
+                }
+            });
+            start.elapsed()
+        })
+        .skip(1)
+        .collect();
+    times.sort();
+    let median = times[times.len() / 2];
+    (words.len() * 8) as f64 / median.as_secs_f64()
+}

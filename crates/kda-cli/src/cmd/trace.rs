@@ -1,0 +1,122 @@
+//! `kda trace`: one layer forward with every op timed, drawn as an SVG timeline (a lane per
+//! stream, a box per op, an arrow per cross-stream wait) and written as a Chrome/Perfetto
+//! trace. The forward is a fresh prefill batch, or with `--decode` one decode step after it.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use kda_core::layer::{KdaLayer, LayerOptions};
+use kda_core::timeline::SvgOptions;
+use kda_core::{Backend, DType, StreamHandle};
+use kda_reference::{ReferenceBackend, ReferenceOptions};
+
+use super::model::{self, ModelArgs, ScheduleArg};
+use crate::error::CliError;
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Write the SVG timeline here.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Write the Chrome trace-event JSON here (chrome://tracing, ui.perfetto.dev).
+    #[arg(long, value_name = "FILE")]
+    pub chrome: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = ScheduleArg::Overlapped)]
+    pub schedule: ScheduleArg,
+    /// Requests in the prefill batch.
+    #[arg(long, default_value_t = 4)]
+    pub requests: usize,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 64)]
+    pub tokens: usize,
+    /// Trace one decode step (one token per request) after the prefill instead of the prefill.
+    #[arg(long)]
+    pub decode: bool,
+}
+
+/// The model in a few words: the checkpoint directory, or the preset.
+fn model_name(m: &ModelArgs) -> String {
+    match &m.checkpoint {
+        Some(dir) => dir.display().to_string(),
+        None => format!("synthetic {}", m.preset.name()),
+    }
+}
+
+pub fn run(args: &TraceArgs) -> Result<(), CliError> {
+    if args.svg.is_none() && args.chrome.is_none() {
+        return Err(CliError::Argument {
+            arg: "--svg/--chrome",
+            reason: "name at least one file to write".into(),
+        });
+    }
+    let w = model::workload(&args.model, args.requests, args.tokens, 1)?;
+    let options = ReferenceOptions { timeline: true, ..ReferenceOptions::default() };
+    let b = ReferenceBackend::with_options(options)?;
+    let main = b.new_stream()?;
+    let loaded = model::load(&args.model)?;
+    let options = LayerOptions { schedule: Some(args.schedule.into()), ..LayerOptions::default() };
+    let layer = KdaLayer::new(&b, &main, &loaded.weights, options)?;
+    let hidden = layer.dims().hidden;
+    let mut cache = layer.new_cache(&main, w.requests, 0)?;
+
+    let (rows, input, meta, what) = if args.decode {
+        let x = b.alloc(DType::BF16, &[w.prefill_tokens(), hidden])?;
+        b.upload(&main, &x, &w.prefill_hidden(hidden))?;
+        let mut out = b.alloc(DType::F32, &[w.prefill_tokens(), hidden])?;
+        layer.forward(&main, &x, &w.prefill_meta(), &mut cache, &mut out)?;
+        let what = format!("decode step, {} requests after {} tokens", w.requests, w.prompt_tokens);
+        (w.requests, w.decode_hidden(0, hidden), w.decode_meta(0), what)
+    } else {
+        let what = format!("prefill, {} requests x {} tokens", w.requests, w.prompt_tokens);
+        (w.prefill_tokens(), w.prefill_hidden(hidden), w.prefill_meta(), what)
+    };
+    let x = b.alloc(DType::BF16, &[rows, hidden])?;
+    b.upload(&main, &x, &input)?;
+    let mut out = b.alloc(DType::F32, &[rows, hidden])?;
+    b.synchronize(&main)?;
+    b.clear_timeline();
+    layer.forward(&main, &x, &meta, &mut cache, &mut out)?;
+    b.synchronize(&main)?;
+    let timeline = b.timeline();
+
+    let mut lanes = vec![(main.id(), "main".to_string())];
+    if args.schedule == ScheduleArg::Overlapped {
+        lanes.push((b.aux_stream()?.id(), "aux".to_string()));
+    }
+    let schedule = format!("{:?}", layer.schedule()).to_lowercase();
+    let title = format!(
+        "kda trace: layer {} of the {}, TP rank {}/{}, {what}, {schedule} schedule",
+        args.model.layer,
+        model_name(&args.model),
+        loaded.tp.rank,
+        loaded.tp.size
+    );
+    println!("{title}");
+    println!(
+        "  recorded {} ops on {} streams, {} cross-stream waits; makespan {:.3} ms",
+        timeline.spans.len(),
+        timeline.streams().len(),
+        timeline.waits.len(),
+        timeline.makespan().as_secs_f64() * 1e3
+    );
+    if let Some(path) = &args.svg {
+        let svg = timeline.to_svg(&SvgOptions {
+            title: Some(title.clone()),
+            lane_names: lanes.clone(),
+            width: 0,
+        });
+        std::fs::write(path, svg).map_err(|source| CliError::Io {
+            action: "write",
+            path: path.display().to_string(),
+            source,
+        })?;
+        println!("  SVG timeline: {}", path.display());
+    }
+    if let Some(path) = &args.chrome {
+        super::write_json(path, &timeline.to_chrome_trace(&lanes))?;
+        println!("  Chrome trace: {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! Dispatch of one group of requests (KDA.md "Batches and dispatch"): the short conv and the
+//! recurrence, decodes and speculative decodes on the recurrent path, prefills on the chunked
+//! path.
+//!
+//! A group whose tokens are one run of consecutive rows of the batch (the usual case: engines put
+//! decodes first) works on views of the batch's tensors. Otherwise its rows are gathered into
+//! group buffers (one copy per run) and its output is scattered back to the requests' own rows,
+//! which is the merge by token position.
+
+use std::ops::Range;
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::hal::Backend;
+use crate::kda::{CausalConv, CausalConvUpdate, KdaChunk, KdaRecurrent};
+use crate::op::Op;
+use crate::tensor::Tensor;
+
+use super::batch::{Group, GroupKind};
+use super::cache::StateCache;
+
+/// The per-token tensors of the live rows every group reads from and writes to.
+pub(super) struct TokenInputs<B: Backend> {
+    /// `[n, 3 lp]`: q, k, v before the conv.
+    pub(super) qkv: Tensor<B>,
+    /// `[n, lh, D]` f32: the activated log decay.
+    pub(super) gate: Tensor<B>,
+    /// `[n, lh]` f32: beta after the sigmoid.
+    pub(super) beta: Tensor<B>,
+    /// `[n, lh, D]` f32: the recurrence's output (written).
+    pub(super) core: Tensor<B>,
+}
+
+/// An i32 device tensor `[len]` holding `values` (per-request metadata).
+pub(super) fn meta_tensor<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    values: &[i32],
+) -> Result<Tensor<B>> {
+    let t = backend.alloc(DType::I32, &[values.len()])?;
+    backend.upload(stream, &t, values)?;
+    Ok(t)
+}
+
+/// The rows `runs` of `src` (along dimension 0) copied one after the other into a new tensor.
+fn gather<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    src: &Tensor<B>,
+    runs: &[Range<usize>],
+    rows: usize,
+) -> Result<Tensor<B>> {
+    let mut shape = src.shape().to_vec();
+    shape[0] = rows;
+    let dst = backend.alloc(src.dtype(), &shape)?;
+    let mut at = 0;
+    for run in runs {
+        let (src, into) = (src.narrow(0, run.start, run.len())?, dst.narrow(0, at, run.len())?);
+        backend.launch_labeled(stream, "gather", Op::Copy { src, dst: into })?;
+        at += run.len();
+    }
+    Ok(dst)
+}
+
+/// The inverse of [`gather`]: consecutive rows of `src` back to `runs` of `dst`.
+fn scatter<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    src: &Tensor<B>,
+    runs: &[Range<usize>],
+    dst: &Tensor<B>,
+) -> Result<()> {
+    let mut at = 0;
+    for run in runs {
+        let (from, into) = (src.narrow(0, at, run.len())?, dst.narrow(0, run.start, run.len())?);
+        backend.launch_labeled(stream, "scatter", Op::Copy { src: from, dst: into })?;
+        at += run.len();
+    }
+    Ok(())
+}
+
+/// The short conv and the recurrence of `group`, reading `inputs` and writing its rows of
+/// `inputs.core` and its slots of `cache`.
+pub(super) fn run_group<B: Backend>(
+    backend: &B,
+    stream: &B::Stream,
+    group: &Group,
+    inputs: &TokenInputs<B>,
+    conv_weight: &Tensor<B>,
+    cache: &mut StateCache<B>,
+    scale: f32,
+) -> Result<()> {
+    let b = backend;
+    let (tokens, requests) = (group.tokens(), group.requests());
+    let _span =
+        tracing::debug_span!("kda_layer.dispatch", kind = ?group.kind, requests, tokens).entered();
+    let runs = group.runs();
+    let (qkv, gate, beta, core) = match runs.as_slice() {
+        [run] => (
+            inputs.qkv.narrow(0, run.start, tokens)?,
+            inputs.gate.narrow(0, run.start, tokens)?,
+            inputs.beta.narrow(0, run.start, tokens)?,
+            inputs.core.narrow(0, run.start, tokens)?,
+        ),
+        _ => {
+            let core_shape = [&[tokens], &inputs.core.shape()[1..]].concat();
+            (
+                gather(b, stream, &inputs.qkv, &runs, tokens)?,
+                gather(b, stream, &inputs.gate, &runs, tokens)?,
+                gather(b, stream, &inputs.beta, &runs, tokens)?,
+                b.alloc(DType::F32, &core_shape)?,
+            )
+        }
+    };
+    let channels = qkv.shape()[1];
+    let (heads, head_dim) = (gate.shape()[1], gate.shape()[2]);
+    let lp = heads * head_dim;
+    let conv_out = b.alloc(DType::F32, &[tokens, channels])?;
+    let state_slots = meta_tensor(b, stream, &group.state_slots)?;
+    let conv_state = cache.conv().clone();
+    let recurrent_state = cache.recurrent().clone();
+
+    if group.kind == GroupKind::Prefill {
+        let offsets = meta_tensor(b, stream, &group.local_offsets())?;
+        let has_initial_state = meta_tensor(b, stream, &group.has_initial_state)?;
+        b.launch(
+            stream,
+            Op::CausalConv(CausalConv {
+                x: qkv,
+                weight: conv_weight.clone(),
+                query_start_loc: offsets.clone(),
+                state_slots: state_slots.clone(),
+                has_initial_state: has_initial_state.clone(),
+                state: conv_state,
+                y: conv_out.clone(),
+            }),
+        )?;
+        let [q, k, v] = split_qkv(&conv_out, lp, &[tokens, heads, head_dim])?;
+        b.launch(
+            stream,
+            Op::KdaChunk(KdaChunk {
+                q,
+                k,
+                v,
+                g: gate,
+                beta,
+                cu_seqlens: offsets,
+                state_slots,
+                has_initial_state,
+                state: recurrent_state,
+                o: core.clone(),
+                scale,
+                qk_l2norm: true,
+            }),
+        )?;
+    } else {
+        let n = tokens / requests.max(1);
+        let accepted = match group.kind {
+            GroupKind::Speculative { .. } => Some(meta_tensor(b, stream, &group.num_accepted)?),
+            _ => None,
+        };
+        let conv_slots = meta_tensor(b, stream, &group.conv_slots)?;
+        b.launch(
+            stream,
+            Op::CausalConvUpdate(CausalConvUpdate {
+                x: qkv.reshape(&[requests, n, channels])?,
+                weight: conv_weight.clone(),
+                state_slots: conv_slots,
+                num_accepted_tokens: accepted.clone(),
+                state: conv_state,
+                y: conv_out.reshape(&[requests, n, channels])?,
+            }),
+        )?;
+        let [q, k, v] = split_qkv(&conv_out, lp, &[requests, n, heads, head_dim])?;
+        b.launch(
+            stream,
+            Op::KdaRecurrent(KdaRecurrent {
+                q,
+                k,
+                v,
+                g: gate.reshape(&[requests, n, heads, head_dim])?,
+                beta: beta.reshape(&[requests, n, heads])?,
+                state_slots: state_slots.reshape(&[requests, n])?,
+                num_accepted_tokens: accepted,
+                state: recurrent_state,
+                o: core.reshape(&[requests, n, heads, head_dim])?,
+                scale,
+                qk_l2norm: true,
+            }),
+        )?;
+    }
+    if runs.len() > 1 {
+        scatter(b, stream, &core, &runs, &inputs.core)?;
+    }
+    Ok(())
+}
+
+/// The q, k and v column blocks of the conv output `[T, 3 lp]`, each viewed as `shape`.
+fn split_qkv<B: Backend>(
+    conv_out: &Tensor<B>,
+    lp: usize,
+    shape: &[usize],
+) -> Result<[Tensor<B>; 3]> {
+    let parts = conv_out.split(1, &[lp, lp, lp])?;
+    Ok([parts[0].reshape(shape)?, parts[1].reshape(shape)?, parts[2].reshape(shape)?])
+}

@@ -1,0 +1,369 @@
+//! The KDA layer (KDA.md): projections through a [schedule](crate::schedule) → dispatch
+//! (short conv, gate, chunked prefill / recurrent decode / speculative decode) → gated RMSNorm →
+//! `o_proj`, over a continuous-batching batch, writing into the caller's output buffer and the
+//! caller's [`StateCache`].
+//!
+//! - [`batch`]: [`BatchMeta`] and its validation into a [`DispatchPlan`];
+//! - [`cache`]: [`StateCache`], per-slot recurrent (v-first) and conv state;
+//! - [`weights`]: [`LayerDeviceWeights`], one rank's loaded weights on a device;
+//! - `dispatch`: the per-group conv and recurrence launches.
+//!
+//! [`KdaLayer::forward`] checks everything it can (shapes, dtypes, metadata, slots, aliasing)
+//! before it launches anything, so a rejected call leaves the cache and the output as they were.
+
+pub mod batch;
+pub mod cache;
+mod dispatch;
+pub mod weights;
+
+pub use batch::{BatchError, BatchMeta, DispatchPlan, Group, GroupKind, RequestSlots};
+pub use cache::{CacheDims, StateCache};
+pub use weights::{ForgetProjection, LayerDeviceWeights};
+
+use crate::config::{KdaConfig, LayerDims, Tp};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::hal::{Backend, BufferHandle};
+use crate::kda::{GateForm, GatedRmsNorm, KdaGate, ZeroPadding};
+use crate::op::Op;
+use crate::schedule::{
+    MatrixOverlap, Mutation, ProjectionSchedule, QkvBfgProjection, prepare_beta,
+};
+use crate::tensor::Tensor;
+use crate::weights::{LayerWeights, LoadOptions, TensorSource, load_layer};
+
+/// Where dispatch takes beta from (KDA.md, SCHEDULE.md behaviours 4 and 8).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BetaInput {
+    /// The mixed path: the projection's fp32 sigmoid output, only sliced.
+    #[default]
+    Preprocessed,
+    /// The ordinary path: the raw B columns of the fused BFG output; dispatch applies the fp32
+    /// sigmoid to the live rows.
+    Raw,
+}
+
+/// How a layer runs; everything has the default a backend's capabilities suggest.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct LayerOptions {
+    /// `None`: overlapped where streams run concurrently, serial otherwise.
+    pub schedule: Option<ProjectionSchedule>,
+    /// `None`: what the backend's capabilities choose.
+    pub matrix_overlap: Option<MatrixOverlap>,
+    pub forget: ForgetProjection,
+    pub beta: BetaInput,
+    /// An edit to the overlapped schedule's event order, for the tests and `kda check`'s
+    /// self-test that show a broken schedule is caught. Not for production use.
+    #[doc(hidden)]
+    pub mutation: Mutation,
+}
+
+/// The intermediate tensors of one forward, for debugging (`kda layer --dump`). Token-indexed
+/// tensors hold the live tokens only.
+#[derive(Clone, Debug)]
+pub struct LayerTrace<B: Backend> {
+    /// `[n, 3 lp]` bf16: q, k, v before the short conv.
+    pub mixed_qkv: Tensor<B>,
+    /// `[n, lh]` f32, after the sigmoid.
+    pub beta: Tensor<B>,
+    /// `[n, lh, D]` bf16: raw forget-gate logits.
+    pub g1: Tensor<B>,
+    /// `[n, lh, D]` f32: the activated log decay.
+    pub gate: Tensor<B>,
+    /// `[n, lh, D]` bf16: output-gate logits.
+    pub g2: Tensor<B>,
+    /// `[n, lh, D]` f32: the recurrence's output, before the norm.
+    pub core_attn_out: Tensor<B>,
+}
+
+/// One KDA layer on one TP rank.
+#[derive(Debug)]
+pub struct KdaLayer<B: Backend> {
+    backend: B,
+    dims: LayerDims,
+    layer: usize,
+    gate: GateForm,
+    eps: f32,
+    beta: BetaInput,
+    projection: QkvBfgProjection<B>,
+    weights: LayerDeviceWeights<B>,
+}
+
+impl<B: Backend> KdaLayer<B> {
+    /// Build the layer from one rank's loaded weights, uploading them on `stream`.
+    pub fn new(
+        backend: &B,
+        stream: &B::Stream,
+        weights: &LayerWeights,
+        options: LayerOptions,
+    ) -> Result<Self> {
+        let _span = tracing::debug_span!("kda_layer.new", layer = weights.layer).entered();
+        let caps = backend.info().capabilities;
+        let device = LayerDeviceWeights::upload(backend, stream, weights, options.forget)?;
+        let schedule =
+            options.schedule.unwrap_or_else(|| ProjectionSchedule::for_capabilities(&caps));
+        let policy =
+            options.matrix_overlap.unwrap_or_else(|| MatrixOverlap::for_capabilities(&caps));
+        let projection = QkvBfgProjection::new(backend, device.projection.clone(), schedule)?
+            .with_matrix_overlap(policy)
+            .with_mutation(options.mutation);
+        let eps = weights.rms_norm_eps as f32;
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(Error::Param {
+                op: "kda_layer",
+                param: "rms_norm_eps",
+                expected: "finite and >= 0 as f32".into(),
+                actual: weights.rms_norm_eps.to_string(),
+            });
+        }
+        Ok(Self {
+            backend: backend.clone(),
+            dims: weights.dims,
+            layer: weights.layer,
+            gate: weights.gate,
+            eps,
+            beta: options.beta,
+            projection,
+            weights: device,
+        })
+    }
+
+    /// Load layer `layer` of `config` for TP position `tp` from `source` and build it.
+    pub fn load(
+        backend: &B,
+        stream: &B::Stream,
+        source: &dyn TensorSource,
+        config: &KdaConfig,
+        tp: Tp,
+        layer: usize,
+        options: LayerOptions,
+    ) -> Result<Self> {
+        let loaded = load_layer(source, config, tp, layer, LoadOptions::default())?;
+        Self::new(backend, stream, &loaded.weights, options)
+    }
+
+    pub fn dims(&self) -> &LayerDims {
+        &self.dims
+    }
+
+    pub fn schedule(&self) -> ProjectionSchedule {
+        self.projection.schedule()
+    }
+
+    pub fn projection(&self) -> &QkvBfgProjection<B> {
+        &self.projection
+    }
+
+    pub fn weights(&self) -> &LayerDeviceWeights<B> {
+        &self.weights
+    }
+
+    /// The sizes of a cache for this layer with `slots` slots and room for `num_spec`
+    /// speculative tokens per step.
+    pub fn cache_dims(&self, slots: usize, num_spec: usize) -> CacheDims {
+        CacheDims {
+            slots,
+            heads: self.dims.local_heads,
+            head_dim: self.dims.head_dim,
+            conv_width: self.dims.conv_width,
+            num_spec,
+        }
+    }
+
+    /// A zeroed cache for this layer (see [`Self::cache_dims`]).
+    pub fn new_cache(
+        &self,
+        stream: &B::Stream,
+        slots: usize,
+        num_spec: usize,
+    ) -> Result<StateCache<B>> {
+        StateCache::new(&self.backend, stream, self.cache_dims(slots, num_spec))
+    }
+
+    /// Run the layer on `hidden_states` `[T, Hd]` for the batch `meta`, reading and updating
+    /// `cache`, and write this rank's partial output (before the all-reduce) into `out`
+    /// `[T, Hd]` (any float dtype). Rows past the live tokens are zero; an empty batch only
+    /// zeroes `out`. Returns once everything is queued on `stream`.
+    pub fn forward(
+        &self,
+        stream: &B::Stream,
+        hidden_states: &Tensor<B>,
+        meta: &BatchMeta,
+        cache: &mut StateCache<B>,
+        out: &mut Tensor<B>,
+    ) -> Result<()> {
+        self.run(stream, hidden_states, meta, cache, out).map(|_| ())
+    }
+
+    /// [`Self::forward`], returning the intermediates (`None` for an empty batch).
+    pub fn forward_traced(
+        &self,
+        stream: &B::Stream,
+        hidden_states: &Tensor<B>,
+        meta: &BatchMeta,
+        cache: &mut StateCache<B>,
+        out: &mut Tensor<B>,
+    ) -> Result<Option<LayerTrace<B>>> {
+        self.run(stream, hidden_states, meta, cache, out)
+    }
+
+    /// Every check of a forward call; nothing is launched before they all pass.
+    fn check(
+        &self,
+        x: &Tensor<B>,
+        meta: &BatchMeta,
+        cache: &StateCache<B>,
+        out: &Tensor<B>,
+    ) -> Result<DispatchPlan> {
+        const OP: &str = "kda_layer";
+        for (what, buffer) in [("hidden_states", x.buffer()), ("out", out.buffer())]
+            .into_iter()
+            .chain(cache.buffers().map(|b| ("cache", b)))
+        {
+            crate::hal::check_instance(&self.backend, what, buffer.id().instance)?;
+        }
+        // Shape and dtype of the input, as the projection sees it.
+        self.projection.plan(x).map_err(|e| match e {
+            Error::Shape { expected, actual, .. } => Error::Shape {
+                op: OP,
+                param: "hidden_states",
+                expected: format!("{expected} (hidden_size of the config)"),
+                actual,
+            },
+            Error::DType { expected, actual, .. } => {
+                Error::DType { op: OP, param: "hidden_states", expected, actual }
+            }
+            other => other,
+        })?;
+        let rows = x.shape()[0];
+        let hidden = self.dims.hidden;
+        if out.shape() != [rows, hidden] {
+            return Err(Error::Shape {
+                op: OP,
+                param: "out",
+                expected: format!("[{rows}, {hidden}] (rows of hidden_states, hidden_size)"),
+                actual: out.shape().to_vec(),
+            });
+        }
+        if !out.dtype().is_float() {
+            let expected = "bf16, f16 or f32".into();
+            return Err(Error::DType { op: OP, param: "out", expected, actual: out.dtype() });
+        }
+        if !out.layout().is_non_overlapping() {
+            return Err(Error::SelfOverlap {
+                op: OP,
+                param: "out",
+                shape: out.shape().to_vec(),
+                strides: out.layout().strides().to_vec(),
+            });
+        }
+        let aliased = if out.overlaps(x) {
+            Some("hidden_states")
+        } else {
+            cache.overlaps(out).then_some("cache")
+        };
+        if let Some(other) = aliased {
+            let span = out.byte_span();
+            let actual = (span.start, span.end);
+            return Err(Error::Aliasing { op: OP, param: "out", other, actual });
+        }
+        let d = &self.dims;
+        cache.check(d.local_heads, d.head_dim, d.conv_width)?;
+        Ok(DispatchPlan::new(meta, rows, cache.limits())?)
+    }
+
+    fn run(
+        &self,
+        stream: &B::Stream,
+        x: &Tensor<B>,
+        meta: &BatchMeta,
+        cache: &mut StateCache<B>,
+        out: &mut Tensor<B>,
+    ) -> Result<Option<LayerTrace<B>>> {
+        let _span = tracing::debug_span!(
+            "kda_layer.forward",
+            layer = self.layer,
+            tokens = x.shape().first().copied().unwrap_or(0),
+            requests = meta.num_requests(),
+        )
+        .entered();
+        let plan = self.check(x, meta, cache, out)?;
+        let b = &self.backend;
+        if plan.is_empty() {
+            b.launch(stream, Op::Fill { dst: out.clone(), value: 0.0 })?;
+            return Ok(None);
+        }
+        let (rows, n) = (x.shape()[0], plan.num_actual_tokens);
+        let (lh, hd) = (self.dims.local_heads, self.dims.head_dim);
+
+        let bufs = self.projection.alloc_buffers(x)?;
+        let projected = self.projection.forward_into(stream, x, &bufs)?;
+
+        // Per-token work on the live rows, once for every group.
+        let beta = match self.beta {
+            BetaInput::Preprocessed => projected.dispatch_beta(b, stream, n)?,
+            BetaInput::Raw => {
+                let [raw, _, _] = bufs.bfg_parts()?;
+                prepare_beta(b, stream, &raw, n, false)?
+            }
+        }
+        .reshape(&[n, lh])?;
+        let g1 = projected.g1.narrow(1, 0, n)?.reshape(&[n, lh, hd])?;
+        let gate = b.alloc(DType::F32, &[n, lh, hd])?;
+        let w = &self.weights;
+        b.launch(
+            stream,
+            Op::KdaGate(KdaGate {
+                g1: g1.clone(),
+                a_log: w.a_log.clone(),
+                dt_bias: w.dt_bias.clone(),
+                form: self.gate,
+                g: gate.clone(),
+            }),
+        )?;
+
+        let core = b.alloc(DType::F32, &[n, lh, hd])?;
+        let inputs = dispatch::TokenInputs {
+            qkv: projected.mixed_qkv.narrow(0, 0, n)?,
+            gate: gate.clone(),
+            beta: beta.clone(),
+            core: core.clone(),
+        };
+        let scale = (hd as f32).powf(-0.5);
+        for group in plan.groups() {
+            dispatch::run_group(b, stream, group, &inputs, &w.conv, cache, scale)?;
+        }
+
+        // Gated norm and o_proj on the live rows; the padding rows of `out` set to zero.
+        let g2 = projected.g2.narrow(0, 0, n)?;
+        let normed = b.alloc(DType::F32, &[n, lh, hd])?;
+        b.launch(
+            stream,
+            Op::GatedRmsNorm(GatedRmsNorm {
+                x: core.clone(),
+                gate: g2.clone(),
+                weight: w.o_norm.clone(),
+                y: normed.clone(),
+                eps: self.eps,
+            }),
+        )?;
+        let live_out = out.narrow(0, 0, n)?;
+        let flat = normed.reshape(&[n, lh * hd])?;
+        b.launch_labeled(stream, "o_proj", Op::Gemm { x: flat, w: w.o_proj.clone(), y: live_out })?;
+        if n < rows {
+            let count = dispatch::meta_tensor(b, stream, &[n as i32])?;
+            b.launch(
+                stream,
+                Op::ZeroPadding(ZeroPadding { x: out.clone(), num_actual_tokens: count }),
+            )?;
+        }
+        Ok(Some(LayerTrace {
+            mixed_qkv: bufs.mixed_qkv.narrow(0, 0, n)?,
+            beta,
+            g1,
+            gate,
+            g2,
+            core_attn_out: core,
+        }))
+    }
+}

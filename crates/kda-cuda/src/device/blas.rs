@@ -1,0 +1,166 @@
+//! Dense GEMMs on cuBLAS: `y[M, N] = x[M, K] · w[N, K]^T` as one column-major `cublasGemmEx`
+//! with fp32 compute, reading strided views in place where cuBLAS can (see
+//! [`crate::plan::matrix_operand`]) and staging them through scratch where it cannot.
+//!
+//! cuBLAS calls are not skipped after an earlier failure on the stream (only kernels check
+//! the stream's failure record); the failure is still reported at `synchronize`.
+
+use std::ffi::{c_int, c_void};
+
+use cudarc::cublas::{CudaBlas, result as blas_result, sys as blas_sys};
+use kda_core::{DType, Layout, Result};
+
+use super::ops::Scratch;
+use super::{CudaBackend, CudaStream};
+use crate::CudaError;
+use crate::plan::{MatrixOperand, gemm_dtypes, matrix_operand};
+use crate::view::KernelView;
+
+type T = kda_core::Tensor<CudaBackend>;
+
+fn cuda_dtype(dtype: DType) -> blas_sys::cudaDataType {
+    match dtype {
+        DType::BF16 => blas_sys::cudaDataType::CUDA_R_16BF,
+        DType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+        _ => blas_sys::cudaDataType::CUDA_R_32F,
+    }
+}
+
+fn blas_error(call: &'static str) -> impl Fn(blas_result::CublasError) -> CudaError {
+    move |e| CudaError::Driver { call, message: format!("{e:?}") }
+}
+
+fn int(param: &'static str, v: usize) -> Result<c_int> {
+    Ok(c_int::try_from(v).map_err(|_| CudaError::Limit {
+        op: "gemm",
+        param,
+        actual: v,
+        limit: c_int::MAX as usize,
+    })?)
+}
+
+/// An operand ready for cuBLAS: its address, dtype and column-major description.
+struct Ready {
+    ptr: u64,
+    dtype: DType,
+    operand: MatrixOperand,
+}
+
+impl CudaBackend {
+    fn blas<'a>(&self, stream: &'a CudaStream) -> Result<&'a CudaBlas> {
+        if let Some(blas) = stream.inner.blas.get() {
+            return Ok(blas);
+        }
+        let blas = CudaBlas::new(stream.inner.cuda.clone()).map_err(blas_error("cublasCreate"))?;
+        Ok(stream.inner.blas.get_or_init(|| blas))
+    }
+
+    /// `t` as it is, or converted to a dense `dtype` copy in scratch.
+    fn gemm_input(
+        &self,
+        stream: &CudaStream,
+        param: &'static str,
+        t: &T,
+        dtype: DType,
+        scratch: &mut Vec<Scratch>,
+    ) -> Result<Ready> {
+        let shape = [t.shape()[0], t.shape()[1]];
+        let strides = [t.layout().strides()[0], t.layout().strides()[1]];
+        let here = KernelView::new("gemm", param, t.layout(), t.buffer().device_ptr())?;
+        if t.dtype() == dtype {
+            if let Some(operand) = matrix_operand(shape, strides) {
+                return Ok(Ready { ptr: here.ptr, dtype, operand });
+            }
+        }
+        let s = self.scratch(stream, t.numel() * dtype.size_bytes())?;
+        let dense = KernelView::new("gemm", param, &Layout::contiguous(dtype, &shape), s.ptr)?;
+        self.convert_views(stream, here, dense, t.numel())?;
+        let ready = Ready {
+            ptr: s.ptr,
+            dtype,
+            operand: MatrixOperand { transposed: false, ld: shape[1].max(1) },
+        };
+        scratch.push(s);
+        Ok(ready)
+    }
+
+    pub(super) fn gemm(&self, stream: &CudaStream, x: &T, w: &T, y: &T) -> Result<()> {
+        let dims = kda_core::op::gemm_dims(x, w, y)?;
+        let (m, n, k) = (dims.m, dims.n, dims.k);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 {
+            return self.run(stream, "gemm", kda_core::Op::Fill { dst: y.clone(), value: 0.0 });
+        }
+        let (input, output) = gemm_dtypes(x.dtype(), w.dtype(), y.dtype());
+        let mut scratch = Vec::new();
+        let xr = self.gemm_input(stream, "x", x, input, &mut scratch)?;
+        let wr = self.gemm_input(stream, "w", w, input, &mut scratch)?;
+        let y_here = KernelView::new("gemm", "y", y.layout(), y.buffer().device_ptr())?;
+        let direct = matrix_operand([m, n], [y.layout().strides()[0], y.layout().strides()[1]])
+            .filter(|op| !op.transposed && y.dtype() == output);
+        let (y_ptr, ldc, y_stage) = match direct {
+            Some(op) => (y_here.ptr, op.ld, None),
+            None => {
+                let s = self.scratch(stream, m * n * output.size_bytes())?;
+                let dense =
+                    KernelView::new("gemm", "y", &Layout::contiguous(output, &[m, n]), s.ptr)?;
+                let ptr = s.ptr;
+                scratch.push(s);
+                (ptr, n, Some(dense))
+            }
+        };
+        // Column-major: C[N, M] = op(W)[N, K] · op(X)[K, M], where row-major y[M, N] is
+        // column-major C with ld = y's row stride.
+        let op = |transposed_in_row_major: bool| {
+            if transposed_in_row_major {
+                blas_sys::cublasOperation_t::CUBLAS_OP_N
+            } else {
+                blas_sys::cublasOperation_t::CUBLAS_OP_T
+            }
+        };
+        let opb = if xr.operand.transposed {
+            blas_sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            blas_sys::cublasOperation_t::CUBLAS_OP_N
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let blas = self.blas(stream)?;
+        // SAFETY: the handle is bound to `stream`; every pointer addresses validated device
+        // memory of the sizes the dimensions and leading dimensions describe (checked by
+        // `matrix_operand` or dense scratch); alpha and beta are host f32 as fp32 compute reads
+        // them in the default host pointer mode.
+        unsafe {
+            blas_result::gemm_ex(
+                *blas.handle(),
+                op(wr.operand.transposed),
+                opb,
+                int("N", n)?,
+                int("M", m)?,
+                int("K", k)?,
+                &alpha as *const f32 as *const c_void,
+                wr.ptr as *const c_void,
+                cuda_dtype(wr.dtype),
+                int("ld(w)", wr.operand.ld)?,
+                xr.ptr as *const c_void,
+                cuda_dtype(xr.dtype),
+                int("ld(x)", xr.operand.ld)?,
+                &beta as *const f32 as *const c_void,
+                y_ptr as *mut c_void,
+                cuda_dtype(output),
+                int("ld(y)", ldc)?,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(blas_error("cublasGemmEx"))?;
+        if let Some(dense) = y_stage {
+            self.convert_views(stream, dense, y_here, m * n)?;
+        }
+        for s in scratch {
+            self.release(stream, s)?;
+        }
+        Ok(())
+    }
+}

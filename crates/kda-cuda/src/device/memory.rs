@@ -1,0 +1,216 @@
+//! Device memory, pinned staging memory, and host callbacks: the pieces whose lifetimes the
+//! stream order decides.
+
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cudarc::driver::{CudaContext, DriverError, result, sys};
+
+use crate::CudaError;
+
+/// Map a driver error to [`CudaError`], naming the call.
+pub(super) fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
+    move |e| CudaError::Driver { call, message: e.to_string() }
+}
+
+/// `cuMemAlloc` memory, released with `cuMemFree` when dropped. `cuMemFree` waits for the
+/// device work that may still use it, so dropping the last handle while kernels run is safe.
+#[derive(Debug)]
+pub(super) struct DeviceMemory {
+    pub(super) ptr: u64,
+    pub(super) bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceMemory {
+    pub(super) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, CudaError> {
+        if bytes == 0 {
+            return Ok(Self { ptr: 0, bytes, ctx: ctx.clone() });
+        }
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: a plain allocation in the bound context; the memory is only ever addressed
+        // through views that `Op::validate` keeps within `bytes`.
+        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                CudaError::OutOfMemory { bytes }
+            } else {
+                driver("cuMemAlloc")(e)
+            }
+        })?;
+        Ok(Self { ptr, bytes, ctx: ctx.clone() })
+    }
+
+    /// Set every byte to zero, synchronously.
+    pub(super) fn zero(&self) -> Result<(), CudaError> {
+        if self.bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        // SAFETY: `ptr` holds `bytes` bytes of this context's memory.
+        unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }.map_err(driver("cuMemsetD8"))
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        // A failure here (a context already torn down) leaves nothing to recover.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from `cuMemAlloc` in this context and is freed once, here.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// Page-locked host memory, mapped into the device's address space.
+#[derive(Debug)]
+pub(super) struct Pinned {
+    pub(super) host: *mut u8,
+    pub(super) device: u64,
+    pub(super) bytes: usize,
+}
+
+// SAFETY: the allocation is plain memory owned by this value; the pointer is not tied to the
+// thread that allocated it (pinned allocations are portable).
+unsafe impl Send for Pinned {}
+// SAFETY: shared access only reads the pointers; the bytes behind them are accessed under the
+// stream-order contract each user documents.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    pub(super) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, CudaError> {
+        ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: a fresh allocation of `bytes.max(1)` bytes; freed once in `free`.
+        let host = unsafe { result::malloc_host(bytes.max(1), flags) }
+            .map_err(driver("cuMemHostAlloc"))? as *mut u8;
+        let mut device = 0;
+        // SAFETY: `host` is a live mapped allocation; `device` receives its device address.
+        let status =
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) };
+        if status != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: allocated above, not shared yet.
+            let _ = unsafe { result::free_host(host as *mut c_void) };
+            return Err(driver("cuMemHostGetDevicePointer")(DriverError(status)));
+        }
+        // SAFETY: `host` points to at least `bytes` writable bytes that nothing else uses yet.
+        unsafe { std::ptr::write_bytes(host, 0, bytes) };
+        Ok(Self { host, device, bytes })
+    }
+
+    /// Release the allocation (the context must be current and no stream may still use it).
+    fn free(self) {
+        // SAFETY: `host` came from `cuMemHostAlloc` and is freed once, here.
+        let _ = unsafe { result::free_host(self.host as *mut c_void) };
+    }
+}
+
+/// Reusable pinned staging buffers for uploads and downloads. Host callbacks return buffers
+/// here (they may not call CUDA); the buffers are freed when the pool is dropped.
+#[derive(Debug)]
+pub(super) struct PinnedPool {
+    ctx: Arc<CudaContext>,
+    free: Mutex<Vec<Pinned>>,
+}
+
+/// Buffers smaller than this are rounded up, so small transfers share a few buffers.
+const MIN_STAGING: usize = 64 << 10;
+
+impl PinnedPool {
+    pub(super) fn new(ctx: &Arc<CudaContext>) -> Self {
+        Self { ctx: ctx.clone(), free: Mutex::new(Vec::new()) }
+    }
+
+    /// A buffer of at least `bytes` bytes, reused if one is free.
+    pub(super) fn take(&self, bytes: usize) -> Result<Pinned, CudaError> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.bytes >= bytes)
+            .min_by_key(|(_, p)| p.bytes)
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            return Ok(free.swap_remove(i));
+        }
+        drop(free);
+        Pinned::new(&self.ctx, bytes.max(MIN_STAGING))
+    }
+
+    pub(super) fn give(&self, buffer: Pinned) {
+        self.free.lock().unwrap_or_else(PoisonError::into_inner).push(buffer);
+    }
+}
+
+impl Drop for PinnedPool {
+    fn drop(&mut self) {
+        let buffers = std::mem::take(self.free.get_mut().unwrap_or_else(PoisonError::into_inner));
+        if self.ctx.bind_to_thread().is_ok() {
+            buffers.into_iter().for_each(Pinned::free);
+        }
+    }
+}
+
+/// A mapped pinned allocation that is freed when dropped (the per-stream mailboxes).
+#[derive(Debug)]
+pub(super) struct OwnedPinned {
+    pub(super) pinned: Option<Pinned>,
+    ctx: Arc<CudaContext>,
+}
+
+impl OwnedPinned {
+    pub(super) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, CudaError> {
+        Ok(Self { pinned: Some(Pinned::new(ctx, bytes)?), ctx: ctx.clone() })
+    }
+
+    pub(super) fn host(&self) -> *mut u8 {
+        self.pinned.as_ref().map_or(std::ptr::null_mut(), |p| p.host)
+    }
+
+    pub(super) fn device(&self) -> u64 {
+        self.pinned.as_ref().map_or(0, |p| p.device)
+    }
+}
+
+impl Drop for OwnedPinned {
+    fn drop(&mut self) {
+        if let Some(p) = self.pinned.take() {
+            if self.ctx.bind_to_thread().is_ok() {
+                p.free();
+            }
+        }
+    }
+}
+
+type Callback = Box<dyn FnOnce() + Send>;
+
+/// The C entry point of every host callback: runs the boxed closure once.
+unsafe extern "C" fn trampoline(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<Callback>` leaked by `enqueue_host`, which the driver hands to
+    // exactly one call of this function.
+    let callback = unsafe { Box::from_raw(data as *mut Callback) };
+    // A panic must not unwind into the driver.
+    let _ = catch_unwind(AssertUnwindSafe(callback));
+}
+
+/// Run `f` on a driver thread once the work queued on `stream` so far has finished
+/// (`cuLaunchHostFunc`). `f` must not call CUDA, nor drop anything that does.
+pub(super) fn enqueue_host(
+    stream: sys::CUstream,
+    f: impl FnOnce() + Send + 'static,
+) -> Result<(), CudaError> {
+    let boxed: Box<Callback> = Box::new(Box::new(f));
+    let data = Box::into_raw(boxed) as *mut c_void;
+    // SAFETY: `stream` is a live stream of the current context; `data` stays valid until the
+    // trampoline reclaims it.
+    let launched = unsafe { result::stream::launch_host_function(stream, trampoline, data) };
+    if let Err(e) = launched {
+        // SAFETY: the driver refused the callback, so `data` is still ours alone.
+        drop(unsafe { Box::from_raw(data as *mut Callback) });
+        return Err(driver("cuLaunchHostFunc")(e));
+    }
+    Ok(())
+}

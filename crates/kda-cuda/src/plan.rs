@@ -1,0 +1,140 @@
+//! Launch planning that needs no device: grid sizes, the kernels' register limits, and how a
+//! dense GEMM's strided views map onto one column-major `cublasGemmEx` call.
+
+use kda_core::DType;
+
+use crate::CudaError;
+
+/// Threads per block of the element-wise and row kernels.
+pub const BLOCK: u32 = 256;
+/// Warps (state rows) per block of the recurrence kernels (`ROWS_PER_BLOCK` in kda.cu).
+pub const ROWS_PER_BLOCK: u32 = 4;
+/// Key dimensions the recurrence holds in registers (32 lanes x `MAX_KEY_PER_LANE`).
+pub const MAX_KEY_DIM: usize = 32 * 8;
+/// `W - 1 + n` (conv history plus new tokens) the conv kernels hold (`MAX_CONV_WINDOW`).
+pub const MAX_CONV_WINDOW: usize = 64;
+/// Output tile of the MX GEMM kernel (`MX_TILE` in mx.cu).
+pub const MX_TILE: u32 = 16;
+
+/// Blocks for a grid-stride loop over `work` items at `per_block` items per block, capped at
+/// `max_blocks` (the loops cover the rest). `None` when there is nothing to do.
+pub fn grid_for(work: usize, per_block: u32, max_blocks: u32) -> Option<u32> {
+    if work == 0 {
+        return None;
+    }
+    let blocks = work.div_ceil(per_block as usize);
+    Some(blocks.min(max_blocks as usize).max(1) as u32)
+}
+
+/// Check a size against a kernel limit, naming it.
+pub fn within(
+    op: &'static str,
+    param: &'static str,
+    actual: usize,
+    limit: usize,
+) -> Result<(), CudaError> {
+    if actual > limit { Err(CudaError::Limit { op, param, actual, limit }) } else { Ok(()) }
+}
+
+/// A rank-2 operand as cuBLAS takes it: column-major with leading dimension `ld`, transposed
+/// or not relative to its row-major `[rows, cols]` meaning.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct MatrixOperand {
+    /// True when the row-major matrix is stored with unit row stride (a transposed view).
+    pub transposed: bool,
+    pub ld: usize,
+}
+
+/// How a row-major `[rows, cols]` view with `strides` can be handed to cuBLAS without a copy,
+/// or `None` when neither dimension has unit stride (or the leading dimension is too small).
+pub fn matrix_operand(shape: [usize; 2], strides: [usize; 2]) -> Option<MatrixOperand> {
+    let [rows, cols] = shape;
+    // A dimension of size one may have any stride; read it as unit.
+    let unit = |d: usize| shape[d] <= 1 || strides[d] == 1;
+    if unit(1) {
+        let ld = if rows <= 1 { cols.max(1) } else { strides[0] };
+        if ld >= cols.max(1) {
+            return Some(MatrixOperand { transposed: false, ld });
+        }
+    }
+    if unit(0) {
+        let ld = if cols <= 1 { rows.max(1) } else { strides[1] };
+        if ld >= rows.max(1) {
+            return Some(MatrixOperand { transposed: true, ld });
+        }
+    }
+    None
+}
+
+/// The dtypes one `cublasGemmEx` call (fp32 compute) runs with for inputs `x`, `w` and output
+/// `y`: the common input dtype (inputs of different dtypes are widened to f32 first) and the
+/// dtype cuBLAS writes (`y`'s when the pair is supported, else f32 then converted).
+pub fn gemm_dtypes(x: DType, w: DType, y: DType) -> (DType, DType) {
+    let input = if x == w { x } else { DType::F32 };
+    let output = match (input, y) {
+        (DType::F32, DType::F32) => DType::F32,
+        (DType::BF16, DType::BF16 | DType::F32) | (DType::F16, DType::F16 | DType::F32) => y,
+        _ => DType::F32,
+    };
+    (input, output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_cover_the_work_and_respect_the_cap() {
+        assert_eq!(grid_for(0, 256, 100), None);
+        assert_eq!(grid_for(1, 256, 100), Some(1));
+        assert_eq!(grid_for(256, 256, 100), Some(1));
+        assert_eq!(grid_for(257, 256, 100), Some(2));
+        assert_eq!(grid_for(1 << 30, 256, 100), Some(100));
+    }
+
+    #[test]
+    fn limits_name_the_parameter() {
+        assert!(within("kda_chunk", "K", 256, MAX_KEY_DIM).is_ok());
+        assert_eq!(
+            within("kda_chunk", "K", 257, MAX_KEY_DIM),
+            Err(CudaError::Limit { op: "kda_chunk", param: "K", actual: 257, limit: 256 })
+        );
+    }
+
+    #[test]
+    fn strided_matrices_map_onto_leading_dimensions() {
+        // Dense [4, 8]: ld 8.
+        assert_eq!(
+            matrix_operand([4, 8], [8, 1]),
+            Some(MatrixOperand { transposed: false, ld: 8 })
+        );
+        // Columns 2..6 of a [4, 16] matrix: ld 16.
+        assert_eq!(
+            matrix_operand([4, 4], [16, 1]),
+            Some(MatrixOperand { transposed: false, ld: 16 })
+        );
+        // The transpose of a dense [8, 4]: viewed as [4, 8] with strides [1, 4].
+        assert_eq!(matrix_operand([4, 8], [1, 4]), Some(MatrixOperand { transposed: true, ld: 4 }));
+        // One row: any row stride.
+        assert_eq!(
+            matrix_operand([1, 8], [0, 1]),
+            Some(MatrixOperand { transposed: false, ld: 8 })
+        );
+        // Every other column: no unit stride, needs a copy.
+        assert_eq!(matrix_operand([4, 4], [8, 2]), None);
+        // Overlapping rows (ld below the row length) are not a matrix cuBLAS can take.
+        assert_eq!(matrix_operand([4, 8], [4, 1]), None);
+    }
+
+    #[test]
+    fn gemm_dtypes_pick_a_supported_cublas_pair() {
+        use DType::*;
+        assert_eq!(gemm_dtypes(BF16, BF16, BF16), (BF16, BF16));
+        assert_eq!(gemm_dtypes(BF16, BF16, F32), (BF16, F32));
+        assert_eq!(gemm_dtypes(BF16, BF16, F16), (BF16, F32));
+        assert_eq!(gemm_dtypes(F16, F16, F16), (F16, F16));
+        assert_eq!(gemm_dtypes(F32, F32, BF16), (F32, F32));
+        assert_eq!(gemm_dtypes(BF16, F32, BF16), (F32, F32));
+        assert_eq!(gemm_dtypes(F16, BF16, F32), (F32, F32));
+    }
+}

@@ -1,0 +1,141 @@
+//! The backend without the `cuda` feature: the same types, none of which can be made, so
+//! downstream code compiles everywhere and [`CudaBackend::new`] says what to do (the candle
+//! `dummy_cuda_backend` pattern).
+
+use std::convert::Infallible;
+
+use kda_core::sanitize::Instrumentation;
+use kda_core::{
+    Backend, BackendInfo, BufferHandle, BufferId, EventHandle, EventId, InstanceId, Op, Result,
+    StreamHandle, StreamId,
+};
+
+use crate::{CudaError, CudaOptions};
+
+/// The CUDA backend; built without the `cuda` feature, it cannot be constructed.
+#[derive(Clone, Debug)]
+pub struct CudaBackend {
+    never: Infallible,
+}
+
+/// A CUDA stream (uninhabited without the `cuda` feature).
+#[derive(Clone, Debug)]
+pub struct CudaStream {
+    never: Infallible,
+}
+
+/// A CUDA event (uninhabited without the `cuda` feature).
+#[derive(Clone, Debug)]
+pub struct CudaEvent {
+    never: Infallible,
+}
+
+/// Device memory (uninhabited without the `cuda` feature).
+#[derive(Clone, Debug)]
+pub struct CudaBuffer {
+    never: Infallible,
+}
+
+impl CudaBackend {
+    /// Always [`CudaError::NotCompiledWithCuda`].
+    pub fn new() -> std::result::Result<Self, CudaError> {
+        Self::with_options(CudaOptions::default())
+    }
+
+    /// Always [`CudaError::NotCompiledWithCuda`].
+    pub fn with_options(_options: CudaOptions) -> std::result::Result<Self, CudaError> {
+        Err(CudaError::NotCompiledWithCuda)
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn device_name(&self) -> &str {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn elapsed_ms(
+        &self,
+        _stream: &CudaStream,
+        _work: impl FnOnce() -> Result<()>,
+    ) -> Result<f32> {
+        match self.never {}
+    }
+}
+
+impl StreamHandle for CudaStream {
+    fn id(&self) -> StreamId {
+        match self.never {}
+    }
+}
+
+impl EventHandle for CudaEvent {
+    fn id(&self) -> EventId {
+        match self.never {}
+    }
+}
+
+impl BufferHandle for CudaBuffer {
+    fn id(&self) -> BufferId {
+        match self.never {}
+    }
+
+    fn len_bytes(&self) -> usize {
+        match self.never {}
+    }
+}
+
+impl Backend for CudaBackend {
+    type Stream = CudaStream;
+    type Event = CudaEvent;
+    type Buffer = CudaBuffer;
+
+    fn info(&self) -> BackendInfo {
+        match self.never {}
+    }
+
+    fn instance(&self) -> InstanceId {
+        match self.never {}
+    }
+
+    fn instrumentation(&self) -> &Instrumentation<Self> {
+        match self.never {}
+    }
+
+    fn new_stream(&self) -> Result<CudaStream> {
+        match self.never {}
+    }
+
+    fn new_event(&self) -> Result<CudaEvent> {
+        match self.never {}
+    }
+
+    fn raw_record(&self, _event: &CudaEvent, _stream: &CudaStream) -> Result<()> {
+        match self.never {}
+    }
+
+    fn raw_wait(&self, _stream: &CudaStream, _event: &CudaEvent) -> Result<()> {
+        match self.never {}
+    }
+
+    fn raw_synchronize(&self, _stream: &CudaStream) -> Result<()> {
+        match self.never {}
+    }
+
+    fn raw_alloc(&self, _bytes: usize) -> Result<CudaBuffer> {
+        match self.never {}
+    }
+
+    fn submit(&self, _stream: &CudaStream, _label: &str, _op: Op<Self>) -> Result<()> {
+        match self.never {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn construction_says_the_feature_is_missing() {
+        assert_eq!(CudaBackend::new().unwrap_err(), CudaError::NotCompiledWithCuda);
+    }
+}

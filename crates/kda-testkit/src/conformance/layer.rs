@@ -1,0 +1,790 @@
+//! The whole KDA layer (KDA.md "Batches and dispatch") on any backend: against the f64 layer
+//! oracle over mixed continuous batches, the identities an engine relies on (split prefills,
+//! prefill then decodes, speculative steps, batches versus single requests, TP partial sums),
+//! SCHEDULE.md behaviours 1, 2, 3, 4, 7, 8, 11 and 12, the overlapped forward under the
+//! sanitizer, as a captured graph and under jitter, and bad input that must leave the cache
+//! alone.
+//!
+//! Weights come from tiny synthetic checkpoints shaped like the two real models: K3 (MXFP8 QKV,
+//! lower-bound gate, full-rank output gate) and Kimi Linear (bf16 QKV, softplus gate, low-rank
+//! output gate), with `H = 8` heads of `D = 8` and hidden 48 (one partial MX block).
+
+use half::bf16;
+use kda_core::config::{KdaConfig, Tp};
+use kda_core::layer::{
+    BatchError, BatchMeta, BetaInput, ForgetProjection, KdaLayer, LayerOptions, RequestSlots,
+    StateCache,
+};
+use kda_core::sanitize::Entry;
+use kda_core::schedule::beta::BETA_SIGMOID;
+use kda_core::schedule::{MatrixOverlap, ProjectionSchedule};
+use kda_core::weights::{BfgMode, LayerWeights, LoadOptions, load_layer};
+use kda_core::{Backend, DType, Error, Op, Tensor};
+
+use super::Factory;
+use super::gemm::download_f64;
+use crate::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
+use crate::oracle_kda::max_abs;
+use crate::oracle_layer::{LayerOracle, RequestState};
+use crate::{Gen, Tolerance};
+
+const HIDDEN: usize = 48;
+const HEADS: usize = 8;
+const HEAD_DIM: usize = 8;
+
+/// Which real model the tiny checkpoint is shaped like.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Model {
+    K3,
+    KimiLinear,
+}
+
+/// The tiny config of `model`. The output norm's epsilon is the checkpoint's own and large
+/// enough to matter (behaviour 3: a layer that used a default would miss the oracle).
+pub fn tiny_config(model: Model) -> KdaConfig {
+    let preset = match model {
+        Model::K3 => KdaConfig::kimi_k3(),
+        Model::KimiLinear => KdaConfig::kimi_linear_48b(),
+    };
+    let mut c = scaled_config(&preset, HIDDEN, HEADS, HEAD_DIM);
+    c.rms_norm_eps = 1e-2;
+    c
+}
+
+/// Rank `tp` of layer 0 of the synthetic checkpoint of `config`.
+pub fn load(config: &KdaConfig, tp: Tp, seed: u64) -> LayerWeights {
+    let source = SyntheticCheckpoint::new(SyntheticSpec::new(config.clone(), seed));
+    load_layer(&source, config, tp, 0, LoadOptions::default()).unwrap().weights
+}
+
+fn layer<B: Backend>(b: &B, s: &B::Stream, w: &LayerWeights, options: LayerOptions) -> KdaLayer<B> {
+    let layer = KdaLayer::new(b, s, w, options).unwrap();
+    b.synchronize(s).unwrap();
+    layer
+}
+
+fn bf16_tensor<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], v: &[f32]) -> Tensor<B> {
+    let t = b.alloc(DType::BF16, shape).unwrap();
+    let data: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+    b.upload(s, &t, &data).unwrap();
+    t
+}
+
+/// `rows` tokens of activations ~N(0, 1), rounded to bf16 (the values the layer sees).
+fn tokens(rng: &mut Gen, rows: usize) -> Vec<f32> {
+    rng.normal_f32(rows * HIDDEN, 0.0, 1.0)
+        .into_iter()
+        .map(|x| bf16::from_f32(x).to_f32())
+        .collect()
+}
+
+/// An output buffer `[rows, Hd]` f32 holding `fill`.
+fn out_buffer<B: Backend>(b: &B, s: &B::Stream, rows: usize, fill: f64) -> Tensor<B> {
+    let t = b.alloc(DType::F32, &[rows, HIDDEN]).unwrap();
+    b.launch(s, Op::Fill { dst: t.clone(), value: fill }).unwrap();
+    t
+}
+
+/// Run `meta` on the activation rows `x` (plus `pad` padding rows of `pad_value`) into a fresh
+/// output prefilled with `out_fill`; returns every output row.
+#[allow(clippy::too_many_arguments)]
+fn step<B: Backend>(
+    b: &B,
+    s: &B::Stream,
+    layer: &KdaLayer<B>,
+    cache: &mut StateCache<B>,
+    meta: &BatchMeta,
+    x: &[f32],
+    pad: usize,
+    pad_value: f32,
+    out_fill: f64,
+) -> Vec<f64> {
+    let rows = x.len() / HIDDEN + pad;
+    let mut all = x.to_vec();
+    all.extend(std::iter::repeat_n(pad_value, pad * HIDDEN));
+    let xt = bf16_tensor(b, s, &[rows, HIDDEN], &all);
+    let mut out = out_buffer(b, s, rows, out_fill);
+    layer.forward(s, &xt, meta, cache, &mut out).unwrap();
+    download_f64(b, s, &out)
+}
+
+/// The recurrent state of `slot`, v-first `[lh, V, K]`.
+fn slot_state<B: Backend>(b: &B, s: &B::Stream, cache: &StateCache<B>, slot: usize) -> Vec<f64> {
+    download_f64(b, s, &cache.recurrent_slot(slot).unwrap())
+}
+
+/// Everything in the cache, bit for bit.
+fn cache_bits<B: Backend>(b: &B, s: &B::Stream, cache: &StateCache<B>) -> (Vec<u32>, Vec<u32>) {
+    let bits = |t: &Tensor<B>| -> Vec<u32> {
+        b.download::<f32>(s, t).unwrap().into_iter().map(f32::to_bits).collect()
+    };
+    (bits(cache.recurrent()), bits(cache.conv()))
+}
+
+/// Outputs and states against the oracle. After the projections everything is f32 (observed
+/// errors ~3e-7 of the largest magnitude); the projection outputs are bf16, and one of them may
+/// round to the other side of a midpoint than the oracle's (f32 against f64 accumulation), which
+/// moves that value, and at most its share of any later result, by 2^-8 relative (observed: 2e-4
+/// of the largest magnitude). So: 2^-8 relative, plus 2^-8 of the largest magnitude for results
+/// that cancel.
+fn layer_tolerance(expected: &[f64]) -> Tolerance {
+    Tolerance::new(1.0 / 256.0, max_abs(expected) / 256.0)
+}
+
+/// Identities between two device runs whose projections may round differently (GEMMs of
+/// another M), checked with the same allowance.
+fn assert_close(what: &str, shape: &[usize], actual: &[f64], expected: &[f64]) {
+    if let Err(m) = layer_tolerance(expected).compare(shape, actual, expected) {
+        panic!("{what}: {m}");
+    }
+}
+
+fn rows(x: &[f32], r: std::ops::Range<usize>) -> &[f32] {
+    &x[r.start * HIDDEN..r.end * HIDDEN]
+}
+
+/// A mixed batch on the given layer options against the oracle, over two steps: fresh prefills
+/// (one crossing a 64-token chunk), then decodes, a speculative decode, a continued prefill and
+/// a fresh one, in interleaved order with padding rows of NaN and an output holding NaN. Checks
+/// every output row, every touched state (v-first), untouched slots, and the padding.
+fn matches_oracle<B: Backend>(make: &impl Factory<B>, model: Model, options: LayerOptions) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let config = tiny_config(model);
+    let w = load(&config, Tp::SINGLE, 11);
+    let oracle = LayerOracle::new(&w, options.forget);
+    let layer = layer(&b, &s, &w, options);
+    let mut cache = layer.new_cache(&s, 12, 2).unwrap();
+    let mut rng = Gen::new(5);
+    let mut tracked: Vec<RequestState> = (0..3).map(|_| oracle.fresh()).collect();
+
+    // Step 1: fresh prefills of 5, 67 and 3 tokens into slots 2, 5 and 0.
+    let lens = [5, 67, 3];
+    let slots = [2, 5, 0];
+    let x1 = tokens(&mut rng, 75);
+    let meta = BatchMeta::prefills(&lens, &slots);
+    let out = step(&b, &s, &layer, &mut cache, &meta, &x1, 2, f32::NAN, f64::NAN);
+    let mut at = 0;
+    for (r, &len) in lens.iter().enumerate() {
+        let (want, next) = oracle.run(rows(&x1, at..at + len), &tracked[r]);
+        let got = &out[at * HIDDEN..(at + len) * HIDDEN];
+        if let Err(m) = layer_tolerance(&want).compare(&[len, HIDDEN], got, &want) {
+            panic!("{model:?} {options:?} step 1 request {r}: {m}");
+        }
+        tracked[r] = next;
+        at += len;
+    }
+    assert!(out[75 * HIDDEN..].iter().all(|&v| v == 0.0), "padding rows are zero");
+
+    // Step 2, in this order: request 1 decodes (1 token), a fresh request of 4 tokens into
+    // slot 7, request 2 speculates (3 tokens, slots [0, 9, 10], the previous step's state in
+    // slots[0]), request 0 continues its prefill (6 tokens).
+    let x2 = tokens(&mut rng, 14);
+    let mut meta = BatchMeta::empty();
+    meta.push(1, 67, RequestSlots::Single(5))
+        .push(4, 0, RequestSlots::Single(7))
+        .push(3, 3, RequestSlots::Speculative { slots: vec![0, 9, 10], num_accepted: 1 })
+        .push(6, 5, RequestSlots::Single(2));
+    assert_eq!(meta.num_actual_tokens, 1 + 4 + 3 + 6, "behaviour 2: spec + non-spec tokens");
+    let (before_1, before_3) = (slot_state(&b, &s, &cache, 1), slot_state(&b, &s, &cache, 3));
+    let out = step(&b, &s, &layer, &mut cache, &meta, &x2, 3, f32::NAN, f64::NAN);
+    let check = |what: &str, got: &[f64], want: &[f64], shape: &[usize]| {
+        if let Err(m) = layer_tolerance(want).compare(shape, got, want) {
+            panic!("{model:?} {options:?} step 2 {what}: {m}");
+        }
+    };
+    let out_rows = |r: std::ops::Range<usize>| &out[r.start * HIDDEN..r.end * HIDDEN];
+    let state_shape = [HEADS, HEAD_DIM, HEAD_DIM];
+    let v_first = |st: &RequestState| st.v_first(HEADS, HEAD_DIM);
+
+    let (want, st) = oracle.run(rows(&x2, 0..1), &tracked[1]);
+    check("decode output", out_rows(0..1), &want, &[1, HIDDEN]);
+    check("decode state", &slot_state(&b, &s, &cache, 5), &v_first(&st), &state_shape);
+
+    let (want, st) = oracle.run(rows(&x2, 1..5), &oracle.fresh());
+    check("fresh prefill output", out_rows(1..5), &want, &[4, HIDDEN]);
+    check("fresh prefill state", &slot_state(&b, &s, &cache, 7), &v_first(&st), &state_shape);
+
+    // Every speculative token's output, and the state after token t in slots[t].
+    let mut st = tracked[2].clone();
+    for (t, slot) in [0usize, 9, 10].into_iter().enumerate() {
+        let (want, next) = oracle.run(rows(&x2, 5 + t..6 + t), &st);
+        check("speculative output", out_rows(5 + t..6 + t), &want, &[1, HIDDEN]);
+        check(
+            "speculative state",
+            &slot_state(&b, &s, &cache, slot),
+            &v_first(&next),
+            &state_shape,
+        );
+        st = next;
+    }
+
+    let (want, st) = oracle.run(rows(&x2, 8..14), &tracked[0]);
+    check("continued prefill output", out_rows(8..14), &want, &[6, HIDDEN]);
+    check(
+        "continued prefill state (behaviour 11: v-first)",
+        &slot_state(&b, &s, &cache, 2),
+        &v_first(&st),
+        &state_shape,
+    );
+
+    assert!(out[14 * HIDDEN..].iter().all(|&v| v == 0.0), "behaviour 1: padding rows are zero");
+    assert_eq!(slot_state(&b, &s, &cache, 1), before_1, "slot 1 is in no batch");
+    assert_eq!(slot_state(&b, &s, &cache, 3), before_3, "slot 3 is in no batch");
+    assert!(before_1.iter().all(|&v| v == 0.0));
+}
+
+/// Both models, both schedules and policies, staged and composed F, raw and preprocessed beta.
+pub fn matches_f64_oracle<B: Backend>(make: &impl Factory<B>) {
+    let defaults = LayerOptions::default();
+    for model in [Model::K3, Model::KimiLinear] {
+        matches_oracle(
+            make,
+            model,
+            LayerOptions { schedule: Some(ProjectionSchedule::Serial), ..defaults },
+        );
+    }
+    for policy in [MatrixOverlap::Serialized, MatrixOverlap::Concurrent] {
+        let options = LayerOptions {
+            schedule: Some(ProjectionSchedule::Overlapped),
+            matrix_overlap: Some(policy),
+            ..defaults
+        };
+        matches_oracle(make, Model::K3, options);
+    }
+    matches_oracle(
+        make,
+        Model::KimiLinear,
+        LayerOptions { forget: ForgetProjection::Staged, ..defaults },
+    );
+    matches_oracle(make, Model::K3, LayerOptions { beta: BetaInput::Raw, ..defaults });
+}
+
+/// Staged F from a loader in staged mode (where a low-rank G, Kimi Linear's, stays as factors
+/// and is composed at upload) gives the bits of staged F from a composed-mode loader.
+pub fn staged_loader_equals_composed_loader<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let config = tiny_config(Model::KimiLinear);
+    let source = SyntheticCheckpoint::new(SyntheticSpec::new(config.clone(), 13));
+    let staged_options = LoadOptions { bfg_mode: BfgMode::Staged, ..LoadOptions::default() };
+    let from_staged = load_layer(&source, &config, Tp::SINGLE, 0, staged_options).unwrap().weights;
+    let from_composed = load(&config, Tp::SINGLE, 13);
+    let options = LayerOptions { forget: ForgetProjection::Staged, ..LayerOptions::default() };
+    let x = tokens(&mut Gen::new(13), 5);
+    let meta = BatchMeta::prefills(&[5], &[0]);
+    let outs: Vec<Vec<u64>> = [&from_staged, &from_composed]
+        .into_iter()
+        .map(|w| {
+            let l = layer(&b, &s, w, options);
+            let mut cache = l.new_cache(&s, 1, 0).unwrap();
+            let out = step(&b, &s, &l, &mut cache, &meta, &x, 0, 0.0, 0.0);
+            out.iter().map(|v| v.to_bits()).collect()
+        })
+        .collect();
+    assert_eq!(outs[0], outs[1]);
+    assert!(
+        KdaLayer::new(&b, &s, &from_staged, LayerOptions::default()).is_err(),
+        "a staged loader has no composed F to upload"
+    );
+}
+
+/// Behaviour 3: the norm's epsilon is the checkpoint's. The oracle with a default epsilon
+/// (1e-5) instead of the checkpoint's (1e-2) disagrees with the layer, so the oracle test above
+/// would catch a layer that ignored the checkpoint.
+pub fn norm_uses_the_checkpoint_eps<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let config = tiny_config(Model::K3);
+    let w = load(&config, Tp::SINGLE, 3);
+    let layer = layer(&b, &s, &w, LayerOptions::default());
+    let mut cache = layer.new_cache(&s, 1, 0).unwrap();
+    let x = tokens(&mut Gen::new(9), 4);
+    let out = step(&b, &s, &layer, &mut cache, &BatchMeta::prefills(&[4], &[0]), &x, 0, 0.0, 0.0);
+    let oracle = LayerOracle::new(&w, ForgetProjection::Composed);
+    let (want, _) = oracle.run(&x, &oracle.fresh());
+    layer_tolerance(&want).assert_close(&[4, HIDDEN], &out, &want);
+    let mut default_eps = w.clone();
+    default_eps.rms_norm_eps = 1e-5;
+    let other = LayerOracle::new(&default_eps, ForgetProjection::Composed);
+    let (wrong, _) = other.run(&x, &other.fresh());
+    assert!(
+        layer_tolerance(&wrong).compare(&[4, HIDDEN], &out, &wrong).is_err(),
+        "the epsilon must make a visible difference for this test to mean anything"
+    );
+}
+
+/// A 20-token sequence: one prefill; a 12-token prefill then 8 single-token decodes; and two
+/// prefill chunks (12 + 8) across calls: same outputs and final states.
+pub fn prefill_whole_equals_parts_and_decodes<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 21);
+    let layer = layer(&b, &s, &w, LayerOptions::default());
+    let x = tokens(&mut Gen::new(1), 20);
+    let whole_meta = BatchMeta::prefills(&[20], &[1]);
+
+    let mut whole = layer.new_cache(&s, 2, 0).unwrap();
+    let out_whole = step(&b, &s, &layer, &mut whole, &whole_meta, &x, 0, 0.0, 0.0);
+    let state_whole = slot_state(&b, &s, &whole, 1);
+
+    let mut decoded = layer.new_cache(&s, 2, 0).unwrap();
+    let first = BatchMeta::prefills(&[12], &[1]);
+    let mut out_decoded = step(&b, &s, &layer, &mut decoded, &first, rows(&x, 0..12), 0, 0.0, 0.0);
+    for t in 12..20 {
+        let mut meta = BatchMeta::empty();
+        meta.push(1, t, RequestSlots::Single(1));
+        out_decoded.extend(step(
+            &b,
+            &s,
+            &layer,
+            &mut decoded,
+            &meta,
+            rows(&x, t..t + 1),
+            0,
+            0.0,
+            0.0,
+        ));
+    }
+
+    let mut chunked = layer.new_cache(&s, 2, 0).unwrap();
+    let mut out_chunked = step(&b, &s, &layer, &mut chunked, &first, rows(&x, 0..12), 0, 0.0, 0.0);
+    let mut second = BatchMeta::empty();
+    second.push(8, 12, RequestSlots::Single(1));
+    out_chunked.extend(step(&b, &s, &layer, &mut chunked, &second, rows(&x, 12..20), 0, 0.0, 0.0));
+
+    let shape = [20, HIDDEN];
+    assert_close("prefill + decodes", &shape, &out_decoded, &out_whole);
+    assert_close("two chunks", &shape, &out_chunked, &out_whole);
+    let state_shape = [HEADS, HEAD_DIM, HEAD_DIM];
+    assert_close(
+        "prefill + decodes state",
+        &state_shape,
+        &slot_state(&b, &s, &decoded, 1),
+        &state_whole,
+    );
+    assert_close("two chunks state", &state_shape, &slot_state(&b, &s, &chunked, 1), &state_whole);
+    // The decode path really continued the sequence: from a zero state it would differ.
+    let mut fresh = layer.new_cache(&s, 2, 0).unwrap();
+    let alone = step(
+        &b,
+        &s,
+        &layer,
+        &mut fresh,
+        &BatchMeta::prefills(&[1], &[1]),
+        rows(&x, 19..20),
+        0,
+        0.0,
+        0.0,
+    );
+    assert!(
+        layer_tolerance(&out_whole[19 * HIDDEN..])
+            .compare(&[1, HIDDEN], &alone, &out_whole[19 * HIDDEN..])
+            .is_err()
+    );
+}
+
+/// Speculative decode (num_spec = 2): a step of 3 tokens in slots [1, 2, 3] whose next step
+/// accepts 2 equals decoding those 2 one by one; the next step (3 more tokens, accepted 2)
+/// equals decoding its tokens one by one after them, so the rejected third token left no trace.
+pub fn speculative_equals_single_decodes<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 31);
+    let layer = layer(&b, &s, &w, LayerOptions::default());
+    let mut rng = Gen::new(2);
+    let (p, t, u) = (tokens(&mut rng, 6), tokens(&mut rng, 3), tokens(&mut rng, 3));
+    let prefill = BatchMeta::prefills(&[6], &[1]);
+    let spec = |num_accepted| {
+        let mut m = BatchMeta::empty();
+        m.push(3, 6, RequestSlots::Speculative { slots: vec![1, 2, 3], num_accepted });
+        m
+    };
+    let decode = |computed| {
+        let mut m = BatchMeta::empty();
+        m.push(1, computed, RequestSlots::Single(1));
+        m
+    };
+
+    let mut x_cache = layer.new_cache(&s, 4, 2).unwrap();
+    step(&b, &s, &layer, &mut x_cache, &prefill, &p, 0, 0.0, 0.0);
+    let s1 = step(&b, &s, &layer, &mut x_cache, &spec(1), &t, 0, 0.0, 0.0);
+    let after_s1 = slot_state(&b, &s, &x_cache, 2);
+    let s2 = step(&b, &s, &layer, &mut x_cache, &spec(2), &u, 0, 0.0, 0.0);
+
+    let mut y_cache = layer.new_cache(&s, 4, 2).unwrap();
+    step(&b, &s, &layer, &mut y_cache, &prefill, &p, 0, 0.0, 0.0);
+    let mut singles = Vec::new();
+    for (i, tok) in [rows(&t, 0..1), rows(&t, 1..2)].into_iter().enumerate() {
+        singles.extend(step(&b, &s, &layer, &mut y_cache, &decode(6 + i), tok, 0, 0.0, 0.0));
+    }
+    let state_shape = [HEADS, HEAD_DIM, HEAD_DIM];
+    assert_close("accepted outputs", &[2, HIDDEN], &s1[..2 * HIDDEN], &singles);
+    assert_close(
+        "state after 2 accepted",
+        &state_shape,
+        &after_s1,
+        &slot_state(&b, &s, &y_cache, 1),
+    );
+    let mut next = Vec::new();
+    for i in 0..3 {
+        next.extend(step(
+            &b,
+            &s,
+            &layer,
+            &mut y_cache,
+            &decode(8 + i),
+            rows(&u, i..i + 1),
+            0,
+            0.0,
+            0.0,
+        ));
+        let st = slot_state(&b, &s, &y_cache, 1);
+        assert_close(
+            "state after the next step's token",
+            &state_shape,
+            &slot_state(&b, &s, &x_cache, 1 + i),
+            &st,
+        );
+    }
+    assert_close("next step after a rejected token", &[3, HIDDEN], &s2, &next);
+}
+
+/// A batch of several requests (interleaved kinds, so dispatch gathers and scatters) equals each
+/// request run alone, and the slots of requests outside the batch keep their bits.
+pub fn batch_equals_each_alone<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::KimiLinear), Tp::SINGLE, 41);
+    let layer = layer(&b, &s, &w, LayerOptions::default());
+    let mut rng = Gen::new(3);
+    let warm = tokens(&mut rng, 9);
+    let mut together = layer.new_cache(&s, 8, 0).unwrap();
+    let mut alone = layer.new_cache(&s, 8, 0).unwrap();
+    // Slots 0, 3 and 6 hold states; 6 stays outside the next batch.
+    let warm_meta = BatchMeta::prefills(&[3, 4, 2], &[0, 3, 6]);
+    for cache in [&mut together, &mut alone] {
+        step(&b, &s, &layer, cache, &warm_meta, &warm, 0, 0.0, 0.0);
+    }
+    let outside = cache_bits(&b, &s, &together);
+
+    // A fresh prefill (5 tokens, slot 4), a decode (slot 0), a continued prefill (2 tokens,
+    // slot 3), a fresh one-token prefill (slot 5): both groups are split by the other.
+    let x = tokens(&mut rng, 9);
+    let parts: [(usize, usize, usize); 4] = [(5, 0, 4), (1, 3, 0), (2, 4, 3), (1, 0, 5)];
+    let mut meta = BatchMeta::empty();
+    for &(len, computed, slot) in &parts {
+        meta.push(len, computed, RequestSlots::Single(slot));
+    }
+    let batched = step(&b, &s, &layer, &mut together, &meta, &x, 0, 0.0, 0.0);
+    let mut at = 0;
+    for &(len, computed, slot) in &parts {
+        let mut one = BatchMeta::empty();
+        one.push(len, computed, RequestSlots::Single(slot));
+        let got = step(&b, &s, &layer, &mut alone, &one, rows(&x, at..at + len), 0, 0.0, 0.0);
+        assert_close(
+            &format!("request in slot {slot}"),
+            &[len, HIDDEN],
+            &batched[at * HIDDEN..(at + len) * HIDDEN],
+            &got,
+        );
+        let shape = [HEADS, HEAD_DIM, HEAD_DIM];
+        assert_close(
+            "its state",
+            &shape,
+            &slot_state(&b, &s, &together, slot),
+            &slot_state(&b, &s, &alone, slot),
+        );
+        at += len;
+    }
+    // Slots 1, 2, 6 and 7 were in no batch of the second step: their bits are unchanged.
+    let after = cache_bits(&b, &s, &together);
+    let dims = together.dims();
+    let per_rec = HEADS * HEAD_DIM * HEAD_DIM;
+    let per_conv = dims.conv_shape()[1] * dims.conv_shape()[2];
+    for slot in [1, 2, 6, 7] {
+        assert_eq!(
+            after.0[slot * per_rec..(slot + 1) * per_rec],
+            outside.0[slot * per_rec..(slot + 1) * per_rec],
+            "recurrent slot {slot}"
+        );
+        assert_eq!(
+            after.1[slot * per_conv..(slot + 1) * per_conv],
+            outside.1[slot * per_conv..(slot + 1) * per_conv],
+            "conv slot {slot}"
+        );
+    }
+}
+
+/// TP: the partial outputs of tp ∈ {2, 4, 8} ranks sum to the TP 1 output.
+pub fn tp_partials_sum_to_tp1<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let config = tiny_config(Model::K3);
+    let x = tokens(&mut Gen::new(4), 7);
+    let meta = BatchMeta::prefills(&[4, 3], &[0, 1]);
+    let run = |tp: Tp| {
+        let l = layer(&b, &s, &load(&config, tp, 51), LayerOptions::default());
+        let mut cache = l.new_cache(&s, 2, 0).unwrap();
+        step(&b, &s, &l, &mut cache, &meta, &x, 0, 0.0, 0.0)
+    };
+    let full = run(Tp::SINGLE);
+    for size in [2, 4, 8] {
+        let mut sum = vec![0.0; full.len()];
+        for rank in 0..size {
+            for (acc, v) in sum.iter_mut().zip(run(Tp::new(size, rank).unwrap())) {
+                *acc += v;
+            }
+        }
+        assert_close(&format!("tp {size}"), &[7, HIDDEN], &sum, &full);
+    }
+}
+
+/// Behaviours 1 and 12: padding rows are exactly zero whatever the input and output held there,
+/// live rows do not depend on them, and an empty batch zeroes an output that held NaN without
+/// touching the cache.
+pub fn padding_and_empty_batch<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 61);
+    let layer = layer(&b, &s, &w, LayerOptions::default());
+    let x = tokens(&mut Gen::new(6), 5);
+    let meta = BatchMeta::prefills(&[3, 2], &[0, 1]);
+    let mut c1 = layer.new_cache(&s, 2, 0).unwrap();
+    let clean = step(&b, &s, &layer, &mut c1, &meta, &x, 3, 0.0, 7.0);
+    let mut c2 = layer.new_cache(&s, 2, 0).unwrap();
+    let dirty = step(&b, &s, &layer, &mut c2, &meta, &x, 3, f32::NAN, f64::NAN);
+    let live = 5 * HIDDEN;
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&clean[..live]), bits(&dirty[..live]), "live rows ignore the padding");
+    assert!(clean[..live].iter().all(|v| v.is_finite()) && clean[..live].iter().any(|&v| v != 0.0));
+    for out in [&clean, &dirty] {
+        assert!(out[live..].iter().all(|&v| v == 0.0), "padding rows are exactly zero");
+    }
+    assert_eq!(cache_bits(&b, &s, &c1), cache_bits(&b, &s, &c2));
+
+    let before = cache_bits(&b, &s, &c2);
+    let empty = step(&b, &s, &layer, &mut c2, &BatchMeta::empty(), &x, 0, 0.0, f64::NAN);
+    assert!(empty.iter().all(|&v| v == 0.0), "behaviour 12: an empty batch zeroes the output");
+    assert_eq!(cache_bits(&b, &s, &c2), before, "an empty batch touches no state");
+}
+
+/// Behaviours 4, 7 and 8: the mixed path hands dispatch the projection's preprocessed beta (a
+/// view: no sigmoid op in the layer), the ordinary path applies exactly one fp32 sigmoid to the
+/// raw B columns, both give the same bits; the intermediates have the post-process shapes.
+pub fn beta_paths_and_intermediate_shapes<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 71);
+    let x = tokens(&mut Gen::new(7), 6);
+    let meta = BatchMeta::prefills(&[6], &[0]);
+    let mut results = Vec::new();
+    for beta in [BetaInput::Preprocessed, BetaInput::Raw] {
+        let options = LayerOptions { beta, ..LayerOptions::default() };
+        let layer = layer(&b, &s, &w, options);
+        let mut cache = layer.new_cache(&s, 1, 0).unwrap();
+        let xt = bf16_tensor(&b, &s, &[6, HIDDEN], &x);
+        let mut out = out_buffer(&b, &s, 6, 0.0);
+        let before = b.instrumentation().log().len();
+        let trace = layer.forward_traced(&s, &xt, &meta, &mut cache, &mut out).unwrap().unwrap();
+        let sigmoids = b.instrumentation().log()[before..]
+            .iter()
+            .filter(|e| matches!(e, Entry::Launch { label, .. } if label == BETA_SIGMOID))
+            .count();
+        if b.instrumentation().is_checked() {
+            let want = usize::from(beta == BetaInput::Raw);
+            assert_eq!(sigmoids, want, "{beta:?}: sigmoids applied by dispatch");
+        }
+        assert_eq!(trace.beta.shape(), [6, HEADS]);
+        assert_eq!(trace.beta.dtype(), DType::F32);
+        for t in [&trace.g1, &trace.gate, &trace.g2, &trace.core_attn_out] {
+            assert_eq!(t.shape(), [6, HEADS, HEAD_DIM]);
+        }
+        assert_eq!(trace.mixed_qkv.shape(), [6, 3 * HEADS * HEAD_DIM]);
+        let beta_values = download_f64(&b, &s, &trace.beta);
+        assert!(beta_values.iter().all(|&v| (0.0..=1.0).contains(&v)));
+        let raw = download_f64(&b, &s, &trace.g1);
+        let gate = download_f64(&b, &s, &trace.gate);
+        assert!(gate.iter().all(|&g| (-5.0..=0.0).contains(&g)), "K3 gate in (lower_bound, 0]");
+        assert_ne!(raw, gate, "the gate is activated");
+        results.push((download_f64(&b, &s, &out), beta_values));
+    }
+    assert_eq!(results[0], results[1], "raw and preprocessed beta give the same bits");
+}
+
+/// The overlapped layer forward (both policies) on a checked backend: no hazard, and a captured
+/// forward replayed equals the eager forward bit for bit (outputs and every cache byte), once
+/// and again as the next step.
+pub fn overlapped_forward_is_clean_and_replays<B: Backend>(make: &impl Factory<B>) {
+    for policy in [MatrixOverlap::Serialized, MatrixOverlap::Concurrent] {
+        let b = make();
+        let s = b.new_stream().unwrap();
+        let w = load(&tiny_config(Model::K3), Tp::SINGLE, 81);
+        let options = LayerOptions {
+            schedule: Some(ProjectionSchedule::Overlapped),
+            matrix_overlap: Some(policy),
+            ..LayerOptions::default()
+        };
+        let layer = layer(&b, &s, &w, options);
+        let mut rng = Gen::new(8);
+        let warm = tokens(&mut rng, 7);
+        let x = tokens(&mut rng, 6);
+        let mut meta = BatchMeta::empty();
+        meta.push(1, 3, RequestSlots::Single(0)).push(5, 0, RequestSlots::Single(2));
+        let mut caches = [layer.new_cache(&s, 3, 0).unwrap(), layer.new_cache(&s, 3, 0).unwrap()];
+        for c in &mut caches {
+            step(&b, &s, &layer, c, &BatchMeta::prefills(&[3, 4], &[0, 1]), &warm, 0, 0.0, 0.0);
+        }
+        let eager = step(&b, &s, &layer, &mut caches[0], &meta, &x, 2, 0.0, f64::NAN);
+        assert!(
+            b.instrumentation().hazards().is_empty(),
+            "{policy:?}: {:?}",
+            b.instrumentation().hazards()
+        );
+
+        let xt = bf16_tensor(&b, &s, &[8, HIDDEN], &{
+            let mut v = x.clone();
+            v.extend(std::iter::repeat_n(0.0, 2 * HIDDEN));
+            v
+        });
+        let mut out = out_buffer(&b, &s, 8, f64::NAN);
+        b.synchronize(&s).unwrap();
+        b.begin_capture(&s).unwrap();
+        layer.forward(&s, &xt, &meta, &mut caches[1], &mut out).unwrap();
+        let graph = b.end_capture(&s).unwrap();
+        b.launch_graph(&graph, &s).unwrap();
+        let replayed = download_f64(&b, &s, &out);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&replayed), bits(&eager), "{policy:?}: replayed output");
+        assert_eq!(
+            cache_bits(&b, &s, &caches[1]),
+            cache_bits(&b, &s, &caches[0]),
+            "{policy:?}: replayed cache"
+        );
+        // The same graph again is the next step (the decode continues from the state the first
+        // replay wrote): the caller's buffers make it reusable across steps.
+        let eager = step(&b, &s, &layer, &mut caches[0], &meta, &x, 2, 0.0, f64::NAN);
+        b.launch_graph(&graph, &s).unwrap();
+        assert_eq!(bits(&download_f64(&b, &s, &out)), bits(&eager), "{policy:?}: second replay");
+        assert_eq!(cache_bits(&b, &s, &caches[1]), cache_bits(&b, &s, &caches[0]));
+        assert!(b.instrumentation().hazards().is_empty());
+    }
+}
+
+/// Bad input: each call fails with an error naming the problem, and neither the cache nor the
+/// output changes.
+pub fn bad_input_leaves_the_cache_unchanged<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 91);
+    let layer = layer(&b, &s, &w, LayerOptions::default());
+    let mut cache = layer.new_cache(&s, 3, 1).unwrap();
+    let x = tokens(&mut Gen::new(9), 4);
+    step(&b, &s, &layer, &mut cache, &BatchMeta::prefills(&[2, 2], &[0, 1]), &x, 0, 0.0, 0.0);
+    let before = cache_bits(&b, &s, &cache);
+    let xt = bf16_tensor(&b, &s, &[4, HIDDEN], &x);
+    let ok = BatchMeta::prefills(&[3, 1], &[0, 2]);
+    let spec = |slots: Vec<usize>, num_accepted| {
+        let mut m = BatchMeta::empty();
+        m.push(2, 2, RequestSlots::Speculative { slots, num_accepted });
+        m
+    };
+    let mut not_increasing = ok.clone();
+    not_increasing.query_start_loc = vec![0, 3, 3];
+    let mut live = ok.clone();
+    live.num_actual_tokens = 2;
+    let mut bad_slot = ok.clone();
+    bad_slot.slots[1] = RequestSlots::Single(3);
+    let mut twice = ok.clone();
+    twice.slots[1] = RequestSlots::Single(0);
+    let cases = [
+        (
+            "offsets not increasing",
+            not_increasing,
+            BatchError::NotIncreasing { request: 1, start: 3, end: 3 },
+        ),
+        ("live count", live, BatchError::LiveTokens { expected: 4, actual: 2 }),
+        (
+            "slot beyond the cache",
+            bad_slot,
+            BatchError::SlotOutOfRange { request: 1, slot: 3, slots: 3 },
+        ),
+        ("slot twice", twice, BatchError::DuplicateSlot { slot: 0, first: 0, second: 1 }),
+        (
+            "accepted > num_spec + 1",
+            spec(vec![0, 1], 3),
+            BatchError::Accepted { request: 0, actual: 3, max: 2 },
+        ),
+    ];
+    let check_unchanged = |what: &str, cache: &StateCache<B>, out: &Tensor<B>| {
+        assert_eq!(cache_bits(&b, &s, cache), before, "{what}: the cache changed");
+        let o = download_f64(&b, &s, out);
+        assert!(o.iter().all(|&v| v == 3.0), "{what}: the output changed");
+    };
+    let mut out = out_buffer(&b, &s, 4, 3.0);
+    for (what, meta, expected) in cases {
+        let e = layer.forward(&s, &xt, &meta, &mut cache, &mut out).unwrap_err();
+        assert_eq!(e, Error::Batch(expected), "{what}");
+        assert!(e.to_string().contains("batch metadata"), "{what}: {e}");
+        check_unchanged(what, &cache, &out);
+    }
+    // A hidden size that does not match the config.
+    let narrow = bf16_tensor(&b, &s, &[4, HIDDEN - 1], &x[..4 * (HIDDEN - 1)]);
+    let e = layer.forward(&s, &narrow, &ok, &mut cache, &mut out).unwrap_err();
+    assert!(
+        matches!(&e, Error::Shape { param: "hidden_states", actual, .. } if actual == &[4, HIDDEN - 1]),
+        "{e}"
+    );
+    check_unchanged("hidden size", &cache, &out);
+    // An output buffer of the wrong shape.
+    let mut wrong = out_buffer(&b, &s, 3, 3.0);
+    let e = layer.forward(&s, &xt, &ok, &mut cache, &mut wrong).unwrap_err();
+    assert!(
+        matches!(&e, Error::Shape { param: "out", actual, .. } if actual == &[3, HIDDEN]),
+        "{e}"
+    );
+    check_unchanged("output shape", &cache, &wrong);
+    // A cache made for another layer shape.
+    let mut other =
+        StateCache::new(&b, &s, kda_core::layer::CacheDims { heads: 4, ..cache.dims() }).unwrap();
+    let e = layer.forward(&s, &xt, &ok, &mut other, &mut out).unwrap_err();
+    assert!(matches!(&e, Error::Param { param: "cache", .. }), "{e}");
+    check_unchanged("foreign cache", &cache, &out);
+    // An output that is a view of the cache.
+    let layout = kda_core::Layout::contiguous(DType::F32, &[4, HIDDEN]);
+    let mut inside = Tensor::new(cache.recurrent().buffer().clone(), layout).unwrap();
+    let e = layer.forward(&s, &xt, &ok, &mut cache, &mut inside).unwrap_err();
+    assert!(matches!(&e, Error::Aliasing { param: "out", other: "cache", .. }), "{e}");
+    check_unchanged("output inside the cache", &cache, &out);
+    // The good batch still works on the untouched cache.
+    layer.forward(&s, &xt, &ok, &mut cache, &mut out).unwrap();
+    assert!(download_f64(&b, &s, &out).iter().all(|v| v.is_finite()));
+}
+
+/// Under random delays before every queued item, the overlapped layer (both policies) gives
+/// the serial layer's bits, `rounds` times over a mixed batch: a missing event would let a
+/// consumer read a half-written projection in some round.
+pub fn jittered_overlapped_equals_serial<B: Backend>(make: &impl Factory<B>, rounds: usize) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 101);
+    let x = tokens(&mut Gen::new(10), 7);
+    let meta = BatchMeta::prefills(&[4, 3], &[0, 1]);
+    let run = |options: LayerOptions| {
+        let l = layer(&b, &s, &w, options);
+        let mut cache = l.new_cache(&s, 2, 0).unwrap();
+        let out = step(&b, &s, &l, &mut cache, &meta, &x, 1, 0.0, f64::NAN);
+        (out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), cache_bits(&b, &s, &cache))
+    };
+    let serial =
+        run(LayerOptions { schedule: Some(ProjectionSchedule::Serial), ..LayerOptions::default() });
+    for round in 0..rounds {
+        let policy = [MatrixOverlap::Serialized, MatrixOverlap::Concurrent][round % 2];
+        let options = LayerOptions {
+            schedule: Some(ProjectionSchedule::Overlapped),
+            matrix_overlap: Some(policy),
+            ..LayerOptions::default()
+        };
+        assert!(run(options) == serial, "round {round} ({policy:?}) differs from serial");
+    }
+}
