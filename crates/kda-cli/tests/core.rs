@@ -113,6 +113,7 @@ fn library(
             k: upload("k", &[n, h, k]),
             v: upload("v", &[n, h, v]),
             g: upload("g", &[n, h, k]),
+            gate: None,
             beta: upload("beta", &[n, h]),
             cu_seqlens: ints(&[bb + 1], &(0..=bb as i32).map(|r| r * t as i32).collect::<Vec<_>>()),
             state_slots: ints(&[bb], &slots),

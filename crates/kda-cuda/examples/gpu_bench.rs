@@ -259,6 +259,7 @@ fn prefill_bench(
             k: ops.k.clone(),
             v: ops.v.clone(),
             g: ops.g.clone(),
+            gate: None,
             beta: ops.beta.clone(),
             cu_seqlens: cu.clone(),
             state_slots: slots.clone(),

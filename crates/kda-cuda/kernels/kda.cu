@@ -29,24 +29,35 @@ extern "C" __global__ void kda_sigmoid(const Status* status, View x, View y, i64
     }
 }
 
-// g[t, h, c] from a = g1 + dt_bias: form 0 softplus, 1 lower bound.
+#define GATE_NONE -1
+#define GATE_SOFTPLUS 0
+#define GATE_LOWER_BOUND 1
+
+// The log decay of channel c of head h from its raw logit x: a = x + dt_bias[h, c], then form 0
+// softplus, 1 lower bound. The one place the gate is computed: kda_gate and kda_chunk's
+// in-kernel gate both call it, so their log decays are the same bits.
+__device__ __forceinline__ float gate_value(float x, const View& a_log, const View& dt_bias, i64 h,
+                                            i64 c, int form, float lower_bound) {
+    float a = x + ld(dt_bias, h * dt_bias.strides[0] + c * dt_bias.strides[1]);
+    float al = ld(a_log, h * a_log.strides[0]);
+    if (form == GATE_SOFTPLUS) {
+        float sp = a > 20.0f ? a : log1pf(expf(a));
+        return -expf(al) * sp;
+    }
+    float out = lower_bound * sigmoid_f(expf(al) * a);
+    // Keep the interval open: one ulp towards zero once sigmoid rounds to 1.
+    if (out <= lower_bound) out = __uint_as_float(__float_as_uint(lower_bound) - 1u);
+    return out;
+}
+
+// g[t, h, c] from the logits g1 (see gate_value).
 extern "C" __global__ void kda_gate(const Status* status, View g1, View a_log, View dt_bias, View g,
                                     i64 tokens, i64 heads, i64 dim, int form, float lower_bound) {
     if (stream_failed(status)) return;
     i64 n = tokens * heads * dim;
     for (i64 i = global_thread(); i < n; i += grid_threads()) {
         i64 c = i % dim, h = (i / dim) % heads, t = i / (dim * heads);
-        float a = ld(g1, off3(g1, t, h, c)) + ld(dt_bias, h * dt_bias.strides[0] + c * dt_bias.strides[1]);
-        float al = ld(a_log, h * a_log.strides[0]);
-        float out;
-        if (form == 0) {
-            float sp = a > 20.0f ? a : log1pf(expf(a));
-            out = -expf(al) * sp;
-        } else {
-            out = lower_bound * sigmoid_f(expf(al) * a);
-            // Keep the interval open: one ulp towards zero once sigmoid rounds to 1.
-            if (out <= lower_bound) out = __uint_as_float(__float_as_uint(lower_bound) - 1u);
-        }
+        float out = gate_value(ld(g1, off3(g1, t, h, c)), a_log, dt_bias, h, c, form, lower_bound);
         st(g, off3(g, t, h, c), out);
     }
 }
@@ -400,11 +411,13 @@ extern "C" __global__ void kda_recurrent(const Status* status, View q, View k, V
 }
 
 // Prefill over a flat batch, token by token (exact recurrence order; agrees with the chunked
-// form within fp32 rounding). Grid (ceil(V / ROWS_PER_BLOCK), H, B).
+// form within fp32 rounding). Grid (ceil(V / ROWS_PER_BLOCK), H, B). With gate_form other than
+// GATE_NONE, g holds raw logits, activated as they are loaded (gate_value, as kda_gate).
 extern "C" __global__ void kda_chunk(const Status* status, View q, View k, View v, View g,
                                      View beta, View cu_seqlens, View state_slots,
                                      View has_initial, View state, View o, i64 kd, i64 vd,
-                                     float scale, int l2) {
+                                     float scale, int l2, View a_log, View dt_bias, int gate_form,
+                                     float lower_bound) {
     if (stream_failed(status)) return;
     i64 r = (i64)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
     i64 h = blockIdx.y, b = blockIdx.z;
@@ -427,6 +440,13 @@ extern "C" __global__ void kda_chunk(const Status* status, View q, View k, View 
     for (i64 t = start; t < end; ++t) {
         load_token(tk, q, off3(q, t, h, 0), k, off3(k, t, h, 0), g, off3(g, t, h, 0), kd, scale,
                    l2 != 0);
+        if (gate_form != GATE_NONE) {
+#pragma unroll
+            for (int i = 0; i < MAX_KEY_PER_LANE; ++i) {
+                i64 j = lane + 32 * i;
+                if (j < kd) tk.g[i] = gate_value(tk.g[i], a_log, dt_bias, h, j, gate_form, lower_bound);
+            }
+        }
         float out = step_row(s, tk, ld(v, off3(v, t, h, r)), ld(beta, t * beta.strides[0] + h * beta.strides[1]), kd);
         if (lane == 0) st(o, off3(o, t, h, r), out);
     }

@@ -245,6 +245,7 @@ fn build(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
                 k: need(&mut t, "k")?,
                 v: need(&mut t, "v")?,
                 g: need(&mut t, "g")?,
+                gate: None,
                 beta: need(&mut t, "beta")?,
                 cu_seqlens: need(&mut t, "cu_seqlens")?,
                 state_slots: need(&mut t, "state_slots")?,

@@ -13,14 +13,14 @@
 //! | `Host` | `aclrtLaunchHostFunc` + the `kda_host_guard` kernel |
 //! | `DynamicQuant`, `MxGemm` | `aclnnDynamicMxQuantV3`, `aclnnQuantMatmulV5` (Ascend 950); else `kda_mx_quant`, `kda_mx_dequant` + `aclnnMatmul` |
 //! | `Sigmoid`, `KdaGate`, `ZeroPadding`, `CausalConvUpdate`, `KdaRecurrent`, `L2Norm`, `GatedRmsNorm`, `MxDequant` | their AscendC kernels |
-//! | `CausalConv`, `KdaChunk` | fallback kernels without AscendC sources yet (see docs/ascend.md) |
+//! | `CausalConv`, `KdaChunk` | fallback kernels without AscendC sources yet (see docs/ascend.md); an in-kernel gate runs `kda_gate` into scratch first |
 
 use std::any::Any;
 use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use kda_core::kda::GateForm;
+use kda_core::kda::{GateForm, KdaGate};
 use kda_core::mx::num_blocks;
 use kda_core::op::{gemm_dims, mx_gemm_dims, mx_quant_dims};
 use kda_core::{BufferId, DType, DownloadSlot, HostFn, Layout, Op, Result, Tensor};
@@ -460,20 +460,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             let work = tiling::sigmoid(x.numel(), x.dtype().size_bytes());
             p.kernel(names::SIGMOID, work, &[Some(x), Some(y)], &[])
         }
-        Op::KdaGate(g) => {
-            let d = g.validate()?;
-            let work = tiling::gate(d.tokens, d.heads, d.dim, g.g1.dtype().size_bytes());
-            let (form, bound) = match g.form {
-                GateForm::Softplus => (0.0, 0.0),
-                GateForm::LowerBound { lower_bound } => (1.0, f64::from(lower_bound)),
-            };
-            p.kernel(
-                names::GATE,
-                work,
-                &[Some(&g.g1), Some(&g.a_log), Some(&g.dt_bias), Some(&g.g)],
-                &[form, bound],
-            )
-        }
+        Op::KdaGate(g) => gate(p, g),
         Op::ZeroPadding(z) => {
             let d = z.validate()?;
             let work = tiling::zero_padding(d.rows, d.row_len, z.x.dtype().size_bytes());
@@ -545,13 +532,30 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
         }
         Op::KdaChunk(c) => {
             let d = c.validate()?;
+            // The in-kernel gate: the chunk kernel takes the activated log decay, so the gate
+            // kernel (the one `KdaGate` runs, hence its bits) first fills a scratch buffer.
+            let g = match &c.gate {
+                None => c.g.clone(),
+                Some(params) => {
+                    let activated = p.temp(DType::F32, c.g.shape())?;
+                    let op = KdaGate {
+                        g1: c.g.clone(),
+                        a_log: params.a_log.clone(),
+                        dt_bias: params.dt_bias.clone(),
+                        form: params.form,
+                        g: activated.clone(),
+                    };
+                    gate(p, &op)?;
+                    activated
+                }
+            };
             // One unit per (sequence, head) state; the chunk's intermediates stream through.
             let work = tiling::rows(d.batch * d.heads, d.k * d.v * 4);
             let t = [
                 Some(&c.q),
                 Some(&c.k),
                 Some(&c.v),
-                Some(&c.g),
+                Some(&g),
                 Some(&c.beta),
                 Some(&c.cu_seqlens),
                 Some(&c.state_slots),
@@ -567,6 +571,22 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             )
         }
     }
+}
+
+/// `KdaGate` as the AscendC `kda_gate` kernel.
+fn gate(p: &mut Prep<'_>, g: &KdaGate<AscendBackend>) -> Result<()> {
+    let d = g.validate()?;
+    let work = tiling::gate(d.tokens, d.heads, d.dim, g.g1.dtype().size_bytes());
+    let (form, bound) = match g.form {
+        GateForm::Softplus => (0.0, 0.0),
+        GateForm::LowerBound { lower_bound } => (1.0, f64::from(lower_bound)),
+    };
+    p.kernel(
+        names::GATE,
+        work,
+        &[Some(&g.g1), Some(&g.a_log), Some(&g.dt_bias), Some(&g.g)],
+        &[form, bound],
+    )
 }
 
 /// Byte address of a view's first element.

@@ -70,15 +70,59 @@ impl<B: Backend> KdaGate<B> {
         const OP: &str = "kda_gate";
         check::float(OP, "g1", &self.g1)?;
         let [tokens, heads, dim] = check::dims(OP, "g1", &self.g1, "[T, H, D]")?;
-        check::float(OP, "a_log", &self.a_log)?;
-        check::shape(OP, "a_log", &self.a_log, &[heads], "H of g1")?;
-        check::float(OP, "dt_bias", &self.dt_bias)?;
-        check::shape(OP, "dt_bias", &self.dt_bias, &[heads, dim], "H, D of g1")?;
+        check_params(OP, &self.a_log, &self.dt_bias, self.form, [heads, dim], "g1")?;
         check::dtype(OP, "g", &self.g, DType::F32)?;
         check::shape(OP, "g", &self.g, &[tokens, heads, dim], "T, H, D of g1")?;
-        if let GateForm::LowerBound { lower_bound } = self.form {
-            check::param(OP, "lower_bound", lower_bound, lower_bound < 0.0, "finite and < 0")?;
-        }
         Ok(GateDims { tokens, heads, dim })
     }
+}
+
+/// The gate's parameters, for an op that applies the gate itself to raw logits
+/// ([`KdaChunk::gate`](super::KdaChunk::gate)): it computes exactly what [`KdaGate`] computes
+/// from them, element for element, before it uses the log decay.
+#[derive(Clone, Debug)]
+pub struct ChunkGate<B: Backend> {
+    /// `[H]` (any float; fp32 in checkpoints).
+    pub a_log: Tensor<B>,
+    /// `[H, D]` (any float; fp32 in checkpoints).
+    pub dt_bias: Tensor<B>,
+    pub form: GateForm,
+}
+
+impl<B: Backend> ChunkGate<B> {
+    /// The parameters as inputs, for hazard analysis.
+    pub fn inputs(&self) -> [(&'static str, &Tensor<B>); 2] {
+        [("a_log", &self.a_log), ("dt_bias", &self.dt_bias)]
+    }
+
+    /// Check the parameters against logits of `heads` heads of `dim` channels, the sizes of
+    /// the parameter `of` of op `op` (as [`KdaGate::validate`] does).
+    pub(crate) fn validate(
+        &self,
+        op: &'static str,
+        [heads, dim]: [usize; 2],
+        of: &str,
+    ) -> Result<()> {
+        check_params(op, &self.a_log, &self.dt_bias, self.form, [heads, dim], of)
+    }
+}
+
+/// `a_log` `[H]` and `dt_bias` `[H, D]` floats for logits of `[heads, dim]` (the sizes of the
+/// parameter `of`), and a finite, negative lower bound.
+fn check_params<B: Backend>(
+    op: &'static str,
+    a_log: &Tensor<B>,
+    dt_bias: &Tensor<B>,
+    form: GateForm,
+    [heads, dim]: [usize; 2],
+    of: &str,
+) -> Result<()> {
+    check::float(op, "a_log", a_log)?;
+    check::shape(op, "a_log", a_log, &[heads], &format!("H of {of}"))?;
+    check::float(op, "dt_bias", dt_bias)?;
+    check::shape(op, "dt_bias", dt_bias, &[heads, dim], &format!("H, D of {of}"))?;
+    if let GateForm::LowerBound { lower_bound } = form {
+        check::param(op, "lower_bound", lower_bound, lower_bound < 0.0, "finite and < 0")?;
+    }
+    Ok(())
 }

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | [`CausalConv`], [`CausalConvUpdate`] | depthwise causal conv1d + SiLU, prefill / decode / speculative | [`conv`] |
 //! | [`L2Norm`] | `x / sqrt(Σx² + 1e-6) · scale` | [`norm`] |
-//! | [`KdaGate`] | softplus or lower-bound log decay | [`gate`] |
+//! | [`KdaGate`] | softplus or lower-bound log decay ([`ChunkGate`]: its parameters, for [`KdaChunk`] to apply in-kernel) | [`gate`] |
 //! | [`KdaRecurrent`], [`KdaChunk`] | the delta-rule recurrence, per token and chunked | [`recurrence`] |
 //! | [`GatedRmsNorm`] | `x · rsqrt(mean(x²) + eps) · w · sigmoid(g)` | [`norm`] |
 //! | [`ZeroPadding`] | zero the rows past the live tokens | [`mask`] |
@@ -23,7 +23,7 @@ pub mod norm;
 pub mod recurrence;
 
 pub use conv::{CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims};
-pub use gate::{GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
+pub use gate::{ChunkGate, GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
 pub use mask::{PaddingDims, ZeroPadding};
 pub use norm::{GatedRmsNorm, L2NORM_EPS, L2Norm, RowDims};
 pub use recurrence::{CHUNK_SIZE, KdaChunk, KdaRecurrent, RecurrenceDims};

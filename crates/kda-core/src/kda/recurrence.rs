@@ -21,6 +21,7 @@ use crate::hal::Backend;
 use crate::tensor::Tensor;
 
 use super::check;
+use super::gate::ChunkGate;
 
 /// The chunk length of the chunked form.
 pub const CHUNK_SIZE: usize = 64;
@@ -127,6 +128,12 @@ impl<B: Backend> KdaRecurrent<B> {
 /// and no state is touched. Tokens that belong to no request are left as they are. Offsets and
 /// slots are device data, checked when the op runs.
 ///
+/// With [`gate`](Self::gate) the op takes the raw forget-gate logits in `g` and applies the
+/// gate itself (KDA.md "Inside KDA", step 3; SCHEDULE.md behaviour 11): every log decay it uses
+/// is exactly, bit for bit, what [`KdaGate`](super::KdaGate) computes from the same logits and
+/// parameters, so the result equals `KdaGate` followed by this op without the gate, while the
+/// activated gate never goes through memory.
+///
 /// NaN in the operands propagates and never fails the op: it makes NaN every output and state
 /// entry that depends on it, and may also reach the outputs of the earlier tokens of its
 /// 64-token chunk (the chunked products multiply it by zeros); other heads and requests are
@@ -139,8 +146,12 @@ pub struct KdaChunk<B: Backend> {
     pub k: Tensor<B>,
     /// `[T, H, V]`.
     pub v: Tensor<B>,
-    /// Log decay `[T, H, K]` (already activated, normally `<= 0`).
+    /// `[T, H, K]`: the log decay (already activated, normally `<= 0`), or with
+    /// [`gate`](Self::gate) the raw logits `g1` (bf16, f16 or f32).
     pub g: Tensor<B>,
+    /// `Some`: `g` holds raw logits, activated in the kernel with these parameters
+    /// (`a_log` `[H]`, `dt_bias` `[H, K]`, the form) as [`KdaGate`](super::KdaGate) does.
+    pub gate: Option<ChunkGate<B>>,
     /// `[T, H]` (already through the sigmoid).
     pub beta: Tensor<B>,
     /// `[B + 1]` i32: non-decreasing token offsets, the last at most `T`.
@@ -163,7 +174,7 @@ impl<B: Backend> KdaChunk<B> {
     pub const NAME: &'static str = "kda_chunk";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
-        vec![
+        let mut v = vec![
             ("q", &self.q),
             ("k", &self.k),
             ("v", &self.v),
@@ -172,7 +183,11 @@ impl<B: Backend> KdaChunk<B> {
             ("cu_seqlens", &self.cu_seqlens),
             ("state_slots", &self.state_slots),
             ("has_initial_state", &self.has_initial_state),
-        ]
+        ];
+        if let Some(gate) = &self.gate {
+            v.extend(gate.inputs());
+        }
+        v
     }
 
     /// The state is read and written (see [`KdaRecurrent::outputs`]).
@@ -180,11 +195,14 @@ impl<B: Backend> KdaChunk<B> {
         vec![("state", &self.state), ("o", &self.o)]
     }
 
-    /// Check shapes, dtypes and the scale and return the sizes.
+    /// Check shapes, dtypes, the scale and the gate's parameters and return the sizes.
     pub fn validate(&self) -> Result<RecurrenceDims> {
         const OP: &str = "kda_chunk";
         let [tokens, heads, k] = check::dims(OP, "q", &self.q, "[T, H, K]")?;
         let v = check_operands(OP, self.into(), &[tokens], "T")?;
+        if let Some(gate) = &self.gate {
+            gate.validate(OP, [heads, k], "g")?;
+        }
         let [starts] = check::dims(OP, "cu_seqlens", &self.cu_seqlens, "[B + 1]")?;
         let batch = starts.checked_sub(1).ok_or_else(|| Error::Shape {
             op: OP,

@@ -1,6 +1,11 @@
-//! Dispatch of one group of requests (KDA.md "Batches and dispatch"): the short conv and the
-//! recurrence, decodes and speculative decodes on the recurrent path, prefills on the chunked
-//! path.
+//! Dispatch of one group of requests (KDA.md "Batches and dispatch"): the short conv, the gate
+//! and the recurrence, decodes and speculative decodes on the recurrent path, prefills on the
+//! chunked path.
+//!
+//! The forget gate goes to the two paths differently (SCHEDULE.md behaviour 11): a prefill group
+//! hands the chunk kernel the raw logits `g1` with the gate's parameters and the kernel applies
+//! the gate itself; a decode group activates its own rows with `KdaGate` first, as the recurrent
+//! kernel takes the log decay. No gate is computed for rows that do not need it.
 //!
 //! A group whose tokens are one run of consecutive rows of the batch (the usual case: engines put
 //! decodes first) works on views of the batch's tensors. Otherwise its rows are gathered into
@@ -12,7 +17,7 @@ use std::ops::Range;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::hal::Backend;
-use crate::kda::{CausalConv, CausalConvUpdate, KdaChunk, KdaRecurrent};
+use crate::kda::{CausalConv, CausalConvUpdate, ChunkGate, KdaChunk, KdaGate, KdaRecurrent};
 use crate::op::Op;
 use crate::tensor::Tensor;
 
@@ -23,8 +28,10 @@ use super::cache::StateCache;
 pub(super) struct TokenInputs<B: Backend> {
     /// `[n, 3 lp]`: q, k, v before the conv.
     pub(super) qkv: Tensor<B>,
-    /// `[n, lh, D]` f32: the activated log decay.
-    pub(super) gate: Tensor<B>,
+    /// `[n, lh, D]` bf16: the raw forget-gate logits.
+    pub(super) g1: Tensor<B>,
+    /// The gate's parameters, applied to `g1` by whichever op needs the log decay.
+    pub(super) gate: ChunkGate<B>,
     /// `[n, lh]` f32: beta after the sigmoid.
     pub(super) beta: Tensor<B>,
     /// `[n, lh, D]` f32: the recurrence's output (written).
@@ -95,10 +102,10 @@ pub(super) fn run_group<B: Backend>(
     let _span =
         tracing::debug_span!("kda_layer.dispatch", kind = ?group.kind, requests, tokens).entered();
     let runs = group.runs();
-    let (qkv, gate, beta, core) = match runs.as_slice() {
+    let (qkv, g1, beta, core) = match runs.as_slice() {
         [run] => (
             inputs.qkv.narrow(0, run.start, tokens)?,
-            inputs.gate.narrow(0, run.start, tokens)?,
+            inputs.g1.narrow(0, run.start, tokens)?,
             inputs.beta.narrow(0, run.start, tokens)?,
             inputs.core.narrow(0, run.start, tokens)?,
         ),
@@ -106,14 +113,14 @@ pub(super) fn run_group<B: Backend>(
             let core_shape = [&[tokens], &inputs.core.shape()[1..]].concat();
             (
                 gather(b, stream, &inputs.qkv, &runs, tokens)?,
-                gather(b, stream, &inputs.gate, &runs, tokens)?,
+                gather(b, stream, &inputs.g1, &runs, tokens)?,
                 gather(b, stream, &inputs.beta, &runs, tokens)?,
                 b.alloc(DType::F32, &core_shape)?,
             )
         }
     };
     let channels = qkv.shape()[1];
-    let (heads, head_dim) = (gate.shape()[1], gate.shape()[2]);
+    let (heads, head_dim) = (g1.shape()[1], g1.shape()[2]);
     let lp = heads * head_dim;
     let conv_out = b.alloc(DType::F32, &[tokens, channels])?;
     let state_slots = meta_tensor(b, stream, &group.state_slots)?;
@@ -142,7 +149,8 @@ pub(super) fn run_group<B: Backend>(
                 q,
                 k,
                 v,
-                g: gate,
+                g: g1,
+                gate: Some(inputs.gate.clone()),
                 beta,
                 cu_seqlens: offsets,
                 state_slots,
@@ -172,6 +180,9 @@ pub(super) fn run_group<B: Backend>(
             }),
         )?;
         let [q, k, v] = split_qkv(&conv_out, lp, &[requests, n, heads, head_dim])?;
+        let gate = b.alloc(DType::F32, g1.shape())?;
+        let ChunkGate { a_log, dt_bias, form } = inputs.gate.clone();
+        b.launch(stream, Op::KdaGate(KdaGate { g1, a_log, dt_bias, form, g: gate.clone() }))?;
         b.launch(
             stream,
             Op::KdaRecurrent(KdaRecurrent {

@@ -6,7 +6,8 @@
 //! - [`batch`]: [`BatchMeta`] and its validation into a [`DispatchPlan`];
 //! - [`cache`]: [`StateCache`], per-slot recurrent (v-first) and conv state;
 //! - [`weights`]: [`LayerDeviceWeights`], one rank's loaded weights on a device;
-//! - `dispatch`: the per-group conv and recurrence launches.
+//! - `dispatch`: the per-group conv, gate and recurrence launches (prefills hand the raw gate
+//!   to the chunk kernel, which applies it: SCHEDULE.md behaviour 11).
 //!
 //! [`KdaLayer::forward`] checks everything it can (shapes, dtypes, metadata, slots, aliasing)
 //! before it launches anything, so a rejected call leaves the cache and the output as they were.
@@ -24,7 +25,7 @@ use crate::config::{KdaConfig, LayerDims, Tp};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::{Backend, BufferHandle};
-use crate::kda::{GateForm, GatedRmsNorm, KdaGate, ZeroPadding};
+use crate::kda::{ChunkGate, GateForm, GatedRmsNorm, KdaGate, ZeroPadding};
 use crate::op::Op;
 use crate::schedule::{
     MatrixOverlap, Mutation, ProjectionSchedule, QkvBfgProjection, prepare_beta,
@@ -68,7 +69,8 @@ pub struct LayerTrace<B: Backend> {
     pub beta: Tensor<B>,
     /// `[n, lh, D]` bf16: raw forget-gate logits.
     pub g1: Tensor<B>,
-    /// `[n, lh, D]` f32: the activated log decay.
+    /// `[n, lh, D]` f32: the activated log decay. Computed for the trace only: the forward
+    /// itself activates the gate inside the chunk kernel for prefills and per decode group.
     pub gate: Tensor<B>,
     /// `[n, lh, D]` bf16: output-gate logits.
     pub g2: Tensor<B>,
@@ -192,10 +194,11 @@ impl<B: Backend> KdaLayer<B> {
         cache: &mut StateCache<B>,
         out: &mut Tensor<B>,
     ) -> Result<()> {
-        self.run(stream, hidden_states, meta, cache, out).map(|_| ())
+        self.run(stream, hidden_states, meta, cache, out, false).map(|_| ())
     }
 
-    /// [`Self::forward`], returning the intermediates (`None` for an empty batch).
+    /// [`Self::forward`], returning the intermediates (`None` for an empty batch). The trace's
+    /// activated gate costs one `KdaGate` over the live rows that the forward does not run.
     pub fn forward_traced(
         &self,
         stream: &B::Stream,
@@ -204,7 +207,7 @@ impl<B: Backend> KdaLayer<B> {
         cache: &mut StateCache<B>,
         out: &mut Tensor<B>,
     ) -> Result<Option<LayerTrace<B>>> {
-        self.run(stream, hidden_states, meta, cache, out)
+        self.run(stream, hidden_states, meta, cache, out, true)
     }
 
     /// Every check of a forward call; nothing is launched before they all pass.
@@ -272,6 +275,8 @@ impl<B: Backend> KdaLayer<B> {
         Ok(DispatchPlan::new(meta, rows, cache.limits())?)
     }
 
+    /// The forward; with `traced` it also returns the intermediates (else `None`, as for an
+    /// empty batch).
     fn run(
         &self,
         stream: &B::Stream,
@@ -279,6 +284,7 @@ impl<B: Backend> KdaLayer<B> {
         meta: &BatchMeta,
         cache: &mut StateCache<B>,
         out: &mut Tensor<B>,
+        traced: bool,
     ) -> Result<Option<LayerTrace<B>>> {
         let _span = tracing::debug_span!(
             "kda_layer.forward",
@@ -309,22 +315,14 @@ impl<B: Backend> KdaLayer<B> {
         }
         .reshape(&[n, lh])?;
         let g1 = projected.g1.narrow(1, 0, n)?.reshape(&[n, lh, hd])?;
-        let gate = b.alloc(DType::F32, &[n, lh, hd])?;
         let w = &self.weights;
-        b.launch(
-            stream,
-            Op::KdaGate(KdaGate {
-                g1: g1.clone(),
-                a_log: w.a_log.clone(),
-                dt_bias: w.dt_bias.clone(),
-                form: self.gate,
-                g: gate.clone(),
-            }),
-        )?;
+        let gate =
+            ChunkGate { a_log: w.a_log.clone(), dt_bias: w.dt_bias.clone(), form: self.gate };
 
         let core = b.alloc(DType::F32, &[n, lh, hd])?;
         let inputs = dispatch::TokenInputs {
             qkv: projected.mixed_qkv.narrow(0, 0, n)?,
+            g1: g1.clone(),
             gate: gate.clone(),
             beta: beta.clone(),
             core: core.clone(),
@@ -357,11 +355,19 @@ impl<B: Backend> KdaLayer<B> {
                 Op::ZeroPadding(ZeroPadding { x: out.clone(), num_actual_tokens: count }),
             )?;
         }
+        if !traced {
+            return Ok(None);
+        }
+        // The activated gate for the trace alone (the forward above never stored it).
+        let trace_gate = b.alloc(DType::F32, &[n, lh, hd])?;
+        let ChunkGate { a_log, dt_bias, form } = gate;
+        let g = trace_gate.clone();
+        b.launch(stream, Op::KdaGate(KdaGate { g1: g1.clone(), a_log, dt_bias, form, g }))?;
         Ok(Some(LayerTrace {
             mixed_qkv: bufs.mixed_qkv.narrow(0, 0, n)?,
             beta,
             g1,
-            gate,
+            gate: trace_gate,
             g2,
             core_attn_out: core,
         }))

@@ -32,6 +32,15 @@ fn optional(op: &'static str, param: &'static str, t: Option<&T>) -> Result<Kern
 
 const ONE: (u32, u32, u32) = (1, 1, 1);
 
+/// A gate form as the kernels take it: `GATE_SOFTPLUS` (0) or `GATE_LOWER_BOUND` (1) and the
+/// bound (kernels/kda.cu).
+fn gate_form(form: GateForm) -> (i32, f32) {
+    match form {
+        GateForm::Softplus => (0, 0.0),
+        GateForm::LowerBound { lower_bound } => (1, lower_bound),
+    }
+}
+
 /// Stream-ordered device scratch, freed on the stream after its last use.
 pub(super) struct Scratch {
     pub(super) ptr: u64,
@@ -412,10 +421,7 @@ impl CudaBackend {
             view(OP, "dt_bias", &op.dt_bias)?,
             view(OP, "g", &op.g)?,
         );
-        let (form, lower_bound) = match op.form {
-            GateForm::Softplus => (0i32, 0.0f32),
-            GateForm::LowerBound { lower_bound } => (1, lower_bound),
-        };
+        let (form, lower_bound) = gate_form(op.form);
         let (t, h, d) = (dims.tokens as i64, dims.heads as i64, dims.dim as i64);
         self.kernel(
             stream,
@@ -569,11 +575,35 @@ impl CudaBackend {
             0i32,
         );
         let (scale, l2, status) = (op.scale, i32::from(op.qk_l2norm), stream.inner.status);
+        // The in-kernel gate: its parameters, or absent views and GATE_NONE (-1).
+        let gate = op.gate.as_ref();
+        let a_log = optional(OP, "a_log", gate.map(|p| &p.a_log))?;
+        let dt_bias = optional(OP, "dt_bias", gate.map(|p| &p.dt_bias))?;
+        let (form, lower_bound) = gate.map_or((-1, 0.0), |p| gate_form(p.form));
         let validate = args!(status, fid, param, starts, slots, b, t, n_slots);
         self.single(stream, "kda_validate_varlen", validate)?;
         let Some(grid) = grid else { return Ok(()) };
-        let params =
-            args!(status, q, k, v, g, beta, starts, slots, init, state, o, kd, vd, scale, l2);
+        let params = args!(
+            status,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            starts,
+            slots,
+            init,
+            state,
+            o,
+            kd,
+            vd,
+            scale,
+            l2,
+            a_log,
+            dt_bias,
+            form,
+            lower_bound
+        );
         self.recurrence(stream, "kda_chunk", grid, params)
     }
 }

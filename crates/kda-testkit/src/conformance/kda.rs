@@ -7,7 +7,7 @@
 
 use half::bf16;
 use kda_core::kda::{
-    CHUNK_SIZE, CausalConv, CausalConvUpdate, GateForm, GatedRmsNorm, KdaChunk, KdaGate,
+    CHUNK_SIZE, CausalConv, CausalConvUpdate, ChunkGate, GateForm, GatedRmsNorm, KdaChunk, KdaGate,
     KdaRecurrent, L2Norm, ZeroPadding,
 };
 use kda_core::{Backend, DType, Error, Layout, Op, Tensor};
@@ -530,6 +530,7 @@ fn run_chunk<B: Backend>(
         k: float_tensor(b, s, dtype, &[t, h, kd], &seq.k).0,
         v: float_tensor(b, s, dtype, &[t, h, vd], &seq.v).0,
         g: float_tensor(b, s, dtype, &[t, h, kd], &seq.g).0,
+        gate: None,
         beta: float_tensor(b, s, dtype, &[t, h], &seq.beta).0,
         cu_seqlens: i32_tensor(b, s, &[2], &[0, t as i32]),
         state_slots: i32_tensor(b, s, &[1], &[0]),
@@ -715,6 +716,40 @@ pub fn chunk_split_equals_one_call<B: Backend>(make: &impl Factory<B>) {
     );
 }
 
+/// `KdaChunk` (scale 0.25, L2 norm on) over the requests `lens` with their `slots` and
+/// initial-state flags, reading f32 `q`, `k`, `v`, `beta` (`[T, H, K]`, `[T, H, K]`,
+/// `[T, H, V]`, `[T, H]`, the sizes of `g` and `o`) and `g` with its gate as given.
+#[allow(clippy::too_many_arguments)]
+fn varlen_chunk<B: Backend>(
+    b: &B,
+    s: &B::Stream,
+    (lens, slots, has_initial): (&[usize], &[i32], &[i32]),
+    [q, k, v, beta]: &[Vec<f32>; 4],
+    g: Tensor<B>,
+    gate: Option<ChunkGate<B>>,
+    state: &Tensor<B>,
+    o: &Tensor<B>,
+) -> KdaChunk<B> {
+    let [t, h, kd] = <[usize; 3]>::try_from(g.shape()).expect("g is [T, H, K]");
+    let vd = o.shape()[2];
+    let requests = lens.len();
+    KdaChunk {
+        q: f32_tensor(b, s, &[t, h, kd], q),
+        k: f32_tensor(b, s, &[t, h, kd], k),
+        v: f32_tensor(b, s, &[t, h, vd], v),
+        g,
+        gate,
+        beta: f32_tensor(b, s, &[t, h], beta),
+        cu_seqlens: i32_tensor(b, s, &[requests + 1], &offsets(lens)),
+        state_slots: i32_tensor(b, s, &[requests], slots),
+        has_initial_state: i32_tensor(b, s, &[requests], has_initial),
+        state: state.clone(),
+        o: o.clone(),
+        scale: 0.25,
+        qk_l2norm: true,
+    }
+}
+
 /// A flat prefill batch of several requests (lengths 70, 0, 5, 130, 64; one padding request,
 /// fresh and continued states, slots in any order) equals each request alone; padding rows
 /// are zero and the padding request's slot keeps its bytes.
@@ -740,20 +775,9 @@ pub fn chunk_varlen_batch_matches_f64<B: Backend>(make: &impl Factory<B>) {
     let state = f32_tensor(&b, &s, &[n_slots, h, vd, kd], &cache0);
     let o = b.alloc(DType::F32, &[total, h, vd]).unwrap();
     b.launch(&s, Op::Fill { dst: o.clone(), value: 7.0 }).unwrap();
-    let op = KdaChunk {
-        q: f32_tensor(&b, &s, &[total, h, kd], &cat(&|q| &q.q)),
-        k: f32_tensor(&b, &s, &[total, h, kd], &cat(&|q| &q.k)),
-        v: f32_tensor(&b, &s, &[total, h, vd], &cat(&|q| &q.v)),
-        g: f32_tensor(&b, &s, &[total, h, kd], &cat(&|q| &q.g)),
-        beta: f32_tensor(&b, &s, &[total, h], &cat(&|q| &q.beta)),
-        cu_seqlens: i32_tensor(&b, &s, &[lens.len() + 1], &starts),
-        state_slots: i32_tensor(&b, &s, &[lens.len()], &slots),
-        has_initial_state: i32_tensor(&b, &s, &[lens.len()], &has_initial),
-        state: state.clone(),
-        o: o.clone(),
-        scale: 0.25,
-        qk_l2norm: true,
-    };
+    let operands = [cat(&|q| &q.q), cat(&|q| &q.k), cat(&|q| &q.v), cat(&|q| &q.beta)];
+    let g = f32_tensor(&b, &s, &[total, h, kd], &cat(&|q| &q.g));
+    let op = varlen_chunk(&b, &s, (&lens, &slots, &has_initial), &operands, g, None, &state, &o);
     b.launch(&s, Op::KdaChunk(op)).unwrap();
     let (got_o, got_state) = (download_f64(&b, &s, &o), download_f64(&b, &s, &state));
     let per_slot = h * vd * kd;
@@ -789,6 +813,101 @@ pub fn chunk_varlen_batch_matches_f64<B: Backend>(make: &impl Factory<B>) {
         &got_state[3 * per_slot..4 * per_slot],
         &f64s(&cache0[3 * per_slot..4 * per_slot]),
     );
+}
+
+/// The in-kernel gate (SCHEDULE.md behaviour 11): `KdaChunk` given the raw logits and the gate's
+/// parameters equals `KdaGate` followed by `KdaChunk` on the activated gate, bit for bit
+/// (outputs and every state slot), for both gate forms, over a varlen batch (lengths 70, 0, 5,
+/// 65, 3; a padding request; fresh and continued states), with f32 logits and with bf16 logits
+/// read through a column view of a wider tensor (as the layer's `g1` is). Logits span both
+/// sides of the softplus threshold and of the lower bound's saturation.
+pub fn chunk_in_kernel_gate_equals_gate_then_chunk<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let (h, kd, vd) = (3, 16, 8);
+    let lens = [70usize, 0, 5, 65, 3];
+    let slots = [2i32, 0, 4, 1, -1];
+    let has_initial = [1i32, 1, 0, 1, 0];
+    let n_slots = 5;
+    let total: usize = lens.iter().sum();
+    let (hk, hv) = (h * kd, h * vd);
+    let mut rng = Gen::new(16);
+    let operands = [
+        rng.uniform_f32(total * hk, -1.0, 1.0),
+        rng.uniform_f32(total * hk, -1.0, 1.0),
+        rng.uniform_f32(total * hv, -1.0, 1.0),
+        rng.uniform_f32(total * h, 0.0, 1.0),
+    ];
+    // Logits ~U(-8, 8), every 7th one past the softplus threshold (up to 30).
+    let mut g1 = rng.uniform_f32(total * hk, -8.0, 8.0);
+    for (i, x) in g1.iter_mut().enumerate().step_by(7) {
+        *x = 20.0 + (i % 11) as f32;
+    }
+    let a_log = [-1.0f32, 0.0, 1.5];
+    let dt_bias = rng.uniform_f32(hk, -1.0, 1.0);
+    let cache0 = rng.uniform_f32(n_slots * hv * kd, -1.0, 1.0);
+    let starts = offsets(&lens);
+    let run = |g: Tensor<B>, gate: Option<ChunkGate<B>>| {
+        let state = f32_tensor(&b, &s, &[n_slots, h, vd, kd], &cache0);
+        let o = b.alloc(DType::F32, &[total, h, vd]).unwrap();
+        b.launch(&s, Op::Fill { dst: o.clone(), value: 7.0 }).unwrap();
+        let meta = (&lens[..], &slots[..], &has_initial[..]);
+        let op = varlen_chunk(&b, &s, meta, &operands, g, gate, &state, &o);
+        b.launch(&s, Op::KdaChunk(op)).unwrap();
+        let bits = |t: &Tensor<B>| -> Vec<u32> {
+            b.download::<f32>(&s, t).unwrap().into_iter().map(f32::to_bits).collect()
+        };
+        (bits(&o), bits(&state))
+    };
+    for form in [GateForm::Softplus, GateForm::LowerBound { lower_bound: -5.0 }] {
+        for dtype in [DType::F32, DType::BF16] {
+            let logits = if dtype == DType::BF16 {
+                // The middle third of a [T, 3·H·K] tensor, viewed as [T, H, K].
+                let mut wide = rng.uniform_f32(total * 3 * hk, -1.0, 1.0);
+                for (t, row) in wide.chunks_exact_mut(3 * hk).enumerate() {
+                    row[hk..2 * hk].copy_from_slice(&g1[t * hk..(t + 1) * hk]);
+                }
+                let (wide, _) = float_tensor(&b, &s, dtype, &[total, 3 * hk], &wide);
+                wide.split(1, &[hk, hk, hk]).unwrap()[1].reshape(&[total, h, kd]).unwrap()
+            } else {
+                f32_tensor(&b, &s, &[total, h, kd], &g1)
+            };
+            let params = ChunkGate {
+                a_log: f32_tensor(&b, &s, &[h], &a_log),
+                dt_bias: f32_tensor(&b, &s, &[h, kd], &dt_bias),
+                form,
+            };
+            let activated = b.alloc(DType::F32, &[total, h, kd]).unwrap();
+            let gate = KdaGate {
+                g1: logits.clone(),
+                a_log: params.a_log.clone(),
+                dt_bias: params.dt_bias.clone(),
+                form,
+                g: activated.clone(),
+            };
+            b.launch(&s, Op::KdaGate(gate)).unwrap();
+            let two_ops = run(activated, None);
+            let fused = run(logits.clone(), Some(params));
+            assert!(
+                fused.0 == two_ops.0,
+                "{form} {dtype:?}: outputs differ from KdaGate + KdaChunk"
+            );
+            assert!(
+                fused.1 == two_ops.1,
+                "{form} {dtype:?}: states differ from KdaGate + KdaChunk"
+            );
+            // Not vacuous: the logits themselves as a log decay give other results.
+            let raw = run(logits, None);
+            assert!(
+                raw.0 != fused.0 && raw.1 != fused.1,
+                "{form} {dtype:?}: the gate changed nothing"
+            );
+            let out: Vec<f32> = fused.0.iter().map(|&x| f32::from_bits(x)).collect();
+            assert!(out.iter().all(|x| x.is_finite()), "{form} {dtype:?}: outputs not finite");
+            let pad = starts[4] as usize * hv..;
+            assert!(out[pad].iter().all(|&x| x == 0.0), "{form} {dtype:?}: padding request");
+        }
+    }
 }
 
 /// Speculative decode: each request starts from slot `state_slots[b, a-1]` and keeps the state
@@ -876,6 +995,7 @@ pub fn kda_ops_reject_bad_operands<B: Backend>(make: &impl Factory<B>) {
         k: f(&[t, h, kd]),
         v: f(&[t, h, vd]),
         g: f(&[t, h, kd]),
+        gate: None,
         beta: f(&[t, h]),
         cu_seqlens: i(&[2]),
         state_slots: i(&[1]),
@@ -919,6 +1039,28 @@ pub fn kda_ops_reject_bad_operands<B: Backend>(make: &impl Factory<B>) {
     expect(launch(KdaChunk { state_slots: i(&[2]), ..chunk() }), "state_slots");
     expect(launch(KdaChunk { q: i(&[t, h, kd]), ..chunk() }), "q");
     expect(launch(KdaChunk { scale: f32::NAN, ..chunk() }), "scale");
+    // The in-kernel gate's parameters, checked as KdaGate checks them (`g` holds the logits).
+    let gated = |a_log: Tensor<B>, dt_bias: Tensor<B>, form| KdaChunk {
+        gate: Some(ChunkGate { a_log, dt_bias, form }),
+        ..chunk()
+    };
+    let lb = GateForm::LowerBound { lower_bound: -5.0 };
+    b.launch(&s, Op::KdaChunk(gated(f(&[h]), f(&[h, kd]), lb))).unwrap();
+    match launch(gated(f(&[h + 1]), f(&[h, kd]), lb)) {
+        Err(Error::Shape { op: "kda_chunk", param: "a_log", expected, actual }) => {
+            assert!(expected.contains("[2]") && expected.contains("of g"), "{expected}");
+            assert_eq!(actual, vec![h + 1]);
+        }
+        other => panic!("a_log: {other:?}"),
+    }
+    expect(launch(gated(i(&[h]), f(&[h, kd]), lb)), "a_log");
+    expect(launch(gated(f(&[h]), f(&[h, vd]), lb)), "dt_bias");
+    expect(launch(gated(f(&[h]), i(&[h, kd]), lb)), "dt_bias");
+    let positive = GateForm::LowerBound { lower_bound: 1.0 };
+    expect(launch(gated(f(&[h]), f(&[h, kd]), positive)), "lower_bound");
+    let infinite = GateForm::LowerBound { lower_bound: f32::NEG_INFINITY };
+    expect(launch(gated(f(&[h]), f(&[h, kd]), infinite)), "lower_bound");
+    expect(launch(KdaChunk { g: i(&[t, h, kd]), ..gated(f(&[h]), f(&[h, kd]), lb) }), "g");
 
     let rec = || KdaRecurrent {
         q: f(&[2, 3, h, kd]),
@@ -1020,6 +1162,7 @@ pub fn kda_bad_metadata_fails_at_synchronize<B: Backend>(make: &impl Factory<B>)
         k: zeros(&[t, h, kd]),
         v: zeros(&[t, h, kd]),
         g: zeros(&[t, h, kd]),
+        gate: None,
         beta: zeros(&[t, h]),
         cu_seqlens: i32_tensor(&b, &s, &[3], starts),
         state_slots: i32_tensor(&b, &s, &[2], &[0, slot]),

@@ -1,7 +1,8 @@
 //! The whole KDA layer (KDA.md "Batches and dispatch") on any backend: against the f64 layer
 //! oracle over mixed continuous batches, the identities an engine relies on (split prefills,
 //! prefill then decodes, speculative steps, batches versus single requests, TP partial sums),
-//! SCHEDULE.md behaviours 1, 2, 3, 4, 7, 8, 11 and 12, the overlapped forward under the
+//! SCHEDULE.md behaviours 1, 2, 3, 4, 7, 8, 11 (the raw gate into the chunk kernel, the v-first
+//! state back to the slot) and 12, the overlapped forward under the
 //! sanitizer, as a captured graph and under jitter, and bad input that must leave the cache
 //! alone.
 //!
@@ -11,15 +12,16 @@
 
 use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
+use kda_core::kda::{CausalConv, KdaChunk, KdaGate};
 use kda_core::layer::{
     BatchError, BatchMeta, BetaInput, ForgetProjection, KdaLayer, LayerOptions, RequestSlots,
     StateCache,
 };
-use kda_core::sanitize::Entry;
+use kda_core::sanitize::{Access, ByteRanges, Entry};
 use kda_core::schedule::beta::BETA_SIGMOID;
 use kda_core::schedule::{MatrixOverlap, ProjectionSchedule};
 use kda_core::weights::{BfgMode, LayerWeights, LoadOptions, load_layer};
-use kda_core::{Backend, DType, Error, Op, Tensor};
+use kda_core::{Backend, BufferHandle, DType, Error, Op, Tensor};
 
 use super::Factory;
 use super::gemm::download_f64;
@@ -610,6 +612,187 @@ pub fn beta_paths_and_intermediate_shapes<B: Backend>(make: &impl Factory<B>) {
         results.push((download_f64(&b, &s, &out), beta_values));
     }
     assert_eq!(results[0], results[1], "raw and preprocessed beta give the same bits");
+}
+
+/// The launches in `log`, as (label, reads, writes).
+fn launches(log: &[Entry]) -> Vec<(&str, &[Access], &[Access])> {
+    log.iter()
+        .filter_map(|e| match e {
+            Entry::Launch { label, reads, writes, .. } => {
+                Some((label.as_str(), &reads[..], &writes[..]))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The one access of `param` among `accesses`.
+fn access<'a>(accesses: &'a [Access], param: &str) -> &'a Access {
+    let mut found = accesses.iter().filter(|a| a.param == param);
+    match (found.next(), found.next()) {
+        (Some(a), None) => a,
+        _ => panic!("expected exactly one access of {param} in {accesses:?}"),
+    }
+}
+
+/// Bytes an access covers.
+fn bytes(a: &Access) -> usize {
+    a.bytes.intervals().iter().map(|r| r.len()).sum()
+}
+
+/// Behaviour 11, for both models (both gate forms). A prefill-only forward launches no
+/// `kda_gate`: its one `kda_chunk` reads the raw bf16 logits (the traced forward shows they are
+/// the `g1` view itself) and the gate's parameters. The core attention output and the v-first
+/// states written back to the slots equal, bit for bit, the former pipeline run by hand on the
+/// trace's intermediates: `KdaGate` into an f32 tensor, then `KdaChunk` on it (so the layer's
+/// output is unchanged by the move). The traced forward's extra `KdaGate` (for the dump alone)
+/// changes no output bit. In a mixed batch, the decode still activates its own rows (one
+/// `kda_gate` over exactly them) and the prefills, gathered from two runs, still pass the raw
+/// gate.
+pub fn prefill_passes_the_raw_gate_to_the_chunk<B: Backend>(make: &impl Factory<B>) {
+    for model in [Model::K3, Model::KimiLinear] {
+        let b = make();
+        let s = b.new_stream().unwrap();
+        let checked = b.instrumentation().is_checked();
+        let w = load(&tiny_config(model), Tp::SINGLE, 111);
+        let layer = layer(&b, &s, &w, LayerOptions::default());
+        let (lens, n) = ([5usize, 67], 72);
+        let x = tokens(&mut Gen::new(11), n);
+        let xt = bf16_tensor(&b, &s, &[n, HIDDEN], &x);
+        let meta = BatchMeta::prefills(&lens, &[0, 1]);
+        let raw_bytes = |rows: usize| rows * HEADS * HEAD_DIM * DType::BF16.size_bytes();
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+
+        let mut cache = layer.new_cache(&s, 2, 0).unwrap();
+        let mut out = out_buffer(&b, &s, n, f64::NAN);
+        let before = b.instrumentation().log().len();
+        layer.forward(&s, &xt, &meta, &mut cache, &mut out).unwrap();
+        let log = b.instrumentation().log()[before..].to_vec();
+        let plain = (bits(&download_f64(&b, &s, &out)), cache_bits(&b, &s, &cache));
+        if checked {
+            let ops = launches(&log);
+            assert!(ops.iter().all(|op| op.0 != "kda_gate"), "{model:?}: a prefill ran kda_gate");
+            let chunks: Vec<_> = ops.iter().filter(|op| op.0 == "kda_chunk").collect();
+            assert_eq!(chunks.len(), 1, "{model:?}: one chunk launch");
+            let reads = chunks[0].1;
+            assert_eq!(bytes(access(reads, "g")), raw_bytes(n), "{model:?}: g is the bf16 g1");
+            let a_log = access(reads, "a_log");
+            assert_eq!(a_log.buffer, layer.weights().a_log.buffer().id());
+            assert_eq!(access(reads, "dt_bias").buffer, layer.weights().dt_bias.buffer().id());
+        }
+
+        let mut traced_cache = layer.new_cache(&s, 2, 0).unwrap();
+        let mut traced_out = out_buffer(&b, &s, n, f64::NAN);
+        let before = b.instrumentation().log().len();
+        let trace =
+            layer.forward_traced(&s, &xt, &meta, &mut traced_cache, &mut traced_out).unwrap();
+        let trace = trace.expect("a trace for a live batch");
+        let log = b.instrumentation().log()[before..].to_vec();
+        let traced = (bits(&download_f64(&b, &s, &traced_out)), cache_bits(&b, &s, &traced_cache));
+        assert!(traced == plain, "{model:?}: the traced forward changed the results");
+        if checked {
+            let ops = launches(&log);
+            let chunk = ops.iter().find(|op| op.0 == "kda_chunk").expect("a chunk launch");
+            let g = access(chunk.1, "g");
+            assert_eq!(trace.g1.dtype(), DType::BF16);
+            assert_eq!(g.buffer, trace.g1.buffer().id(), "{model:?}: the chunk reads g1");
+            assert_eq!(g.bytes, ByteRanges::of(trace.g1.layout()));
+            let gates: Vec<_> = ops.iter().filter(|op| op.0 == "kda_gate").collect();
+            assert_eq!(gates.len(), 1, "{model:?}: one kda_gate, for the trace");
+            assert_eq!(access(gates[0].2, "g").buffer, trace.gate.buffer().id());
+            let gate_buffer = trace.gate.buffer().id();
+            assert!(chunk.1.iter().all(|a| a.buffer != gate_buffer), "the chunk reads no gate");
+        }
+
+        // The former pipeline by hand: conv, KdaGate, KdaChunk on the activated gate.
+        let hand = layer.new_cache(&s, 2, 0).unwrap();
+        let lp = HEADS * HEAD_DIM;
+        let i32s = |v: &[i32]| {
+            let t = b.alloc(DType::I32, &[v.len()]).unwrap();
+            b.upload(&s, &t, v).unwrap();
+            t
+        };
+        let (starts, slots, fresh) = (i32s(&[0, 5, 72]), i32s(&[0, 1]), i32s(&[0, 0]));
+        let conv_out = b.alloc(DType::F32, &[n, 3 * lp]).unwrap();
+        let conv = CausalConv {
+            x: trace.mixed_qkv.clone(),
+            weight: layer.weights().conv.clone(),
+            query_start_loc: starts.clone(),
+            state_slots: slots.clone(),
+            has_initial_state: fresh.clone(),
+            state: hand.conv().clone(),
+            y: conv_out.clone(),
+        };
+        b.launch(&s, Op::CausalConv(conv)).unwrap();
+        let w = layer.weights();
+        let activated = b.alloc(DType::F32, &[n, HEADS, HEAD_DIM]).unwrap();
+        let gate = KdaGate {
+            g1: trace.g1.clone(),
+            a_log: w.a_log.clone(),
+            dt_bias: w.dt_bias.clone(),
+            form: tiny_config(model).gate_form(),
+            g: activated.clone(),
+        };
+        b.launch(&s, Op::KdaGate(gate)).unwrap();
+        let qkv: Vec<Tensor<B>> = conv_out
+            .split(1, &[lp, lp, lp])
+            .unwrap()
+            .iter()
+            .map(|t| t.reshape(&[n, HEADS, HEAD_DIM]).unwrap())
+            .collect();
+        let core = b.alloc(DType::F32, &[n, HEADS, HEAD_DIM]).unwrap();
+        let chunk = KdaChunk {
+            q: qkv[0].clone(),
+            k: qkv[1].clone(),
+            v: qkv[2].clone(),
+            g: activated,
+            gate: None,
+            beta: trace.beta.clone(),
+            cu_seqlens: starts,
+            state_slots: slots,
+            has_initial_state: fresh,
+            state: hand.recurrent().clone(),
+            o: core.clone(),
+            scale: (HEAD_DIM as f32).powf(-0.5),
+            qk_l2norm: true,
+        };
+        b.launch(&s, Op::KdaChunk(chunk)).unwrap();
+        let core_bits = |t: &Tensor<B>| bits(&download_f64(&b, &s, t));
+        assert!(
+            core_bits(&core) == core_bits(&trace.core_attn_out),
+            "{model:?}: core attention output differs from KdaGate + KdaChunk"
+        );
+        assert!(
+            cache_bits(&b, &s, &hand) == traced.1,
+            "{model:?}: states differ from KdaGate + KdaChunk"
+        );
+        assert!(slot_state(&b, &s, &hand, 1).iter().any(|&v| v != 0.0));
+
+        // A mixed batch: prefill (2 tokens, slot 1), decode (slot 0), fresh prefill (2, slot 2).
+        let mut mixed = BatchMeta::empty();
+        mixed.push(2, 67, RequestSlots::Single(1)).push(1, 5, RequestSlots::Single(0)).push(
+            2,
+            0,
+            RequestSlots::Single(2),
+        );
+        let mut cache3 = layer.new_cache(&s, 3, 0).unwrap();
+        step(&b, &s, &layer, &mut cache3, &meta, &x, 0, 0.0, 0.0);
+        let before = b.instrumentation().log().len();
+        let x2 = tokens(&mut Gen::new(12), 5);
+        step(&b, &s, &layer, &mut cache3, &mixed, &x2, 0, 0.0, 0.0);
+        if checked {
+            let log = b.instrumentation().log()[before..].to_vec();
+            let ops = launches(&log);
+            let gates: Vec<_> = ops.iter().filter(|op| op.0 == "kda_gate").collect();
+            assert_eq!(gates.len(), 1, "{model:?}: the decode group's gate");
+            assert_eq!(bytes(access(gates[0].1, "g1")), raw_bytes(1), "the decode row only");
+            let recurrent = ops.iter().find(|op| op.0 == "kda_recurrent").expect("a decode");
+            assert_eq!(access(recurrent.1, "g").buffer, access(gates[0].2, "g").buffer);
+            let chunk = ops.iter().find(|op| op.0 == "kda_chunk").expect("a prefill");
+            assert_eq!(bytes(access(chunk.1, "g")), raw_bytes(4), "the gathered bf16 logits");
+            access(chunk.1, "a_log");
+        }
+    }
 }
 
 /// The overlapped layer forward (both policies) on a checked backend: no hazard, and a captured

@@ -71,6 +71,8 @@ macro_rules! conformance_tests {
             kda_recurrence_and_chunk_match_f64 => kda::recurrence_and_chunk_match_f64(&$plain),
             kda_chunk_split_equals_one_call => kda::chunk_split_equals_one_call(&$plain),
             kda_chunk_varlen_batch_matches_f64 => kda::chunk_varlen_batch_matches_f64(&$plain),
+            kda_chunk_in_kernel_gate_equals_gate_then_chunk =>
+                kda::chunk_in_kernel_gate_equals_gate_then_chunk(&$plain),
             kda_recurrent_speculative_reads_and_writes_slots =>
                 kda::recurrent_speculative_reads_and_writes_slots(&$plain),
             kda_ops_reject_bad_operands => kda::kda_ops_reject_bad_operands(&$plain),
@@ -138,6 +140,8 @@ macro_rules! conformance_tests {
             layer_padding_and_empty_batch => layer::padding_and_empty_batch(&$plain),
             layer_beta_paths_and_intermediate_shapes =>
                 layer::beta_paths_and_intermediate_shapes(&$checked),
+            layer_prefill_passes_the_raw_gate_to_the_chunk =>
+                layer::prefill_passes_the_raw_gate_to_the_chunk(&$checked),
             layer_overlapped_forward_is_clean_and_replays =>
                 layer::overlapped_forward_is_clean_and_replays(&$checked),
             layer_bad_input_leaves_the_cache_unchanged =>

@@ -55,6 +55,12 @@
 //! those finite), and from its token on everything that depends on it is NaN, the final state
 //! included. Other heads and requests never see it.
 //!
+//! # The in-kernel gate
+//!
+//! With [`KdaChunk::gate`], `g` holds the raw logits: each head's row is activated as it is
+//! staged ([`GateParams::activate`], the function the `KdaGate` kernel runs), so the chunk sees
+//! the very bits `KdaGate` would have written, and the activated gate is never stored.
+//!
 //! The hot loop is compiled twice, for the baseline and for AVX2/FMA, chosen at run time; both
 //! give the same bits (no fused multiply-adds outside the GEMMs).
 
@@ -63,6 +69,7 @@ use std::ops::Range;
 use kda_core::kda::{CHUNK_SIZE, KdaChunk, RecurrenceDims};
 
 use super::super::Exec;
+use super::gate::GateParams;
 use super::io::{
     Floats, par_map, read_f32, read_floats, read_i32, request_ranges, slot, with_f32_out,
 };
@@ -83,13 +90,15 @@ const MIN_LEFT: f32 = 4.248_354e-18;
 const MAX_FACTOR: f32 = 1e30;
 
 /// The operands, all heads: row `t` of `q`, `k`, `g` is `[H, K]` at `t·H·K`, of `v` `[H, V]`, of
-/// `beta` `[H]`; f32 or bf16, widened as the rows are staged.
+/// `beta` `[H]`; f32 or bf16, widened as the rows are staged. With `gate`, `g` holds raw
+/// logits, activated as they are staged.
 #[derive(Copy, Clone, Debug)]
 pub(crate) struct Problem<'a> {
     pub q: &'a Floats<'a>,
     pub k: &'a Floats<'a>,
     pub v: &'a Floats<'a>,
     pub g: &'a Floats<'a>,
+    pub gate: Option<&'a GateParams<'a>>,
     pub beta: &'a Floats<'a>,
     pub heads: usize,
     pub kd: usize,
@@ -189,7 +198,8 @@ impl Stage {
         Self { heads, q: z(c * kd), k: z(c * kd), g: z(c * kd), v: z(c * vd), beta: z(c) }
     }
 
-    /// Copy rows `start .. start + len` of heads `heads`: contiguous runs of `G·K` floats.
+    /// Copy rows `start .. start + len` of heads `heads`: contiguous runs of `G·K` floats (and
+    /// activate the gate's logits when the problem has a gate).
     #[inline(always)]
     fn fill(&mut self, p: &Problem<'_>, heads: Range<usize>, start: usize, len: usize) {
         let g = self.heads;
@@ -206,6 +216,12 @@ impl Stage {
                 src.copy_to(from * d, &mut dst[t * g * d..(t + 1) * g * d]);
             }
             p.beta.copy_to(from, &mut self.beta[t * g..(t + 1) * g]);
+            if let Some(gate) = p.gate {
+                let rows = self.g[t * g * p.kd..(t + 1) * g * p.kd].chunks_exact_mut(p.kd);
+                for (h, row) in heads.clone().zip(rows) {
+                    gate.activate(h, row);
+                }
+            }
         }
     }
 }
@@ -587,11 +603,13 @@ pub(in crate::kernels) fn chunk(
         read_floats(&op.g),
         read_floats(&op.beta),
     );
+    let gate = op.gate.as_ref().map(|p| GateParams::read(p.form, &p.a_log, &p.dt_bias, kd));
     let problem = Problem {
         q: &q,
         k: &k,
         v: &v,
         g: &g,
+        gate: gate.as_ref(),
         beta: &beta,
         heads,
         kd,
@@ -718,6 +736,7 @@ mod tests {
             k: &fk,
             v: &fv,
             g: &fg,
+            gate: None,
             beta: &fb,
             heads,
             kd: dim,
@@ -808,6 +827,7 @@ mod tests {
             k: &none,
             v: &none,
             g: &none,
+            gate: None,
             beta: &beta,
             heads: 1,
             kd: 0,

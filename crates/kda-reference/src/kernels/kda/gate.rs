@@ -1,5 +1,7 @@
 //! The forget gate's log decay in fp32, both forms (KDA.md "Inside KDA", step 3).
 
+use std::borrow::Cow;
+
 use kda_core::kda::{GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
 
 use super::super::Exec;
@@ -41,25 +43,44 @@ pub(crate) fn gate(form: GateForm, a_log: f32, a: f32) -> f32 {
     }
 }
 
+/// The gate's parameters widened to f32: `A_log` `[H]`, `dt_bias` `[H, D]`.
+#[derive(Debug)]
+pub(crate) struct GateParams<'a> {
+    pub form: GateForm,
+    pub a_log: Cow<'a, [f32]>,
+    pub dt_bias: Cow<'a, [f32]>,
+    pub dim: usize,
+}
+
+impl<'a> GateParams<'a> {
+    pub(super) fn read(form: GateForm, a_log: &'a T, dt_bias: &'a T, dim: usize) -> Self {
+        Self { form, a_log: read_f32(a_log), dt_bias: read_f32(dt_bias), dim }
+    }
+
+    /// Head `h`'s logits `row` (`[D]`, widened) replaced by their log decay, in place: the one
+    /// place the gate is applied, for [`KdaGate`] and for the chunk kernel's in-kernel gate.
+    #[inline(always)]
+    pub(crate) fn activate(&self, h: usize, row: &mut [f32]) {
+        let a_log = self.a_log[h];
+        for (x, &bias) in row.iter_mut().zip(&self.dt_bias[h * self.dim..(h + 1) * self.dim]) {
+            *x = gate(self.form, a_log, *x + bias);
+        }
+    }
+}
+
 pub(in crate::kernels) fn kda_gate(
     op: &KdaGate<crate::ReferenceBackend>,
     _exec: &Exec,
 ) -> Result<(), String> {
-    let GateDims { tokens, heads, dim } = op.validate().map_err(|e| e.to_string())?;
-    let (g1, a_log, dt_bias) = (read_f32(&op.g1), read_f32(&op.a_log), read_f32(&op.dt_bias));
-    let mut g = vec![0.0f32; tokens * heads * dim];
+    let GateDims { heads, dim, .. } = op.validate().map_err(|e| e.to_string())?;
+    let params = GateParams::read(op.form, &op.a_log, &op.dt_bias, dim);
+    let mut g = read_f32(&op.g1).into_owned();
     if g.is_empty() {
         return Ok(());
     }
-    for (t_row, g1_row) in g.chunks_exact_mut(heads * dim).zip(g1.chunks_exact(heads * dim)) {
-        for h in 0..heads {
-            let cols = h * dim..(h + 1) * dim;
-            for ((out, &x), &bias) in
-                t_row[cols.clone()].iter_mut().zip(&g1_row[cols.clone()]).zip(&dt_bias[cols])
-            {
-                *out = gate(op.form, a_log[h], x + bias);
-            }
-        }
+    // Rows of `D`: the heads of token 0, then of token 1, …
+    for (i, row) in g.chunks_exact_mut(dim).enumerate() {
+        params.activate(i % heads, row);
     }
     write_f32(&op.g, &g);
     Ok(())
