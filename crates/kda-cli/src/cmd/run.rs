@@ -62,7 +62,8 @@ const STAGES: [(&str, &[&str]); 6] = [
         ],
     ),
     ("conv", &["causal_conv", "causal_conv_update"]),
-    ("q/k norm + gate", &["l2norm", "kda_gate", "sigmoid", "beta_sigmoid"]),
+    ("gate + beta", &["l2norm", "kda_gate", "sigmoid", "beta_sigmoid"]),
+    // The chunked prefill applies the gate in-kernel: its gate time is part of "recurrence".
     ("recurrence", &["kda_chunk", "kda_recurrent"]),
     ("output norm", &["gated_rms_norm"]),
     ("o_proj", &["o_proj"]),
@@ -299,13 +300,19 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `stage a ms, stage b ms, ..., other c ms` from the op spans of one forward.
+/// `stage a ms, stage b ms, ..., other c ms` from the op spans of one forward (stages that ran
+/// no op left out).
 fn stage_times(t: &Timeline) -> String {
     let stage_of = |label: &str| STAGES.iter().position(|(_, ls)| ls.contains(&label));
-    let mut totals = [Duration::ZERO; STAGES.len() + 1];
+    let mut totals = [None::<Duration>; STAGES.len() + 1];
     for s in &t.spans {
-        totals[stage_of(&s.label).unwrap_or(STAGES.len())] += s.duration();
+        let total = &mut totals[stage_of(&s.label).unwrap_or(STAGES.len())];
+        *total = Some(total.unwrap_or_default() + s.duration());
     }
     let names = STAGES.iter().map(|(n, _)| *n).chain(["other"]);
-    names.zip(totals).map(|(n, d)| format!("{n} {:.2} ms", ms(d))).collect::<Vec<_>>().join(", ")
+    names
+        .zip(totals)
+        .filter_map(|(n, d)| d.map(|d| format!("{n} {:.2} ms", ms(d))))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
