@@ -50,13 +50,19 @@ struct State {
     /// The first execution failure not yet reported by `synchronize`, with the item's number.
     error: Option<(u64, Error)>,
     closing: bool,
+    /// The smallest `completed` count a thread sleeping on this stream's completions waits
+    /// for (`u64::MAX`: none). The worker signals completions only when one reaches it, so a
+    /// `synchronize` sleeping on the last item is not woken, to contend for the lock, by every
+    /// item before it.
+    wake_at: u64,
 }
 
 /// What a stream's handle, its worker and events recorded on it share.
 pub(crate) struct Shared {
     id: StreamId,
     state: Mutex<State>,
-    /// Signalled when an item is queued, an item completes, or the stream closes.
+    /// Signalled when an item is queued, when an item completes that a sleeper waits for
+    /// (`State::wake_at`), or when the stream closes.
     changed: Condvar,
     /// `State::completed`, readable without the lock by waiters that poll.
     completed: AtomicU64,
@@ -87,15 +93,30 @@ impl Shared {
         state
     }
 
+    /// Sleep until `completed >= target`, registered in `wake_at` so the worker signals it.
+    fn sleep_until_completed(&self, target: u64) -> MutexGuard<'_, State> {
+        let mut state = self.lock();
+        while state.completed < target {
+            state.wake_at = state.wake_at.min(target);
+            state = self.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+        state
+    }
+
     /// Wait until `completed >= target` following `policy`; returns the locked state.
     fn wait_completed(&self, target: u64, policy: WaitPolicy) -> MutexGuard<'_, State> {
         if let WaitPolicy::Spin(limit) = policy {
             let start = Instant::now();
             while self.completed.load(Ordering::Acquire) < target && start.elapsed() < limit {
+                // A few microseconds of pause instructions between yields: few system calls,
+                // and little taken from a sibling hardware thread running the other stream.
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
                 std::thread::yield_now();
             }
         }
-        self.wait_until(|s| s.completed >= target)
+        self.sleep_until_completed(target)
     }
 }
 
@@ -153,6 +174,7 @@ impl RefStream {
                 completed: 0,
                 error: None,
                 closing: false,
+                wake_at: u64::MAX,
             }),
             changed: Condvar::new(),
             completed: AtomicU64::new(0),
@@ -206,7 +228,7 @@ impl RefStream {
     pub(crate) fn synchronize(&self) -> Result<()> {
         let shared = self.shared();
         let target = shared.lock().enqueued;
-        let mut state = shared.wait_until(|s| s.completed >= target);
+        let mut state = shared.sleep_until_completed(target);
         match state.error.take() {
             Some((_, error)) => Err(error),
             None => Ok(()),
@@ -288,8 +310,14 @@ fn run_worker(
         // Published after the error, under the lock: a poller that sees `seq` and then takes
         // the lock finds the error of item `seq` too.
         shared.completed.store(seq, Ordering::Release);
+        let wake = seq >= state.wake_at;
+        if wake {
+            state.wake_at = u64::MAX;
+        }
         drop(state);
-        shared.changed.notify_all();
+        if wake {
+            shared.changed.notify_all();
+        }
     }
 }
 
