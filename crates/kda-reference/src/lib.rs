@@ -33,9 +33,11 @@ use kernels::Exec;
 use stream::WaitPolicy;
 pub use stream::{Jitter, RefEvent, RefStream};
 
-/// How long a one-core-per-stream worker polls for another stream's work before it sleeps.
-/// Long enough to cover a projection GEMM at decode and small-prefill sizes (where a late start
-/// after a wake-up shows); bounded, so a long wait in an oversubscribed test run still sleeps.
+/// How long, in all, a one-core-per-stream worker polls during one wait for another stream's
+/// work before it sleeps. It polls only through the tail of an op with a forecast, but through
+/// the whole of an op seen for the first time: long enough for a projection GEMM at decode and
+/// small-prefill sizes (where a late start after a wake-up shows); bounded, so a long wait in an
+/// oversubscribed test run still sleeps.
 const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How the reference backend uses the host's cores.

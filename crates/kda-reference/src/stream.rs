@@ -6,13 +6,17 @@
 //! that blocks the waiting stream's worker until the recorded stream's `completed` reaches that
 //! count. Because a record only ever names work that is already queued, waits cannot form a cycle.
 //!
-//! In one-core-per-stream mode a waiting worker first polls (yielding its core) for up to
-//! a bounded time before it sleeps: a stream that owns a core waits as a device
-//! stream does, and starts the moment its dependency completes instead of one futex wake-up
-//! (tens of microseconds on a VM) later — the difference between vector work hidden under a
-//! GEMM on the other stream and vector work run before that GEMM starts.
+//! In one-core-per-stream mode a waiting worker polls (yielding its core) so that it starts the
+//! moment its dependency completes, instead of one futex wake-up (tens of microseconds on a VM)
+//! later — the difference between vector work hidden under a GEMM on the other stream and vector
+//! work run before that GEMM starts. It polls only near the end of the awaited op, though: each
+//! worker remembers how long each kind of op took ([`Forecast`]) and publishes when the op it is
+//! running should end, and a waiter sleeps until shortly before that. A poller shares the
+//! machine with the GEMM it waits for (a sibling hardware thread, the package's power budget,
+//! a VM's vCPU scheduling), and polling through a whole GEMM measurably slows it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -55,6 +59,59 @@ struct State {
     /// `synchronize` sleeping on the last item is not woken, to contend for the lock, by every
     /// item before it.
     wake_at: u64,
+    /// The op being run and when it should end, when this kind of op has run here before.
+    running: Option<Running>,
+}
+
+/// The op a worker is running, with its forecast end.
+#[derive(Copy, Clone, Debug)]
+struct Running {
+    expected: Duration,
+    end: Instant,
+}
+
+/// Forecasts shorter than this are not worth a sleep (a timed sleep overshoots by tens of
+/// microseconds).
+const MIN_SLEEP: Duration = Duration::from_micros(500);
+
+impl Running {
+    /// When a waiter should stop sleeping and start to poll: a quarter of the forecast (plus a
+    /// margin) before its end, since the same op's duration varies by a few tens of percent
+    /// with the host's load. `None`: poll from the start.
+    fn poll_from(&self) -> Option<Instant> {
+        (self.expected >= MIN_SLEEP)
+            .then(|| self.end.checked_sub(self.expected / 4 + Duration::from_micros(100)))
+            .flatten()
+    }
+}
+
+/// How long each kind of op (its name, operand shapes and dtypes) last took on one stream.
+#[derive(Default)]
+struct Forecast(HashMap<u64, Duration>);
+
+/// Kinds remembered at most; a stream that sees more starts over.
+const MAX_FORECASTS: usize = 4096;
+
+impl Forecast {
+    fn signature(op: &Op<ReferenceBackend>) -> u64 {
+        let mut h = DefaultHasher::new();
+        op.name().hash(&mut h);
+        for (param, t) in op.inputs().into_iter().chain(op.outputs()) {
+            (param, t.shape(), t.dtype()).hash(&mut h);
+        }
+        h.finish()
+    }
+
+    fn expect(&self, signature: u64) -> Option<Duration> {
+        self.0.get(&signature).copied()
+    }
+
+    fn learn(&mut self, signature: u64, took: Duration) {
+        if self.0.len() >= MAX_FORECASTS {
+            self.0.clear();
+        }
+        self.0.insert(signature, took);
+    }
 }
 
 /// What a stream's handle, its worker and events recorded on it share.
@@ -74,7 +131,8 @@ pub(crate) enum WaitPolicy {
     /// Sleep on the upstream's condition variable (shared-pool mode: the cores belong to the
     /// pool, a poller would steal them).
     Block,
-    /// Poll, yielding the core between looks, for up to this long; then sleep.
+    /// Sleep through the forecast part of the awaited op, then poll, yielding the core between
+    /// looks, for up to this long in all; then sleep.
     Spin(Duration),
 }
 
@@ -105,9 +163,46 @@ impl Shared {
 
     /// Wait until `completed >= target` following `policy`; returns the locked state.
     fn wait_completed(&self, target: u64, policy: WaitPolicy) -> MutexGuard<'_, State> {
-        if let WaitPolicy::Spin(limit) = policy {
+        let WaitPolicy::Spin(limit) = policy else {
+            return self.sleep_until_completed(target);
+        };
+        let mut polled = Duration::ZERO;
+        loop {
+            // Sleep through the part of the running op that is forecast to outlast the lead; a
+            // completion of `target` (registered in `wake_at`) still wakes the sleeper at once.
+            let mut state = self.lock();
+            let seen = loop {
+                if state.completed >= target {
+                    return state;
+                }
+                let now = Instant::now();
+                match state.running.and_then(|r| r.poll_from()) {
+                    Some(wake) if wake > now => {
+                        state.wake_at = state.wake_at.min(target);
+                        state = self
+                            .changed
+                            .wait_timeout(state, wake - now)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0;
+                    }
+                    _ => break state.completed,
+                }
+            };
+            drop(state);
+            if polled >= limit {
+                return self.sleep_until_completed(target);
+            }
+            // Poll until `target` completes, or an earlier item does (the next one may come with
+            // a forecast to sleep by), or the polling budget is spent.
             let start = Instant::now();
-            while self.completed.load(Ordering::Acquire) < target && start.elapsed() < limit {
+            loop {
+                let completed = self.completed.load(Ordering::Acquire);
+                if completed >= target {
+                    return self.lock();
+                }
+                if completed != seen || polled + start.elapsed() >= limit {
+                    break;
+                }
                 // A few microseconds of pause instructions between yields: few system calls,
                 // and little taken from a sibling hardware thread running the other stream.
                 for _ in 0..64 {
@@ -115,8 +210,8 @@ impl Shared {
                 }
                 std::thread::yield_now();
             }
+            polled += start.elapsed();
         }
-        self.sleep_until_completed(target)
     }
 }
 
@@ -175,6 +270,7 @@ impl RefStream {
                 error: None,
                 closing: false,
                 wake_at: u64::MAX,
+                running: None,
             }),
             changed: Condvar::new(),
             completed: AtomicU64::new(0),
@@ -286,20 +382,33 @@ fn run_worker(
     timeline: Option<&Recorder>,
 ) {
     let mut rng = jitter.map(|j| (ChaCha8Rng::seed_from_u64(j.seed ^ shared.id.index), j.max));
+    let mut forecast = Forecast::default();
     loop {
-        let (item, seq) = {
+        let (item, seq, signature) = {
             let mut state = shared.wait_until(|s| !s.queue.is_empty() || s.closing);
-            match state.queue.pop_front() {
-                Some(item) => (item, state.completed + 1),
-                None => return,
-            }
+            let Some(item) = state.queue.pop_front() else { return };
+            // Published with the pop, so a waiter never sees this op running without its
+            // forecast (and polls through it).
+            let signature = match &item {
+                Item::Op(op, _) if wait != WaitPolicy::Block => Some(Forecast::signature(op)),
+                _ => None,
+            };
+            state.running = signature
+                .and_then(|s| forecast.expect(s))
+                .map(|expected| Running { expected, end: Instant::now() + expected });
+            (item, state.completed + 1, signature)
         };
         if let Some((rng, max)) = rng.as_mut() {
             let micros = rng.random_range(0..=max.as_micros() as u64);
             std::thread::sleep(Duration::from_micros(micros));
         }
+        let start = Instant::now();
         let failure = run_item(shared, item, seq, exec, wait, timeline);
+        if let Some(signature) = signature {
+            forecast.learn(signature, start.elapsed());
+        }
         let mut state = shared.lock();
+        state.running = None;
         if let Some(error) = failure {
             state.error.get_or_insert((seq, error));
         }
@@ -371,4 +480,46 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test setup")]
+
+    use kda_core::{Backend, DType};
+
+    use super::*;
+
+    fn gemm(b: &ReferenceBackend, m: usize) -> Op<ReferenceBackend> {
+        let x = b.alloc(DType::BF16, &[m, 8]).unwrap();
+        let w = b.alloc(DType::BF16, &[4, 8]).unwrap();
+        let y = b.alloc(DType::F32, &[m, 4]).unwrap();
+        Op::Gemm { x, w, y }
+    }
+
+    #[test]
+    fn forecasts_are_per_kind_of_op() {
+        let b = ReferenceBackend::new();
+        let mut forecast = Forecast::default();
+        let [small, other_small, large] =
+            [gemm(&b, 2), gemm(&b, 2), gemm(&b, 3)].map(|op| Forecast::signature(&op));
+        assert_eq!(small, other_small, "the same shapes on other buffers are the same kind");
+        assert_ne!(small, large, "another shape is another kind");
+        forecast.learn(small, Duration::from_millis(7));
+        assert_eq!(forecast.expect(other_small), Some(Duration::from_millis(7)));
+        assert_eq!(forecast.expect(large), None);
+        forecast.learn(small, Duration::from_millis(9));
+        assert_eq!(forecast.expect(small), Some(Duration::from_millis(9)), "the latest duration");
+    }
+
+    #[test]
+    fn a_waiter_polls_only_through_the_tail_of_a_forecast_op() {
+        let start = Instant::now();
+        let expected = Duration::from_millis(40);
+        let running = Running { expected, end: start + expected };
+        // A quarter of the forecast and 100 µs before its end.
+        assert_eq!(running.poll_from(), Some(start + Duration::from_micros(40_000 - 10_000 - 100)));
+        let short = Duration::from_micros(400);
+        assert_eq!(Running { expected: short, end: start + short }.poll_from(), None);
+    }
 }

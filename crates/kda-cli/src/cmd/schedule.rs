@@ -321,8 +321,11 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
         let mut runs: Vec<Vec<Run>> = (0..CONFIGS.len()).map(|_| Vec::new()).collect();
         for round in 0..rounds {
             progress.set_message(format!("T={t}: round {}/{rounds}", round + 1));
-            for (i, out) in runs.iter_mut().enumerate() {
-                out.push(run(i)?);
+            // Each round starts one configuration later, so none always runs right after the
+            // same other one (a systematic neighbour would bias the per-round ratios).
+            for k in 0..CONFIGS.len() {
+                let i = (round + k) % CONFIGS.len();
+                runs[i].push(run(i)?);
                 progress.inc(1);
             }
         }
