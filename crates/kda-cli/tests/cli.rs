@@ -51,6 +51,7 @@ fn bench_schedule_reports_every_figure() {
         "ops alone: dynamic_quant",
         "hidden vector fraction",
         "overlapped / serial",
+        "95% CI",
         "of ideal",
         "speedup",
         "composed vs staged F",

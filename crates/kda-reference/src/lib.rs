@@ -15,6 +15,7 @@
 
 mod buffer;
 mod kernels;
+mod progress;
 pub mod stream;
 mod timeline;
 

@@ -21,6 +21,7 @@ use kda_core::timeline::{Span, Timeline};
 use kda_core::{Backend, DType, Op, ScaleAlg, Tensor};
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 use kda_testkit::Gen;
+use rand::seq::SliceRandom;
 
 use super::ms;
 use crate::error::CliError;
@@ -197,11 +198,11 @@ struct Report {
     hidden: f64,
     hidden_quant: f64,
     hidden_post: f64,
-    /// Per-round ratios (runs of one round are adjacent in time, so a slow spell of the host
+    /// Per-round ratios (runs of one round are close in time, so a slow spell of the host
     /// affects both sides), medians over the rounds.
-    overhead: f64,
-    of_ideal: f64,
-    speedup: f64,
+    overhead: Ratio,
+    of_ideal: Ratio,
+    speedup: Ratio,
     /// The serial time's spread over the rounds (fastest, slowest): the host's noise.
     serial_spread: (Duration, Duration),
 }
@@ -231,10 +232,13 @@ impl Report {
             "hidden_vector_fraction": self.hidden,
             "hidden_fraction_dynamic_quant": self.hidden_quant,
             "hidden_fraction_postprocess": self.hidden_post,
-            "serialized_over_serial": self.overhead,
+            "serialized_over_serial": self.overhead.median,
+            "serialized_over_serial_ci95": self.overhead.ci(),
             "concurrent_ideal_ms": ms(self.ideal()),
-            "concurrent_of_ideal": self.of_ideal,
-            "concurrent_speedup": self.speedup,
+            "concurrent_of_ideal": self.of_ideal.median,
+            "concurrent_of_ideal_ci95": self.of_ideal.ci(),
+            "concurrent_speedup": self.speedup.median,
+            "concurrent_speedup_ci95": self.speedup.ci(),
             "serial_spread_ms": [ms(self.serial_spread.0), ms(self.serial_spread.1)],
         })
     }
@@ -255,6 +259,41 @@ fn ideal(quant: Duration, qkv: Duration, bfg: Duration, post: Duration) -> Durat
 
 fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
+}
+
+/// The median of per-round ratios with a distribution-free 95 % confidence interval: the order
+/// statistics `n/2 ∓ 0.98 √n` (the normal approximation to the binomial count of rounds below
+/// the true median). The host's run-to-run noise (10–15 % on a shared VM) makes this interval,
+/// not the median alone, the figure to hold against a target.
+#[derive(Copy, Clone, Debug, PartialEq)]
+struct Ratio {
+    median: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl Ratio {
+    fn of(mut v: Vec<f64>) -> Self {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n == 0 {
+            return Self { median: f64::NAN, lo: f64::NAN, hi: f64::NAN };
+        }
+        let half_width = 0.98 * (n as f64).sqrt();
+        let lo = ((n as f64 / 2.0 - half_width).floor().max(0.0)) as usize;
+        let hi = ((n as f64 / 2.0 + half_width).ceil() as usize).min(n - 1);
+        Self { median: v[n / 2], lo: v[lo], hi: v[hi] }
+    }
+
+    fn ci(&self) -> [f64; 2] {
+        [self.lo, self.hi]
+    }
+}
+
+impl std::fmt::Display for Ratio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.3} (95% CI {:.3}..{:.3})", self.median, self.lo, self.hi)
+    }
 }
 
 pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
@@ -321,10 +360,11 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
         let mut runs: Vec<Vec<Run>> = (0..CONFIGS.len()).map(|_| Vec::new()).collect();
         for round in 0..rounds {
             progress.set_message(format!("T={t}: round {}/{rounds}", round + 1));
-            // Each round starts one configuration later, so none always runs right after the
-            // same other one (a systematic neighbour would bias the per-round ratios).
-            for k in 0..CONFIGS.len() {
-                let i = (round + k) % CONFIGS.len();
+            // Each round runs the configurations in a fresh seeded order, so none always runs
+            // right after the same other one (a systematic neighbour would bias the ratios).
+            let mut order: Vec<usize> = (0..CONFIGS.len()).collect();
+            order.shuffle(rng.rng());
+            for i in order {
                 runs[i].push(run(i)?);
                 progress.inc(1);
             }
@@ -370,7 +410,7 @@ fn report(tokens: usize, rounds: usize, runs: &[Vec<Run>]) -> Report {
         median(runs.iter().filter_map(|r| r.timeline.hidden_fraction(hidden, is_gemm)).collect())
     };
     let serialized = &runs[SERIALIZED];
-    let per_round = |f: &dyn Fn(usize) -> f64| median((0..rounds).map(f).collect());
+    let per_round = |f: &dyn Fn(usize) -> f64| Ratio::of((0..rounds).map(f).collect());
     let alone = |round: usize, l: &'static str| serial[round].timeline.total(label(l));
     let round_ideal = |r: usize| {
         let ops = [labels::DYNAMIC_QUANT, labels::QKV_MATMUL, labels::PROJECT_BFG];
@@ -432,12 +472,13 @@ fn print_report(r: &Report) {
         );
         println!(
             "  serialized GEMMs: hidden vector fraction {:.3} (dynamic_quant {:.3}, postprocess_bfg \
-             {:.3}; target >= 0.9 for T >= 16), overlapped / serial {:.3} (target <= 1.03; per-round median)",
+             {:.3}; target >= 0.9 for T >= 16), overlapped / serial {} (target <= 1.03; per-round \
+             median)",
             r.hidden, r.hidden_quant, r.hidden_post, r.overhead
         );
         println!(
-            "  concurrent GEMMs: ideal max(quant + qkv, bfg + post) {:.3} ms, achieved {:.3} of \
-             ideal (target >= 0.9 for T >= 128), speedup {:.2}x over serial (per-round medians)",
+            "  concurrent GEMMs: ideal max(quant + qkv, bfg + post) {:.3} ms, achieved {} of \
+             ideal (target >= 0.9 for T >= 128), speedup {} over serial (per-round medians)",
             ms(r.ideal()),
             r.of_ideal,
             r.speedup
@@ -462,13 +503,14 @@ fn print_report(r: &Report) {
 fn print_summary(reports: &[Report]) {
     println!("summary (ms; hidden = hidden vector fraction of the serialized policy):");
     println!(
-        "  {:>6} {:>10} {:>10} {:>10} {:>7} {:>7} {:>10} {:>8} {:>8} {:>10} {:>10}",
+        "  {:>6} {:>10} {:>10} {:>10} {:>7} {:>7} {:>13} {:>10} {:>8} {:>8} {:>10} {:>10}",
         "T",
         "serial",
         "ovl-ser",
         "ovl-conc",
         "hidden",
         "ser/sr",
+        "ser/sr 95% CI",
         "ideal",
         "of-ideal",
         "speedup",
@@ -477,18 +519,35 @@ fn print_summary(reports: &[Report]) {
     );
     for r in reports {
         println!(
-            "  {:>6} {:>10.3} {:>10.3} {:>10.3} {:>7.3} {:>7.3} {:>10.3} {:>8.3} {:>7.2}x {:>10.3} {:>10.3}",
+            "  {:>6} {:>10.3} {:>10.3} {:>10.3} {:>7.3} {:>7.3} {:>13} {:>10.3} {:>8.3} {:>7.2}x {:>10.3} {:>10.3}",
             r.tokens,
             ms(r.wall[SERIAL]),
             ms(r.wall[SERIALIZED]),
             ms(r.wall[CONCURRENT]),
             r.hidden,
-            r.overhead,
+            r.overhead.median,
+            format!("{:.3}..{:.3}", r.overhead.lo, r.overhead.hi),
             ms(r.ideal()),
-            r.of_ideal,
-            r.speedup,
+            r.of_ideal.median,
+            r.speedup.median,
             ms(r.bfg),
             ms(r.staged_bfg()),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ratio;
+
+    #[test]
+    fn the_median_comes_with_order_statistic_bounds() {
+        // 100 rounds: the 41st and 61st values bound the median (50 ∓ 9.8, rounded outwards).
+        let r = Ratio::of((0..100).rev().map(f64::from).collect());
+        assert_eq!(r, Ratio { median: 50.0, lo: 40.0, hi: 60.0 });
+        // Too few rounds for any confidence: the whole range.
+        let r = Ratio::of(vec![1.2, 0.9, 1.0]);
+        assert_eq!(r, Ratio { median: 1.0, lo: 0.9, hi: 1.2 });
+        assert!(Ratio::of(Vec::new()).median.is_nan());
     }
 }

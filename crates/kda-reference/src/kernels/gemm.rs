@@ -152,6 +152,7 @@ pub(super) fn gemm(x: &T, w: &T, y: &T, exec: &Exec) -> Result<(), String> {
         if y.dtype() != DType::F32 {
             store_rounded(&y_block, acc, exec);
         }
+        crate::progress::report(n0 + nb, n);
     }
     Ok(())
 }

@@ -207,7 +207,11 @@ pub(super) fn gemm(
         .flat_map(|m0| (0..n).step_by(TILE_N).map(move |n0| (m0, n0)))
         .collect();
     let results: Vec<Vec<f32>> = if exec.threads() == 1 {
-        tiles.iter().map(|&tile| gemm_tile(&ops, tile)).collect()
+        let done = |i: usize, acc| {
+            crate::progress::report(i + 1, tiles.len());
+            acc
+        };
+        tiles.iter().enumerate().map(|(i, &tile)| done(i, gemm_tile(&ops, tile))).collect()
     } else {
         exec.install(|| tiles.par_iter().map(|&tile| gemm_tile(&ops, tile)).collect())
     };
