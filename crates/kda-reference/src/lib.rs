@@ -6,7 +6,10 @@
 //! [`stream`]). So overlap is real, ordering bugs are real, and the sanitizer has something to
 //! catch. Two execution modes ([`ExecutionMode`]): one core per stream (each op runs on its
 //! stream's thread alone, which shows overlap), or a shared thread pool that every op uses for
-//! intra-op parallelism (throughput).
+//! intra-op parallelism (throughput). In the first, a stream waiting on another behaves as a
+//! device stream does: it costs the other stream nothing while it waits (it sleeps until the
+//! awaited op is forecast to end) and starts within microseconds of the completion (it polls
+//! through the last moments).
 //!
 //! Errors follow [`kda_core::hal`]: argument errors at the call, execution failures at the next
 //! `synchronize` of the stream.

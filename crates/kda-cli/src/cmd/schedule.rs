@@ -8,6 +8,14 @@
 //! runs, where nothing else runs), the hidden vector fraction of the serialised policy (the share
 //! of DynamicQuant and post-process time during which a GEMM ran on the other stream), and the
 //! concurrent policy against its ideal `max(quant + qkv_gemm, bfg_gemm + postprocess)`.
+//!
+//! Per-round ratios come with a 95 % confidence interval: a shared VM's run-to-run noise (10–15 %)
+//! needs a few hundred rounds to pin a ratio to ±1 %. What the serialised policy costs on a CPU
+//! is not in its events (it leaves a few microseconds between ops, fewer than serial) but in its
+//! cores: each GEMM starts on a core that was idle (a waiting stream sleeps, see the reference
+//! backend's streams), and a core fresh from idle runs the same GEMM a few percent slower on a VM
+//! than one that just ran another; a busy-polling waiter would keep its core warm but slow the
+//! GEMM on the other one by more.
 
 use std::time::{Duration, Instant};
 
