@@ -11,7 +11,7 @@
 //! later — the difference between vector work hidden under a GEMM on the other stream and vector
 //! work run before that GEMM starts. It polls only through the last moments of the awaited op,
 //! though, and sleeps before: the worker running that op publishes when it started, how long the
-//! same kind of op took last time ([`Forecast`]) and how far it has got ([`crate::progress`]),
+//! same kind of op took last time (`Forecast`) and how far it has got (`progress.rs`),
 //! and the waiter sleeps half the forecast remainder at a time until the end is near. A poller
 //! shares the machine with the GEMM it waits for (a sibling hardware thread, the package's power
 //! budget, a VM's vCPU scheduling): polling through a whole GEMM slows it by 5–20 % here.
