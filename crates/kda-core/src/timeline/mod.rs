@@ -144,9 +144,15 @@ mod tests {
     use super::*;
     use crate::hal::InstanceId;
 
+    /// One instance for every span of a test, as a backend produces.
+    fn instance() -> InstanceId {
+        static INSTANCE: std::sync::OnceLock<InstanceId> = std::sync::OnceLock::new();
+        *INSTANCE.get_or_init(InstanceId::fresh)
+    }
+
     fn span(stream: u64, label: &str, start: u64, end: u64) -> Span {
         Span {
-            stream: StreamId { instance: InstanceId::fresh(), index: stream },
+            stream: StreamId { instance: instance(), index: stream },
             label: label.into(),
             start: Duration::from_micros(start),
             end: Duration::from_micros(end),
@@ -156,17 +162,13 @@ mod tests {
     /// Two lanes: a long GEMM, then a 1 µs op right behind a 2 ms one (rounding must not make
     /// them overlap), and one wait edge from lane 1 to lane 0.
     fn two_lanes() -> Timeline {
-        let mut spans = vec![
+        let spans = vec![
             span(0, "dynamic_quant", 0, 40),
             span(0, "qkv_matmul", 2_040, 9_000),
             span(1, "project_bfg", 10, 2_000),
             span(1, "tiny", 2_000, 2_001),
             span(1, "postprocess_bfg", 2_001, 2_030),
         ];
-        let instance = spans[0].stream.instance;
-        for s in &mut spans {
-            s.stream.instance = instance;
-        }
         let (main, aux) = (spans[0].stream, spans[2].stream);
         let waits = vec![WaitEdge {
             upstream: aux,
@@ -231,18 +233,13 @@ mod tests {
 
     #[test]
     fn hidden_fraction_counts_only_other_streams_and_merges_overlaps() {
-        let mut spans = vec![
+        let spans = vec![
             span(0, "quant", 0, 100),
             span(1, "gemm_a", 20, 60),
             span(1, "gemm_b", 50, 80),
             span(0, "gemm_c", 100, 200),
             span(1, "post", 150, 250),
         ];
-        // One instance for all spans, as a backend produces.
-        let instance = spans[0].stream.instance;
-        for s in &mut spans {
-            s.stream.instance = instance;
-        }
         let t = Timeline::new(spans);
         let is = |names: &'static [&'static str]| move |s: &Span| names.contains(&s.label.as_str());
         // quant is covered 20..80 = 60 of 100 µs; post 150..200 = 50 of 100 µs.
