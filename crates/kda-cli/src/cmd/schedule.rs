@@ -123,11 +123,6 @@ struct Run {
     timeline: Timeline,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 fn median_duration(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
@@ -415,7 +410,8 @@ fn report(tokens: usize, rounds: usize, runs: &[Vec<Run>]) -> Report {
     let label = |l: &'static str| move |s: &Span| s.label == l;
     let serial = &runs[SERIAL];
     let fraction = |runs: &[Run], hidden: &dyn Fn(&Span) -> bool| {
-        median(runs.iter().filter_map(|r| r.timeline.hidden_fraction(hidden, is_gemm)).collect())
+        let fractions = runs.iter().filter_map(|r| r.timeline.hidden_fraction(hidden, is_gemm));
+        Ratio::of(fractions.collect()).median
     };
     let serialized = &runs[SERIALIZED];
     let per_round = |f: &dyn Fn(usize) -> f64| Ratio::of((0..rounds).map(f).collect());

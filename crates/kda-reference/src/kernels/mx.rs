@@ -207,11 +207,12 @@ pub(super) fn gemm(
         .flat_map(|m0| (0..n).step_by(TILE_N).map(move |n0| (m0, n0)))
         .collect();
     let results: Vec<Vec<f32>> = if exec.threads() == 1 {
-        let done = |i: usize, acc| {
+        let tile = |(i, &tile): (usize, &(usize, usize))| {
+            let acc = gemm_tile(&ops, tile);
             crate::progress::report(i + 1, tiles.len());
             acc
         };
-        tiles.iter().enumerate().map(|(i, &tile)| done(i, gemm_tile(&ops, tile))).collect()
+        tiles.iter().enumerate().map(tile).collect()
     } else {
         exec.install(|| tiles.par_iter().map(|&tile| gemm_tile(&ops, tile)).collect())
     };
