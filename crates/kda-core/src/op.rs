@@ -7,18 +7,19 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::hal::{Backend, BufferHandle, InstanceId};
 use crate::kda::{
-    CausalConv, CausalConvUpdate, GatedRmsNorm, KdaChunk, KdaGate, KdaRecurrent, L2Norm,
-    ZeroPadding,
+    CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, GateDims, GatedRmsNorm, KdaChunk,
+    KdaGate, KdaRecurrent, L2Norm, PaddingDims, RecurrenceDims, RowDims, ZeroPadding,
 };
 use crate::mx::{ScaleAlg, num_blocks};
+pub use crate::resource::ComputeUnit;
+use crate::resource::{BufferHandle, InstanceId, Resources};
 use crate::tensor::Tensor;
 
 /// One device op with its input and output views. Cloning shares the views (and staged
 /// data), as replaying a captured graph does.
 #[derive(Clone)]
-pub enum Op<B: Backend> {
+pub enum Op<B: Resources> {
     /// Dense Linear-layout GEMM `y[M, N] = x[M, K] · w[N, K]^T`, fp32 accumulation.
     /// `x`, `w`: bf16, f16 or f32 (mixed allowed); `y`: bf16, f16 or f32.
     Gemm { x: Tensor<B>, w: Tensor<B>, y: Tensor<B> },
@@ -67,14 +68,36 @@ pub enum Op<B: Backend> {
     Sigmoid { x: Tensor<B>, y: Tensor<B> },
 }
 
-/// The kind of execution unit an op keeps busy, for the sanitizer's optional exclusive-unit
-/// rules (see [`crate::sanitize::ExclusiveUnits`]).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ComputeUnit {
-    /// Matrix multiply units (Ascend's Cube, tensor cores): the GEMMs.
-    Matrix,
-    /// Vector units: element-wise and reduction kernels.
-    Vector,
+/// An op the façade has validated for one backend instance, with the sizes validation computed.
+/// Only kda-core can make one (the façade validates every op it hands a backend).
+#[derive(Clone, Debug)]
+pub struct Validated<B: Resources> {
+    op: Op<B>,
+    dims: OpDims,
+}
+
+impl<B: Resources> Validated<B> {
+    /// Called by `Op::validate_for` only.
+    pub(crate) fn new(op: Op<B>, dims: OpDims) -> Self {
+        Self { op, dims }
+    }
+
+    pub fn op(&self) -> &Op<B> {
+        &self.op
+    }
+
+    /// The sizes validation computed (which variant matches the op's kind).
+    pub fn dims(&self) -> OpDims {
+        self.dims
+    }
+
+    pub fn into_op(self) -> Op<B> {
+        self.op
+    }
+
+    pub fn into_parts(self) -> (Op<B>, OpDims) {
+        (self.op, self.dims)
+    }
 }
 
 /// A host function queued on a stream.
@@ -111,7 +134,7 @@ impl DownloadSlot {
     }
 }
 
-impl<B: Backend> fmt::Debug for Op<B> {
+impl<B: Resources> fmt::Debug for Op<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct(self.name());
         for (name, t) in self.inputs().into_iter().chain(self.outputs()) {
@@ -129,7 +152,7 @@ pub struct GemmDims {
     pub k: usize,
 }
 
-impl<B: Backend> Op<B> {
+impl<B: Resources> Op<B> {
     /// The op's name, used in spans, traces and diagnostics.
     pub fn name(&self) -> &'static str {
         match self {
@@ -223,9 +246,16 @@ impl<B: Backend> Op<B> {
         }
     }
 
+    /// Validate for the façade, which alone hands ops to a backend.
+    pub(crate) fn validate_for(self, instance: InstanceId) -> Result<Validated<B>> {
+        let dims = self.validate(instance)?;
+        Ok(Validated::new(self, dims))
+    }
+
     /// Check everything that can be checked before running: handles belong to `instance`,
     /// shapes and dtypes agree, outputs overlap neither themselves, nor each other, nor any input.
-    pub fn validate(&self, instance: InstanceId) -> Result<()> {
+    /// Returns the sizes the checks computed.
+    pub fn validate(&self, instance: InstanceId) -> Result<OpDims> {
         let op = self.name();
         let (inputs, outputs) = (self.inputs(), self.outputs());
         for (_, t) in inputs.iter().chain(&outputs) {
@@ -256,13 +286,17 @@ impl<B: Backend> Op<B> {
                 }
             }
         }
-        match self {
-            Op::Gemm { x, w, y } => gemm_dims(x, w, y).map(|_| ()),
+        Ok(match self {
+            Op::Gemm { x, w, y } => OpDims::Gemm(gemm_dims(x, w, y)?),
             Op::Copy { src, dst } => {
                 expect_dtype(op, "dst", dst.dtype(), src.dtype(), src.dtype().name())?;
-                expect_shape(op, "dst", dst.shape(), src.shape())
+                expect_shape(op, "dst", dst.shape(), src.shape())?;
+                OpDims::None
             }
-            Op::Fill { dst, value } => check_fill_value(dst.dtype(), *value),
+            Op::Fill { dst, value } => {
+                check_fill_value(dst.dtype(), *value)?;
+                OpDims::None
+            }
             Op::Upload { dst, data } => {
                 let expected = dst.numel() * dst.dtype().size_bytes();
                 if data.len() != expected {
@@ -273,29 +307,50 @@ impl<B: Backend> Op<B> {
                         actual: data.len(),
                     });
                 }
-                Ok(())
+                OpDims::None
             }
-            Op::Download { .. } | Op::Host { .. } => Ok(()),
-            Op::CausalConv(op) => op.validate().map(|_| ()),
-            Op::CausalConvUpdate(op) => op.validate().map(|_| ()),
-            Op::L2Norm(op) => op.validate().map(|_| ()),
-            Op::KdaGate(op) => op.validate().map(|_| ()),
-            Op::KdaRecurrent(op) => op.validate().map(|_| ()),
-            Op::KdaChunk(op) => op.validate().map(|_| ()),
-            Op::GatedRmsNorm(op) => op.validate().map(|_| ()),
-            Op::ZeroPadding(op) => op.validate().map(|_| ()),
-            Op::DynamicQuant { x, data, scale, .. } => mx_quant_dims(x, data, scale).map(|_| ()),
-            Op::MxDequant { data, scale, y } => mx_dequant_dims(data, scale, y).map(|_| ()),
+            Op::Download { .. } | Op::Host { .. } => OpDims::None,
+            Op::CausalConv(op) => OpDims::Conv(op.validate()?),
+            Op::CausalConvUpdate(op) => OpDims::ConvUpdate(op.validate()?),
+            Op::L2Norm(op) => OpDims::Rows(op.validate()?),
+            Op::KdaGate(op) => OpDims::Gate(op.validate()?),
+            Op::KdaRecurrent(op) => OpDims::Recurrence(op.validate()?),
+            Op::KdaChunk(op) => OpDims::Recurrence(op.validate()?),
+            Op::GatedRmsNorm(op) => OpDims::Rows(op.validate()?),
+            Op::ZeroPadding(op) => OpDims::Padding(op.validate()?),
+            Op::DynamicQuant { x, data, scale, .. } => OpDims::Mx(mx_quant_dims(x, data, scale)?),
+            Op::MxDequant { data, scale, y } => OpDims::Mx(mx_dequant_dims(data, scale, y)?),
             Op::MxGemm { a, a_scale, w, w_scale, y } => {
-                mx_gemm_dims(a, a_scale, w, w_scale, y).map(|_| ())
+                OpDims::Gemm(mx_gemm_dims(a, a_scale, w, w_scale, y)?)
             }
             Op::Sigmoid { x, y } => {
                 expect_float(op, "x", x.dtype())?;
                 expect_dtype(op, "y", y.dtype(), DType::F32, "f32")?;
-                expect_shape(op, "y", y.shape(), x.shape())
+                expect_shape(op, "y", y.shape(), x.shape())?;
+                OpDims::None
             }
-        }
+        })
     }
+}
+
+/// The sizes an op's validation computed, handed to the backend with the op
+/// ([`Validated::dims`]) so that no backend derives them again.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum OpDims {
+    /// Ops whose sizes are their operands' shapes (copies, fills, transfers, host functions).
+    None,
+    /// The dense and the MXFP8 GEMM.
+    Gemm(GemmDims),
+    /// MXFP8 quantization and dequantization.
+    Mx(MxDims),
+    Conv(ConvDims),
+    ConvUpdate(ConvUpdateDims),
+    /// L2 norm and gated RMSNorm.
+    Rows(RowDims),
+    Gate(GateDims),
+    /// The recurrence, token by token or chunked.
+    Recurrence(RecurrenceDims),
+    Padding(PaddingDims),
 }
 
 fn expect_dtype(
@@ -334,7 +389,7 @@ fn expect_float(op: &'static str, param: &'static str, dtype: DType) -> Result<(
 }
 
 /// Validate the operands of `y = x · w^T` and return its sizes.
-pub fn gemm_dims<B: Backend>(x: &Tensor<B>, w: &Tensor<B>, y: &Tensor<B>) -> Result<GemmDims> {
+pub fn gemm_dims<B: Resources>(x: &Tensor<B>, w: &Tensor<B>, y: &Tensor<B>) -> Result<GemmDims> {
     const OP: &str = "gemm";
     for (param, t) in [("x", x), ("w", w), ("y", y)] {
         expect_float(OP, param, t.dtype())?;
@@ -393,7 +448,7 @@ pub struct MxDims {
 }
 
 /// Require a rank-2 tensor; `expected` names its shape in the error.
-fn expect_matrix<B: Backend>(
+fn expect_matrix<B: Resources>(
     op: &'static str,
     param: &'static str,
     t: &Tensor<B>,
@@ -415,7 +470,7 @@ fn expect_mx_float(op: &'static str, param: &'static str, dtype: DType) -> Resul
 
 /// Check the E4M3 `data[M, K]` and E8M0 `scale[M, ceil(K/32)]` of a quantized matrix whose
 /// size is given by `(m, k)`.
-fn expect_quantized<B: Backend>(
+fn expect_quantized<B: Resources>(
     op: &'static str,
     (data_param, data): (&'static str, &Tensor<B>),
     (scale_param, scale): (&'static str, &Tensor<B>),
@@ -437,7 +492,7 @@ fn expect_quantized<B: Backend>(
 }
 
 /// Validate the operands of [`Op::DynamicQuant`] and return its sizes.
-pub fn mx_quant_dims<B: Backend>(
+pub fn mx_quant_dims<B: Resources>(
     x: &Tensor<B>,
     data: &Tensor<B>,
     scale: &Tensor<B>,
@@ -450,7 +505,7 @@ pub fn mx_quant_dims<B: Backend>(
 }
 
 /// Validate the operands of [`Op::MxDequant`] and return its sizes.
-pub fn mx_dequant_dims<B: Backend>(
+pub fn mx_dequant_dims<B: Resources>(
     data: &Tensor<B>,
     scale: &Tensor<B>,
     y: &Tensor<B>,
@@ -464,7 +519,7 @@ pub fn mx_dequant_dims<B: Backend>(
 }
 
 /// Validate the operands of [`Op::MxGemm`] and return its sizes.
-pub fn mx_gemm_dims<B: Backend>(
+pub fn mx_gemm_dims<B: Resources>(
     a: &Tensor<B>,
     a_scale: &Tensor<B>,
     w: &Tensor<B>,

@@ -14,10 +14,11 @@
 
 use std::ops::Range;
 
+use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::Result;
 use crate::hal::Backend;
 use crate::kda::{CausalConv, CausalConvUpdate, ChunkGate, KdaChunk, KdaGate, KdaRecurrent};
+use crate::layer::error::Result;
 use crate::op::Op;
 use crate::tensor::Tensor;
 
@@ -40,7 +41,7 @@ pub(super) struct TokenInputs<B: Backend> {
 
 /// An i32 device tensor `[len]` holding `values` (per-request metadata).
 pub(super) fn meta_tensor<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     values: &[i32],
 ) -> Result<Tensor<B>> {
@@ -51,7 +52,7 @@ pub(super) fn meta_tensor<B: Backend>(
 
 /// The rows `runs` of `src` (along dimension 0) copied one after the other into a new tensor.
 fn gather<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     src: &Tensor<B>,
     runs: &[Range<usize>],
@@ -71,7 +72,7 @@ fn gather<B: Backend>(
 
 /// The inverse of [`gather`]: consecutive rows of `src` back to `runs` of `dst`.
 fn scatter<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     src: &Tensor<B>,
     runs: &[Range<usize>],
@@ -89,7 +90,7 @@ fn scatter<B: Backend>(
 /// The short conv and the recurrence of `group`, reading `inputs` and writing its rows of
 /// `inputs.core` and its slots of `cache`.
 pub(super) fn run_group<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     group: &Group,
     inputs: &TokenInputs<B>,

@@ -7,6 +7,7 @@
 //!
 //! [`Projected::beta_preprocessed`]: crate::schedule::Projected::beta_preprocessed
 
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::Backend;
@@ -22,7 +23,7 @@ pub const BETA_SIGMOID: &str = "beta_sigmoid";
 /// - `preprocessed`: `beta` must be f32 and is only sliced (a view; nothing is launched).
 /// - raw: the live slice goes through [`Op::Sigmoid`] on `stream` into a new f32 tensor.
 pub fn prepare_beta<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     beta: &Tensor<B>,
     n_live: usize,

@@ -1,8 +1,10 @@
 //! The overlapped schedule's four events, by name, and the single-edit mutations the tests use
 //! to show that each one is needed.
 
+use crate::device::Device;
 use crate::error::Result;
-use crate::hal::{Backend, EventHandle, EventId};
+use crate::hal::Backend;
+use crate::resource::{EventHandle, EventId};
 
 /// The four events of the overlapped schedule (SCHEDULE.md), in the order they are recorded.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -46,7 +48,7 @@ pub struct ScheduleEvents<B: Backend> {
 }
 
 impl<B: Backend> ScheduleEvents<B> {
-    pub fn new(backend: &B) -> Result<Self> {
+    pub fn new(backend: &Device<B>) -> Result<Self> {
         Ok(Self {
             hidden_ready: backend.new_event()?,
             bfg_projection_ready: backend.new_event()?,

@@ -21,6 +21,7 @@
 //! - [`beta`]: [`prepare_beta`], the beta contract at the dispatch boundary (behaviours 4, 8);
 //! - [`events`]: the four events by name, and the test-only [`Mutation`]s.
 
+mod aux;
 pub mod beta;
 pub mod buffers;
 pub mod events;
@@ -30,6 +31,7 @@ mod serial;
 pub mod steps;
 pub mod weights;
 
+pub use aux::AuxStream;
 pub use beta::prepare_beta;
 pub use buffers::{Projected, ProjectionBuffers};
 pub use events::{Mutation, ScheduleEvent, ScheduleEvents};
@@ -37,9 +39,11 @@ pub use plan::QkvPlan;
 pub use steps::labels;
 pub use weights::{BfgWeight, ProjectionDims, ProjectionWeights, QkvWeight};
 
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::hal::{Backend, Capabilities};
+use crate::hal::Backend;
+use crate::resource::Capabilities;
 use crate::tensor::Tensor;
 
 use steps::Work;
@@ -79,11 +83,12 @@ impl MatrixOverlap {
 /// One layer's QKV and BFG projections on one rank, with a schedule.
 #[derive(Debug)]
 pub struct QkvBfgProjection<B: Backend> {
-    backend: B,
+    backend: Device<B>,
     weights: ProjectionWeights<B>,
     schedule: ProjectionSchedule,
     matrix_overlap: MatrixOverlap,
     events: ScheduleEvents<B>,
+    aux: AuxStream<B>,
     /// [`Mutation::None`] except in tests and `kda check`'s self-test.
     mutation: Mutation,
 }
@@ -91,7 +96,7 @@ pub struct QkvBfgProjection<B: Backend> {
 impl<B: Backend> QkvBfgProjection<B> {
     /// `schedule` with the matrix-overlap policy the backend's capabilities choose.
     pub fn new(
-        backend: &B,
+        backend: &Device<B>,
         weights: ProjectionWeights<B>,
         schedule: ProjectionSchedule,
     ) -> Result<Self> {
@@ -102,6 +107,7 @@ impl<B: Backend> QkvBfgProjection<B> {
             schedule,
             matrix_overlap,
             events: ScheduleEvents::new(backend)?,
+            aux: AuxStream::new(),
             mutation: Mutation::None,
         })
     }
@@ -118,6 +124,17 @@ impl<B: Backend> QkvBfgProjection<B> {
     pub fn with_mutation(mut self, mutation: Mutation) -> Self {
         self.mutation = mutation;
         self
+    }
+
+    /// Fork onto `aux` (shared with other projections) instead of a stream of this one's own.
+    pub fn with_aux_stream(mut self, aux: AuxStream<B>) -> Self {
+        self.aux = aux;
+        self
+    }
+
+    /// The auxiliary stream the overlapped schedule forks onto.
+    pub fn aux_stream(&self) -> &AuxStream<B> {
+        &self.aux
     }
 
     /// Change the schedule (the weights and events stay).
@@ -242,7 +259,7 @@ impl<B: Backend> QkvBfgProjection<B> {
         match self.schedule {
             ProjectionSchedule::Serial => serial::run_serial(&work, main)?,
             ProjectionSchedule::Overlapped => {
-                let aux = self.backend.aux_stream()?;
+                let aux = self.aux.get(&self.backend)?;
                 overlapped::run_overlapped(
                     &work,
                     (main, &aux),

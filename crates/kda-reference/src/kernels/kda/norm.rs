@@ -26,9 +26,10 @@ pub(crate) fn gated_rms_norm_row(x: &[f32], gate: &[f32], weight: &[f32], eps: f
 
 pub(in crate::kernels) fn l2norm(
     op: &L2Norm<crate::ReferenceBackend>,
+    dims: RowDims,
     exec: &Exec,
 ) -> Result<(), String> {
-    let RowDims { rows, dim } = op.validate().map_err(|e| e.to_string())?;
+    let RowDims { rows, dim } = dims;
     let mut values = read_f32(&op.x).into_owned();
     if dim > 0 {
         let chunk = dim * rows.div_ceil(exec.threads()).max(1);
@@ -45,9 +46,10 @@ pub(in crate::kernels) fn l2norm(
 
 pub(in crate::kernels) fn gated_rms_norm(
     op: &GatedRmsNorm<crate::ReferenceBackend>,
+    dims: RowDims,
     exec: &Exec,
 ) -> Result<(), String> {
-    let RowDims { rows, dim } = op.validate().map_err(|e| e.to_string())?;
+    let RowDims { rows, dim } = dims;
     let (x, gate, weight) = (read_f32(&op.x), read_f32(&op.gate), read_f32(&op.weight));
     let mut y = vec![0.0f32; rows * dim];
     if dim > 0 {
