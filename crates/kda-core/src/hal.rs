@@ -108,7 +108,8 @@ pub struct Capabilities {
     /// Ops on different streams really run at the same time.
     pub concurrent_streams: bool,
     /// Both projection GEMMs compete for one matrix unit, so the overlapped schedule keeps them
-    /// serialised (see SCHEDULE.md). False on CPUs, where each stream has its own cores.
+    /// serialised (`docs/design/schedule.md#matrix-overlap`). False on CPUs, where each stream has
+    /// its own cores.
     pub shared_matrix_units: bool,
     /// A short description of the execution model (e.g. "one core per stream").
     pub execution: String,
@@ -179,7 +180,8 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + Sized + 'static {
 
     /// The auxiliary stream the core's overlapped schedules fork work onto: created on the first
     /// call, then the same stream for every caller of this instance (every layer), as the seeds'
-    /// one BFG stream per process. Kept in [`Backend::instrumentation`].
+    /// one BFG stream per process (`docs/design/schedule.md#the-auxiliary-stream`). Kept in
+    /// [`Backend::instrumentation`].
     fn aux_stream(&self) -> Result<Self::Stream> {
         let slot = self.instrumentation().aux_stream();
         if let Some(stream) = slot.get() {
