@@ -64,7 +64,7 @@ pub enum Op<B: Resources> {
     ZeroPadding(ZeroPadding<B>),
     /// Element-wise logistic sigmoid computed in fp32: `y = 1 / (1 + e^-x)` with `x` (bf16, f16
     /// or f32, any view) widened exactly to f32 and `y` f32 of the same shape. The mixed
-    /// projection path's "preprocessed" beta (KDA.md).
+    /// projection path's "preprocessed" beta (`docs/design/schedule.md#the-beta-contract`).
     Sigmoid { x: Tensor<B>, y: Tensor<B> },
 }
 

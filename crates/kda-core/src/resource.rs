@@ -82,7 +82,8 @@ pub struct Capabilities {
     /// Ops on different streams really run at the same time.
     pub concurrent_streams: bool,
     /// Both projection GEMMs compete for one matrix unit, so the overlapped schedule keeps them
-    /// serialised (see SCHEDULE.md). False on CPUs, where each stream has its own cores.
+    /// serialised (`docs/design/schedule.md#matrix-overlap`). False on CPUs, where each stream has
+    /// its own cores.
     pub shared_matrix_units: bool,
     /// A short description of the execution model (e.g. "one core per stream").
     pub execution: String,

@@ -1,7 +1,8 @@
-//! The KDA core ops (KDA.md "Inside KDA") against the f64 oracles of [`crate::oracle_kda`]:
-//! the short conv with its state protocol, the q/k norm, both gate forms, the recurrence token
-//! by token and chunked, the gated RMSNorm and the padding mask; plus the identities the layer
-//! relies on (split prefills, prefill then decode, speculative updates), bad input, and NaN.
+//! The KDA core ops (`docs/design/kda.md#inside-kda`) against the f64 oracles of
+//! [`crate::oracle_kda`]: the short conv with its state protocol, the q/k norm, both gate forms,
+//! the recurrence token by token and chunked, the gated RMSNorm and the padding mask; plus the
+//! identities the layer relies on (split prefills, prefill then decode, speculative updates), bad
+//! input, and NaN.
 //!
 //! Every body works on one stream, so checked mode has nothing to object to.
 
@@ -830,8 +831,8 @@ pub fn chunk_varlen_batch_matches_f64<B: Backend>(make: &impl Factory<B>) {
     );
 }
 
-/// The in-kernel gate (SCHEDULE.md behaviour 11): `KdaChunk` given the raw logits and the gate's
-/// parameters equals `KdaGate` followed by `KdaChunk` on the activated gate, bit for bit
+/// The in-kernel gate (`docs/design/kda.md#behaviour-11`): `KdaChunk` given the raw logits and the
+/// gate's parameters equals `KdaGate` followed by `KdaChunk` on the activated gate, bit for bit
 /// (outputs and every state slot), for both gate forms, over a varlen batch (lengths 70, 0, 5,
 /// 65, 3; a padding request; fresh and continued states), with f32 logits and with bf16 logits
 /// read through a column view of a wider tensor (as the layer's `g1` is). Logits span both

@@ -134,8 +134,8 @@ fn quantize_on<B: Backend>(
 }
 
 /// Seeded `[m, k]` values whose blocks span many magnitudes, with the special blocks of
-/// MXFP8.md: NaN, ±Inf, all zeros, signed zeros, subnormals next to normals, values beyond the
-/// E4M3 range, and the precision's maximum.
+/// `docs/design/mxfp8.md#reference-vectors`: NaN, ±Inf, all zeros, signed zeros, subnormals next to
+/// normals, values beyond the E4M3 range, and the precision's maximum.
 fn awkward_values(rng: &mut Gen, m: usize, k: usize) -> Vec<f32> {
     let mut v = rng.uniform_f32(m * k, -1.0, 1.0);
     if k == 0 {
