@@ -5,7 +5,7 @@
 //! (fp32, preprocessed), g1 and g2, as the layer forward (`docs/design/kda.md#the-layer-forward`)
 //! has them. It runs either [`ProjectionSchedule::Serial`] (everything on the main stream) or
 //! [`ProjectionSchedule::Overlapped`] (the BFG GEMM and its post-process on the backend's
-//! [auxiliary stream](Backend::aux_stream), in two stages with the main stream's DynamicQuant and
+//! [auxiliary stream](AuxStream), in two stages with the main stream's DynamicQuant and
 //! QKV GEMM, four events, the aux tail joined back); both give the same bits.
 //!
 //! [`MatrixOverlap`] says whether the two GEMMs may run together: the seeds serialise them
