@@ -8,6 +8,7 @@ mod gemm;
 mod kda;
 mod memory;
 mod mx;
+mod mx_gemm;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -112,3 +113,19 @@ pub(crate) fn execute(op: &Op<ReferenceBackend>, exec: &Exec) -> Result<(), Stri
         Op::Sigmoid { x, y } => kda::gate::sigmoid_op(x, y),
     }
 }
+
+/// Whether this CPU runs the AVX2/FMA builds of the hot loops.
+pub(crate) fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+

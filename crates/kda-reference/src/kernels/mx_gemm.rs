@@ -1,0 +1,356 @@
+//! The MXFP8 GEMM's engine: exact block sums of E4M3 operands read as bytes, no widened copy
+//! of either operand.
+//!
+//! [`kda_core::mx::gemm`] defines the result: per 32-wide K block the exact sum of the products,
+//! scaled by the two block factors and rounded once to f32, the block terms added in f32 in
+//! block order from `+0`. Every E4M3 value is exact in f64, so is every product and every sum of
+//! up to 32 of them (41 bits, see the core module), in any order: a block sum accumulated with
+//! f64 fused multiply-adds, however the lanes are arranged, is the exact sum. What is left is
+//! arranging the work.
+//!
+//! The structure is a packed GEMM. The output is cut into panels of [`NC`] columns (tasks,
+//! across the pool when there is one); per panel, the K blocks are taken [`KCB`] at a time: the
+//! weight rows of the panel are decoded (a 256-entry table) into a packed panel, `[NR]` columns
+//! interleaved per K step, and so are the activation rows, [`MC`] at a time, `[MR]` rows
+//! interleaved. A micro-kernel then computes an `MR × NR` tile's block sums in registers, one
+//! block after the other, and folds each block's scaled, rounded term into the tile's f32
+//! accumulators (in memory, in block order). Every weight byte is decoded once per call and per
+//! [`MC`] rows of activations: at decode (a few rows) the weights stream from memory once.
+//!
+//! A partial last block is zero-padded on both sides (the padded products are `0 · 0`).
+
+use rayon::prelude::*;
+
+use kda_core::mx::gemm::scale_block_sum;
+use kda_core::mx::{self, BLOCK_SIZE};
+
+/// Activation rows per micro-kernel tile.
+pub(super) const MR: usize = 4;
+/// Weight rows (output columns) per micro-kernel tile.
+pub(super) const NR: usize = 12;
+/// Output columns per task: the weight panel decoded at once.
+const NC: usize = 8 * NR;
+/// K blocks per packed panel: `KCB · 32` K elements (a 96-column weight panel is 192 KB of
+/// f64, within the second-level cache).
+const KCB: usize = 8;
+/// Activation rows packed at once.
+const MC: usize = 16 * MR;
+
+/// The operands as plain-layout bytes: `a` `[m, k]`, `a_scale` `[m, blocks]`, `w` `[n, k]`,
+/// `w_scale` `[n, blocks]`.
+#[derive(Copy, Clone, Debug)]
+pub(super) struct Operands<'a> {
+    pub a: &'a [u8],
+    pub a_scale: &'a [u8],
+    pub w: &'a [u8],
+    pub w_scale: &'a [u8],
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl Operands<'_> {
+    fn blocks(&self) -> usize {
+        mx::num_blocks(self.k)
+    }
+}
+
+/// Every E4M3 byte's value in f64 (exact).
+fn decode_table() -> [f64; 256] {
+    std::array::from_fn(|b| f64::from(mx::decode_e4m3(b as u8)))
+}
+
+/// The GEMM, `[m, n]` f32 row-major: `threads > 1` splits the column panels across the current
+/// rayon pool; `progress` is told of each finished panel when it runs serially. The result does
+/// not depend on the split: every entry is computed by the same sequence of operations.
+pub(super) fn gemm(ops: &Operands<'_>, threads: usize, progress: impl Fn(usize, usize)) -> Vec<f32> {
+    let Operands { m, n, .. } = *ops;
+    let mut out = vec![0.0f32; m * n];
+    if m == 0 || n == 0 || ops.k == 0 {
+        return out;
+    }
+    let decode = decode_table();
+    let panels = n.div_ceil(NC);
+    let panel = |p: usize| {
+        let cols = p * NC..(p * NC + NC).min(n);
+        (cols.clone(), gemm_panel(ops, &decode, cols))
+    };
+    let copy = |out: &mut [f32], (cols, part): (std::ops::Range<usize>, Vec<f32>)| {
+        let width = cols.len();
+        for (dst, src) in out.chunks_exact_mut(n).zip(part.chunks_exact(width)) {
+            dst[cols.clone()].copy_from_slice(src);
+        }
+    };
+    if threads <= 1 {
+        for p in 0..panels {
+            copy(&mut out, panel(p));
+            progress(p + 1, panels);
+        }
+    } else {
+        let parts: Vec<_> = (0..panels).into_par_iter().map(panel).collect();
+        for part in parts {
+            copy(&mut out, part);
+        }
+    }
+    out
+}
+
+/// Columns `cols` of the output, `[m, cols.len()]` row-major.
+fn gemm_panel(ops: &Operands<'_>, decode: &[f64; 256], cols: std::ops::Range<usize>) -> Vec<f32> {
+    let (m, k, blocks) = (ops.m, ops.k, ops.blocks());
+    let width = cols.len();
+    let col_groups = width.div_ceil(NR);
+    let mut acc = vec![0.0f32; m * width];
+    let mut wp = Packed::new::<NR>(col_groups);
+    let mut ap = Packed::new::<MR>(MC / MR);
+    let mut tile = [0.0f32; MR * NR];
+    for b0 in (0..blocks).step_by(KCB) {
+        let nb = KCB.min(blocks - b0);
+        wp.pack::<NR>(decode, ops.w, ops.w_scale, k, cols.clone(), b0..b0 + nb);
+        for r0 in (0..m).step_by(MC) {
+            let rows = r0..(r0 + MC).min(m);
+            ap.pack::<MR>(decode, ops.a, ops.a_scale, k, rows.clone(), b0..b0 + nb);
+            for g in 0..rows.len().div_ceil(MR) {
+                let (i0, mr) = (r0 + g * MR, MR.min(rows.end - r0 - g * MR));
+                for h in 0..col_groups {
+                    let (j0, nr) = (h * NR, NR.min(width - h * NR));
+                    // The tile's accumulators, loaded from (and stored back to) the panel's.
+                    for i in 0..mr {
+                        tile[i * NR..i * NR + nr]
+                            .copy_from_slice(&acc[(i0 + i) * width + j0..][..nr]);
+                    }
+                    micro_kernel(nb, ap.group::<MR>(g, nb), wp.group::<NR>(h, nb), &mut tile);
+                    for i in 0..mr {
+                        acc[(i0 + i) * width + j0..][..nr]
+                            .copy_from_slice(&tile[i * NR..i * NR + nr]);
+                    }
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Rows decoded into f64 and interleaved for the micro-kernel: per group of `R` rows and per
+/// block, `[32][R]` values (`R` rows' elements of one K step side by side) and `[R]` factors.
+struct Packed {
+    values: Vec<f64>,
+    factors: Vec<f64>,
+}
+
+/// One group's packed blocks: `values` `[nb][32][R]`, `factors` `[nb][R]`.
+#[derive(Copy, Clone)]
+struct Group<'a> {
+    values: &'a [f64],
+    factors: &'a [f64],
+}
+
+impl Packed {
+    fn new<const R: usize>(groups: usize) -> Self {
+        Self {
+            values: vec![0.0; groups * KCB * BLOCK_SIZE * R],
+            factors: vec![0.0; groups * KCB * R],
+        }
+    }
+
+    /// Decode rows `rows` (of `[_, k]` bytes `data` with scales `scale`, `[_, blocks]`), blocks
+    /// `blks`; rows past the range and K past `k` are zeros.
+    fn pack<const R: usize>(
+        &mut self,
+        decode: &[f64; 256],
+        data: &[u8],
+        scale: &[u8],
+        k: usize,
+        rows: std::ops::Range<usize>,
+        blks: std::ops::Range<usize>,
+    ) {
+        let (blocks, nb) = (mx::num_blocks(k), blks.len());
+        for (g, r0) in rows.clone().step_by(R).enumerate() {
+            let values = &mut self.values[g * nb * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R];
+            let factors = &mut self.factors[g * nb * R..][..nb * R];
+            for r in 0..R {
+                let row = r0 + r;
+                if row >= rows.end {
+                    for bb in 0..nb {
+                        factors[bb * R + r] = 0.0;
+                        for kk in 0..BLOCK_SIZE {
+                            values[(bb * BLOCK_SIZE + kk) * R + r] = 0.0;
+                        }
+                    }
+                    continue;
+                }
+                for (bb, b) in blks.clone().enumerate() {
+                    factors[bb * R + r] = mx::decode_e8m0_f64(scale[row * blocks + b]);
+                    let k0 = b * BLOCK_SIZE;
+                    let kb = BLOCK_SIZE.min(k - k0);
+                    let src = &data[row * k + k0..][..kb];
+                    let dst = &mut values[bb * BLOCK_SIZE * R..][..BLOCK_SIZE * R];
+                    for (kk, &q) in src.iter().enumerate() {
+                        dst[kk * R + r] = decode[usize::from(q)];
+                    }
+                    for kk in kb..BLOCK_SIZE {
+                        dst[kk * R + r] = 0.0;
+                    }
+                }
+            }
+        }
+    }
+
+    fn group<const R: usize>(&self, g: usize, nb: usize) -> Group<'_> {
+        Group {
+            values: &self.values[g * nb * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R],
+            factors: &self.factors[g * nb * R..][..nb * R],
+        }
+    }
+}
+
+/// `nb` blocks of an `MR × NR` tile: each block's exact sums, scaled and rounded, added to
+/// `tile` (`[MR][NR]` f32) in block order.
+fn micro_kernel(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32; MR * NR]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        unsafe { micro_kernel_avx2(nb, a, w, tile) };
+        return;
+    }
+    micro_kernel_portable(nb, a, w, tile);
+}
+
+/// The definition, lane by lane: the oracle the vector kernel is tested against, and the
+/// kernel on CPUs without AVX2/FMA.
+fn micro_kernel_portable(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32; MR * NR]) {
+    for b in 0..nb {
+        let mut sums = [[0.0f64; NR]; MR];
+        for kk in 0..BLOCK_SIZE {
+            let av = &a.values[(b * BLOCK_SIZE + kk) * MR..][..MR];
+            let wv = &w.values[(b * BLOCK_SIZE + kk) * NR..][..NR];
+            for (row, &x) in sums.iter_mut().zip(av) {
+                for (s, &y) in row.iter_mut().zip(wv) {
+                    *s += x * y;
+                }
+            }
+        }
+        let (fa, fw) = (&a.factors[b * MR..][..MR], &w.factors[b * NR..][..NR]);
+        for (i, row) in sums.iter().enumerate() {
+            for (j, &s) in row.iter().enumerate() {
+                tile[i * NR + j] += scale_block_sum(s, fa[i], fw[j]);
+            }
+        }
+    }
+}
+
+/// [`micro_kernel_portable`] with the 12 block sums of a `4 × 12` tile in AVX registers (three
+/// 4-lane f64 vectors per row) and fused multiply-adds, exact like the plain sums.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn micro_kernel_avx2(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32; MR * NR]) {
+    use std::arch::x86_64::*;
+    const { assert!(MR == 4 && NR == 12) };
+    assert!(a.values.len() >= nb * BLOCK_SIZE * MR && w.values.len() >= nb * BLOCK_SIZE * NR);
+    assert!(a.factors.len() >= nb * MR && w.factors.len() >= nb * NR);
+    let (ap, wp) = (a.values.as_ptr(), w.values.as_ptr());
+    for b in 0..nb {
+        let mut s = [[_mm256_setzero_pd(); 3]; MR];
+        for kk in 0..BLOCK_SIZE {
+            let step = b * BLOCK_SIZE + kk;
+            // SAFETY: `step < nb · 32`, so the 12 (4) values read lie within `w.values`
+            // (`a.values`), asserted above; unaligned loads.
+            unsafe {
+                let wrow = wp.add(step * NR);
+                let wv = [_mm256_loadu_pd(wrow), _mm256_loadu_pd(wrow.add(4)), _mm256_loadu_pd(wrow.add(8))];
+                let arow = ap.add(step * MR);
+                for (i, si) in s.iter_mut().enumerate() {
+                    let x = _mm256_broadcast_sd(&*arow.add(i));
+                    for (sij, &y) in si.iter_mut().zip(&wv) {
+                        *sij = _mm256_fmadd_pd(x, y, *sij);
+                    }
+                }
+            }
+        }
+        let fw = &w.factors[b * NR..][..NR];
+        let fwv = [
+            _mm256_set_pd(fw[3], fw[2], fw[1], fw[0]),
+            _mm256_set_pd(fw[7], fw[6], fw[5], fw[4]),
+            _mm256_set_pd(fw[11], fw[10], fw[9], fw[8]),
+        ];
+        for (i, si) in s.iter().enumerate() {
+            let fa = _mm256_set1_pd(a.factors[b * MR + i]);
+            for (q, (&sij, &fwj)) in si.iter().zip(&fwv).enumerate() {
+                // (sum · a_factor) · w_factor, both exact, then one rounding to f32.
+                let term = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(sij, fa), fwj));
+                let at = &mut tile[i * NR + 4 * q..][..4];
+                // SAFETY: `at` holds 4 f32, the width of the unaligned load and store.
+                unsafe {
+                    let sum = _mm_add_ps(_mm_loadu_ps(at.as_ptr()), term);
+                    _mm_storeu_ps(at.as_mut_ptr(), sum);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kda_testkit::Gen;
+
+    fn random_bytes(rng: &mut Gen, len: usize, nan: bool) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                let b = rng.uniform_usize(0, 256) as u8;
+                if !nan && mx::is_nan_e4m3(b) { b & 0xF0 } else { b }
+            })
+            .collect()
+    }
+
+    fn scales(rng: &mut Gen, len: usize, nan: bool) -> Vec<u8> {
+        (0..len)
+            .map(|_| if nan && rng.uniform_usize(0, 50) == 0 { 0xFF } else { rng.uniform_usize(100, 150) as u8 })
+            .collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() }).collect()
+    }
+
+    /// Every code (extreme ranges inside blocks, NaN), shapes with partial tiles, panels and
+    /// blocks, serial and split: bit for bit with the core's definition.
+    #[test]
+    fn equals_the_definition_bit_for_bit() {
+        let mut rng = Gen::new(0x3141);
+        let shapes = [(1, 1, 1), (3, 13, 33), (5, 97, 64), (9, 25, 300), (70, 110, 290), (4, 12, 256)];
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            let nan = i % 2 == 1;
+            let blocks = mx::num_blocks(k);
+            let (a, w) = (random_bytes(&mut rng, m * k, nan), random_bytes(&mut rng, n * k, nan));
+            let (sa, sw) = (scales(&mut rng, m * blocks, nan), scales(&mut rng, n * blocks, nan));
+            let want = mx::gemm::gemm(&a, &sa, &w, &sw, (m, n, k)).unwrap();
+            let ops = Operands { a: &a, a_scale: &sa, w: &w, w_scale: &sw, m, n, k };
+            for threads in [1, 2] {
+                let got = gemm(&ops, threads, |_, _| {});
+                assert_eq!(bits(&got), bits(&want), "[{m}, {n}, {k}] threads {threads}");
+            }
+        }
+    }
+
+    /// The vector micro-kernel against the plain one on one packed tile.
+    #[test]
+    fn vector_kernel_equals_the_plain_one() {
+        let mut rng = Gen::new(7);
+        let nb = 3;
+        let decode = decode_table();
+        let k = nb * BLOCK_SIZE - 5;
+        let (a, w) = (random_bytes(&mut rng, MR * k, true), random_bytes(&mut rng, NR * k, true));
+        let (sa, sw) = (scales(&mut rng, MR * nb, true), scales(&mut rng, NR * nb, true));
+        let (mut ap, mut wp) = (Packed::new::<MR>(1), Packed::new::<NR>(1));
+        ap.pack::<MR>(&decode, &a, &sa, k, 0..MR, 0..nb);
+        wp.pack::<NR>(&decode, &w, &sw, k, 0..NR, 0..nb);
+        let (mut plain, mut fast) = ([0.5f32; MR * NR], [0.5f32; MR * NR]);
+        micro_kernel_portable(nb, ap.group::<MR>(0, nb), wp.group::<NR>(0, nb), &mut plain);
+        micro_kernel(nb, ap.group::<MR>(0, nb), wp.group::<NR>(0, nb), &mut fast);
+        assert_eq!(bits(&plain), bits(&fast));
+    }
+}
