@@ -25,15 +25,16 @@ use kda_core::mx::gemm::scale_block_sum;
 use kda_core::mx::{self, BLOCK_SIZE};
 
 /// Activation rows per micro-kernel tile.
-pub(super) const MR: usize = 4;
+pub(super) const MR: usize = 6;
 /// Weight rows (output columns) per micro-kernel tile.
-pub(super) const NR: usize = 12;
-/// Output columns per task: the weight panel decoded at once.
-const NC: usize = 8 * NR;
-/// K blocks per packed panel: `KCB · 32` K elements (a 96-column weight panel is 192 KB of
-/// f64, within the second-level cache).
+pub(super) const NR: usize = 8;
+/// Output columns per task: the weight panel decoded at once (each activation row decoded for
+/// a panel serves this many columns).
+const NC: usize = 48 * NR;
+/// K blocks per packed weight panel: `KCB · 32` K elements (a 384-column panel is 768 KB of f64,
+/// within the second-level cache).
 const KCB: usize = 8;
-/// Activation rows packed at once.
+/// Activation rows packed at once; with at most this many rows, they are packed once per call.
 const MC: usize = 16 * MR;
 
 /// The operands as plain-layout bytes: `a` `[m, k]`, `a_scale` `[m, blocks]`, `w` `[n, k]`,
@@ -70,10 +71,17 @@ pub(super) fn gemm(ops: &Operands<'_>, threads: usize, progress: impl Fn(usize, 
         return out;
     }
     let decode = decode_table();
+    // A few rows (decode): decoded once, for every panel.
+    let whole_a = (m <= MC).then(|| {
+        let blocks = ops.blocks();
+        let mut packed = Packed::new::<MR>(m.div_ceil(MR), blocks);
+        packed.pack::<MR>(&decode, ops.a, ops.a_scale, ops.k, 0..m, 0..blocks);
+        packed
+    });
     let panels = n.div_ceil(NC);
     let panel = |p: usize| {
         let cols = p * NC..(p * NC + NC).min(n);
-        (cols.clone(), gemm_panel(ops, &decode, cols))
+        (cols.clone(), gemm_panel(ops, &decode, whole_a.as_ref(), cols))
     };
     let copy = |out: &mut [f32], (cols, part): (std::ops::Range<usize>, Vec<f32>)| {
         let width = cols.len();
@@ -96,20 +104,31 @@ pub(super) fn gemm(ops: &Operands<'_>, threads: usize, progress: impl Fn(usize, 
 }
 
 /// Columns `cols` of the output, `[m, cols.len()]` row-major.
-fn gemm_panel(ops: &Operands<'_>, decode: &[f64; 256], cols: std::ops::Range<usize>) -> Vec<f32> {
+fn gemm_panel(
+    ops: &Operands<'_>,
+    decode: &[f64; 256],
+    whole_a: Option<&Packed>,
+    cols: std::ops::Range<usize>,
+) -> Vec<f32> {
     let (m, k, blocks) = (ops.m, ops.k, ops.blocks());
     let width = cols.len();
     let col_groups = width.div_ceil(NR);
     let mut acc = vec![0.0f32; m * width];
-    let mut wp = Packed::new::<NR>(col_groups);
-    let mut ap = Packed::new::<MR>(MC / MR);
+    let mut wp = Packed::new::<NR>(col_groups, KCB);
+    let mut panel_a = Packed::new::<MR>(if whole_a.is_some() { 0 } else { MC / MR }, KCB);
     let mut tile = [0.0f32; MR * NR];
     for b0 in (0..blocks).step_by(KCB) {
         let nb = KCB.min(blocks - b0);
         wp.pack::<NR>(decode, ops.w, ops.w_scale, k, cols.clone(), b0..b0 + nb);
         for r0 in (0..m).step_by(MC) {
             let rows = r0..(r0 + MC).min(m);
-            ap.pack::<MR>(decode, ops.a, ops.a_scale, k, rows.clone(), b0..b0 + nb);
+            let (ap, g0, at) = match whole_a {
+                Some(a) => (a, r0 / MR, b0),
+                None => {
+                    panel_a.pack::<MR>(decode, ops.a, ops.a_scale, k, rows.clone(), b0..b0 + nb);
+                    (&panel_a, 0, 0)
+                }
+            };
             for g in 0..rows.len().div_ceil(MR) {
                 let (i0, mr) = (r0 + g * MR, MR.min(rows.end - r0 - g * MR));
                 for h in 0..col_groups {
@@ -119,7 +138,8 @@ fn gemm_panel(ops: &Operands<'_>, decode: &[f64; 256], cols: std::ops::Range<usi
                         tile[i * NR..i * NR + nr]
                             .copy_from_slice(&acc[(i0 + i) * width + j0..][..nr]);
                     }
-                    micro_kernel(nb, ap.group::<MR>(g, nb), wp.group::<NR>(h, nb), &mut tile);
+                    let (a, w) = (ap.group::<MR>(g0 + g, at, nb), wp.group::<NR>(h, 0, nb));
+                    micro_kernel(nb, a, w, &mut tile);
                     for i in 0..mr {
                         acc[(i0 + i) * width + j0..][..nr]
                             .copy_from_slice(&tile[i * NR..i * NR + nr]);
@@ -136,6 +156,8 @@ fn gemm_panel(ops: &Operands<'_>, decode: &[f64; 256], cols: std::ops::Range<usi
 struct Packed {
     values: Vec<f64>,
     factors: Vec<f64>,
+    /// Blocks held per group.
+    nb: usize,
 }
 
 /// One group's packed blocks: `values` `[nb][32][R]`, `factors` `[nb][R]`.
@@ -146,10 +168,11 @@ struct Group<'a> {
 }
 
 impl Packed {
-    fn new<const R: usize>(groups: usize) -> Self {
+    fn new<const R: usize>(groups: usize, nb: usize) -> Self {
         Self {
-            values: vec![0.0; groups * KCB * BLOCK_SIZE * R],
-            factors: vec![0.0; groups * KCB * R],
+            values: vec![0.0; groups * nb * BLOCK_SIZE * R],
+            factors: vec![0.0; groups * nb * R],
+            nb,
         }
     }
 
@@ -165,6 +188,7 @@ impl Packed {
         blks: std::ops::Range<usize>,
     ) {
         let (blocks, nb) = (mx::num_blocks(k), blks.len());
+        self.nb = nb;
         for (g, r0) in rows.clone().step_by(R).enumerate() {
             let values = &mut self.values[g * nb * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R];
             let factors = &mut self.factors[g * nb * R..][..nb * R];
@@ -185,21 +209,27 @@ impl Packed {
                     let kb = BLOCK_SIZE.min(k - k0);
                     let src = &data[row * k + k0..][..kb];
                     let dst = &mut values[bb * BLOCK_SIZE * R..][..BLOCK_SIZE * R];
-                    for (kk, &q) in src.iter().enumerate() {
-                        dst[kk * R + r] = decode[usize::from(q)];
-                    }
-                    for kk in kb..BLOCK_SIZE {
-                        dst[kk * R + r] = 0.0;
+                    if kb == BLOCK_SIZE {
+                        let src: &[u8; BLOCK_SIZE] = src.try_into().unwrap_or(&[0; BLOCK_SIZE]);
+                        for (d, &q) in dst.chunks_exact_mut(R).zip(src) {
+                            d[r] = decode[usize::from(q)];
+                        }
+                    } else {
+                        for (kk, d) in dst.chunks_exact_mut(R).enumerate() {
+                            d[r] = src.get(kk).map_or(0.0, |&q| decode[usize::from(q)]);
+                        }
                     }
                 }
             }
         }
     }
 
-    fn group<const R: usize>(&self, g: usize, nb: usize) -> Group<'_> {
+    /// Group `g`'s blocks `from .. from + nb` (of those packed).
+    fn group<const R: usize>(&self, g: usize, from: usize, nb: usize) -> Group<'_> {
+        let first = g * self.nb + from;
         Group {
-            values: &self.values[g * nb * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R],
-            factors: &self.factors[g * nb * R..][..nb * R],
+            values: &self.values[first * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R],
+            factors: &self.factors[first * R..][..nb * R],
         }
     }
 }
@@ -239,8 +269,8 @@ fn micro_kernel_portable(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32;
     }
 }
 
-/// [`micro_kernel_portable`] with the 12 block sums of a `4 × 12` tile in AVX registers (three
-/// 4-lane f64 vectors per row) and fused multiply-adds, exact like the plain sums.
+/// [`micro_kernel_portable`] with the 48 block sums of a `6 × 8` tile in twelve AVX registers
+/// (two 4-lane f64 vectors per row) and fused multiply-adds, exact like the plain sums.
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -248,25 +278,24 @@ fn micro_kernel_portable(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32;
 #[target_feature(enable = "avx2,fma")]
 unsafe fn micro_kernel_avx2(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32; MR * NR]) {
     use std::arch::x86_64::*;
-    const { assert!(MR == 4 && NR == 12) };
+    const { assert!(MR == 6 && NR == 8) };
     assert!(a.values.len() >= nb * BLOCK_SIZE * MR && w.values.len() >= nb * BLOCK_SIZE * NR);
     assert!(a.factors.len() >= nb * MR && w.factors.len() >= nb * NR);
     let (ap, wp) = (a.values.as_ptr(), w.values.as_ptr());
     for b in 0..nb {
-        let mut s = [[_mm256_setzero_pd(); 3]; MR];
+        let mut s = [[_mm256_setzero_pd(); 2]; MR];
         for kk in 0..BLOCK_SIZE {
             let step = b * BLOCK_SIZE + kk;
-            // SAFETY: `step < nb · 32`, so the 12 (4) values read lie within `w.values`
+            // SAFETY: `step < nb · 32`, so the 8 (6) values read lie within `w.values`
             // (`a.values`), asserted above; unaligned loads.
             unsafe {
                 let wrow = wp.add(step * NR);
-                let wv = [_mm256_loadu_pd(wrow), _mm256_loadu_pd(wrow.add(4)), _mm256_loadu_pd(wrow.add(8))];
+                let wv = [_mm256_loadu_pd(wrow), _mm256_loadu_pd(wrow.add(4))];
                 let arow = ap.add(step * MR);
                 for (i, si) in s.iter_mut().enumerate() {
                     let x = _mm256_broadcast_sd(&*arow.add(i));
-                    for (sij, &y) in si.iter_mut().zip(&wv) {
-                        *sij = _mm256_fmadd_pd(x, y, *sij);
-                    }
+                    si[0] = _mm256_fmadd_pd(x, wv[0], si[0]);
+                    si[1] = _mm256_fmadd_pd(x, wv[1], si[1]);
                 }
             }
         }
@@ -274,7 +303,6 @@ unsafe fn micro_kernel_avx2(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f
         let fwv = [
             _mm256_set_pd(fw[3], fw[2], fw[1], fw[0]),
             _mm256_set_pd(fw[7], fw[6], fw[5], fw[4]),
-            _mm256_set_pd(fw[11], fw[10], fw[9], fw[8]),
         ];
         for (i, si) in s.iter().enumerate() {
             let fa = _mm256_set1_pd(a.factors[b * MR + i]);
@@ -321,7 +349,7 @@ mod tests {
     #[test]
     fn equals_the_definition_bit_for_bit() {
         let mut rng = Gen::new(0x3141);
-        let shapes = [(1, 1, 1), (3, 13, 33), (5, 97, 64), (9, 25, 300), (70, 110, 290), (4, 12, 256)];
+        let shapes = [(1, 1, 1), (3, 13, 33), (5, 97, 64), (9, 25, 300), (70, 400, 290), (100, 20, 600), (6, 8, 256)];
         for (i, &(m, n, k)) in shapes.iter().enumerate() {
             let nan = i % 2 == 1;
             let blocks = mx::num_blocks(k);
@@ -345,12 +373,13 @@ mod tests {
         let k = nb * BLOCK_SIZE - 5;
         let (a, w) = (random_bytes(&mut rng, MR * k, true), random_bytes(&mut rng, NR * k, true));
         let (sa, sw) = (scales(&mut rng, MR * nb, true), scales(&mut rng, NR * nb, true));
-        let (mut ap, mut wp) = (Packed::new::<MR>(1), Packed::new::<NR>(1));
+        let (mut ap, mut wp) = (Packed::new::<MR>(1, nb), Packed::new::<NR>(1, nb));
         ap.pack::<MR>(&decode, &a, &sa, k, 0..MR, 0..nb);
         wp.pack::<NR>(&decode, &w, &sw, k, 0..NR, 0..nb);
         let (mut plain, mut fast) = ([0.5f32; MR * NR], [0.5f32; MR * NR]);
-        micro_kernel_portable(nb, ap.group::<MR>(0, nb), wp.group::<NR>(0, nb), &mut plain);
-        micro_kernel(nb, ap.group::<MR>(0, nb), wp.group::<NR>(0, nb), &mut fast);
+        let (ag, wg) = (ap.group::<MR>(0, 0, nb), wp.group::<NR>(0, 0, nb));
+        micro_kernel_portable(nb, ag, wg, &mut plain);
+        micro_kernel(nb, ag, wg, &mut fast);
         assert_eq!(bits(&plain), bits(&fast));
     }
 }
