@@ -5,6 +5,7 @@
 //! (see [`crate::buffer`]).
 
 mod gemm;
+mod gemm_small;
 mod kda;
 mod memory;
 mod mx;
@@ -129,3 +130,22 @@ pub(crate) fn has_avx2_fma() -> bool {
     false
 }
 
+
+/// Ask for the cache lines of `bytes` to be brought in ahead of their use (a hint: no effect on
+/// results). Weight streams read a few hundred bytes from each of many rows, a pattern the
+/// hardware prefetchers do not follow.
+#[inline(always)]
+pub(crate) fn prefetch<E>(bytes: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let (start, len) = (bytes.as_ptr().cast::<i8>(), std::mem::size_of_val(bytes));
+        for offset in (0..len).step_by(64) {
+            // SAFETY: a prefetch never faults and has no architectural effect; the address lies
+            // within `bytes`. SSE is part of the x86_64 baseline.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(offset)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
