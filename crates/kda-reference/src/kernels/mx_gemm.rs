@@ -203,6 +203,9 @@ impl Packed {
                     }
                     continue;
                 }
+                // The row's next blocks stream in while these are used.
+                let next = (blks.end * BLOCK_SIZE).min(k);
+                super::prefetch(&data[row * k + next..][..(nb * BLOCK_SIZE).min(k - next)]);
                 for (bb, b) in blks.clone().enumerate() {
                     factors[bb * R + r] = mx::decode_e8m0_f64(scale[row * blocks + b]);
                     let k0 = b * BLOCK_SIZE;
