@@ -134,7 +134,7 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
             )?;
             let (wb, rb) = (weight_bytes as f64, (words.len() * 8) as f64);
             let detail = format!(
-                "decode step {:.2} ms (overlapped, {} thread(s) per op); weights {:.1} MB read                  once in {:.2} ms at {:.1} GB/s",
+                "decode step {:.2} ms (overlapped, {} thread(s) per op); weights {:.1} MB read once in {:.2} ms at {:.1} GB/s",
                 ms(p.median_a()),
                 args.threads,
                 wb / 1e6,
