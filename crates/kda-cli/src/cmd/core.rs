@@ -500,7 +500,6 @@ pub fn prefill_workload(
     let (tf, df, cf) = (t as f64, d as f64, CHUNK_SIZE as f64);
     let flops = h as f64 * (6.0 * tf * df * df + 3.0 * tf * cf * df + tf * cf * cf);
     Ok((op, flops))
-
 }
 
 /// An f32 tensor holding `values`.

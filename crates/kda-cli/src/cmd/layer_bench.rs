@@ -183,7 +183,9 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
     if !args.no_kernels {
         table.extend(super::perf_table::kernel_figures(args.rounds)?);
     }
-    println!("figures (each a ratio of two rates measured alternately in the same run; median of the rounds):");
+    println!(
+        "figures (each a ratio of two rates measured alternately in the same run; median of the rounds):"
+    );
     super::perf_table::print(&table);
     if let Some(path) = &args.json {
         let value = serde_json::Value::Array(table.iter().map(|f| f.to_json()).collect());

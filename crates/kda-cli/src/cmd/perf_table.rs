@@ -109,11 +109,15 @@ impl Paired {
         detail: String,
         ratio: impl Fn(f64, f64) -> f64,
     ) -> Figure {
-        let ratios: Vec<f64> =
-            self.a.iter().zip(&self.b).map(|(a, b)| ratio(a.as_secs_f64(), b.as_secs_f64())).collect();
-        let (lo, hi) = ratios.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| {
-            (lo.min(r), hi.max(r))
-        });
+        let ratios: Vec<f64> = self
+            .a
+            .iter()
+            .zip(&self.b)
+            .map(|(a, b)| ratio(a.as_secs_f64(), b.as_secs_f64()))
+            .collect();
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| (lo.min(r), hi.max(r)));
         Figure {
             name: name.to_string(),
             ratio: median(&ratios),
@@ -146,7 +150,11 @@ pub fn kernel_figures(rounds: usize) -> Result<Vec<Figure>, CliError> {
     let gemm_flops = 2.0 * (m * n * k) as f64;
     let xs = rng.uniform_f32(m * k, -1.0, 1.0);
     let ws = rng.uniform_f32(n * k, -1.0, 1.0);
-    let (x, w, y) = (b.alloc(DType::F32, &[m, k])?, b.alloc(DType::F32, &[n, k])?, b.alloc(DType::F32, &[m, n])?);
+    let (x, w, y) = (
+        b.alloc(DType::F32, &[m, k])?,
+        b.alloc(DType::F32, &[n, k])?,
+        b.alloc(DType::F32, &[m, n])?,
+    );
     b.upload(&s, &x, &xs)?;
     b.upload(&s, &w, &ws)?;
     let gemm = || {
@@ -172,9 +180,9 @@ pub fn kernel_figures(rounds: usize) -> Result<Vec<Figure>, CliError> {
         gemm_flops / p.median_b().as_secs_f64() / 1e9
     );
     let name = "chunked prefill FLOP rate / reference GEMM FLOP rate (T 4096, 12 heads of 128)";
-    figures.push(p.figure(name, Target::AtLeast(0.7), detail, |tc, tg| {
-        (flops / tc) / (gemm_flops / tg)
-    }));
+    figures.push(
+        p.figure(name, Target::AtLeast(0.7), detail, |tc, tg| (flops / tc) / (gemm_flops / tg)),
+    );
 
     // DynamicQuant of 1024 x 7168 bf16 against a host memcpy of the same bytes.
     let (qm, qk) = (1024, 7168);
@@ -245,7 +253,10 @@ pub fn kernel_figures(rounds: usize) -> Result<Vec<Figure>, CliError> {
 /// The figures as an aligned table.
 pub fn print(figures: &[Figure]) {
     let width = figures.iter().map(|f| f.name.len()).max().unwrap_or(0);
-    println!("{:width$}  {:>7}  {:>15}  {:>7}  {:>4}", "figure", "ratio", "rounds min-max", "target", "met");
+    println!(
+        "{:width$}  {:>7}  {:>15}  {:>7}  {:>4}",
+        "figure", "ratio", "rounds min-max", "target", "met"
+    );
     for f in figures {
         println!(
             "{:width$}  {:>7.3}  {:>3} {:>5.2}-{:<5.2}  {:>7}  {:>4}",

@@ -184,16 +184,17 @@ fn gemm_few_rows(
         out
     };
     let layout = w.layout();
-    // SAFETY (all three): a validated, contiguous input view of the named dtype; stream contract.
-    let weight = match w.dtype() {
-        DType::BF16 => Weight::BF16 { data: unsafe { w.buffer().slice(layout) }, row_stride: k },
-        DType::F16 => Weight::F16 { data: unsafe { w.buffer().slice(layout) }, row_stride: k },
-        _ => Weight::F32 { data: unsafe { w.buffer().slice(layout) }, row_stride: k },
+    // SAFETY: a validated, contiguous input view of the matched dtype; stream contract.
+    let weight = unsafe {
+        match w.dtype() {
+            DType::BF16 => Weight::BF16 { data: w.buffer().slice(layout), row_stride: k },
+            DType::F16 => Weight::F16 { data: w.buffer().slice(layout), row_stride: k },
+            _ => Weight::F32 { data: w.buffer().slice(layout), row_stride: k },
+        }
     };
     let threads = exec.threads();
-    let out = exec.install(|| {
-        gemm_small::gemm(x32, weight, (m, n, k), threads, crate::progress::report)
-    });
+    let out =
+        exec.install(|| gemm_small::gemm(x32, weight, (m, n, k), threads, crate::progress::report));
     match y.dtype() {
         DType::F32 => {
             // SAFETY: a validated output view of `m · n` elements overlapping no input; stream

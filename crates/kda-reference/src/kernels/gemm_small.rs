@@ -45,9 +45,15 @@ impl Weight<'_> {
             return;
         }
         match *self {
-            Weight::F32 { data, row_stride } => super::prefetch(&data[r * row_stride + k0..][..len]),
-            Weight::BF16 { data, row_stride } => super::prefetch(&data[r * row_stride + k0..][..len]),
-            Weight::F16 { data, row_stride } => super::prefetch(&data[r * row_stride + k0..][..len]),
+            Weight::F32 { data, row_stride } => {
+                super::prefetch(&data[r * row_stride + k0..][..len])
+            }
+            Weight::BF16 { data, row_stride } => {
+                super::prefetch(&data[r * row_stride + k0..][..len])
+            }
+            Weight::F16 { data, row_stride } => {
+                super::prefetch(&data[r * row_stride + k0..][..len])
+            }
         }
     }
 
@@ -148,8 +154,11 @@ fn weight_rows(
             }
             // The next chunk of these rows (or the first of the next rows) streams in while
             // this one is used.
-            let (next_rows, next_k) =
-                if k0 + KC < k { (j0..j0 + nr, k0 + KC) } else { (j0 + nr..(j0 + 2 * nr).min(range.end), 0) };
+            let (next_rows, next_k) = if k0 + KC < k {
+                (j0..j0 + nr, k0 + KC)
+            } else {
+                (j0 + nr..(j0 + 2 * nr).min(range.end), 0)
+            };
             for r in next_rows {
                 w.prefetch(r, next_k, KC, k);
             }

@@ -130,7 +130,6 @@ pub(crate) fn has_avx2_fma() -> bool {
     false
 }
 
-
 /// Ask for the cache lines of `bytes` to be brought in ahead of their use (a hint: no effect on
 /// results). Weight streams read a few hundred bytes from each of many rows, a pattern the
 /// hardware prefetchers do not follow.

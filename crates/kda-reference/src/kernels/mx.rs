@@ -162,8 +162,10 @@ pub(super) fn gemm(
     if k == 0 {
         return super::memory::fill(y, 0.0);
     }
-    let (a, a_scale, w, w_scale) = (read::<u8>(a), read::<u8>(a_scale), read::<u8>(w), read::<u8>(w_scale));
-    let ops = super::mx_gemm::Operands { a: &a, a_scale: &a_scale, w: &w, w_scale: &w_scale, m, n, k };
+    let (a, a_scale, w, w_scale) =
+        (read::<u8>(a), read::<u8>(a_scale), read::<u8>(w), read::<u8>(w_scale));
+    let ops =
+        super::mx_gemm::Operands { a: &a, a_scale: &a_scale, w: &w, w_scale: &w_scale, m, n, k };
     let threads = exec.threads();
     let out = exec.install(|| super::mx_gemm::gemm(&ops, threads, crate::progress::report));
     match y.dtype() {

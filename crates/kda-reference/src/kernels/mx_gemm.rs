@@ -64,7 +64,11 @@ fn decode_table() -> [f64; 256] {
 /// The GEMM, `[m, n]` f32 row-major: `threads > 1` splits the column panels across the current
 /// rayon pool; `progress` is told of each finished panel when it runs serially. The result does
 /// not depend on the split: every entry is computed by the same sequence of operations.
-pub(super) fn gemm(ops: &Operands<'_>, threads: usize, progress: impl Fn(usize, usize)) -> Vec<f32> {
+pub(super) fn gemm(
+    ops: &Operands<'_>,
+    threads: usize,
+    progress: impl Fn(usize, usize),
+) -> Vec<f32> {
     let Operands { m, n, .. } = *ops;
     let mut out = vec![0.0f32; m * n];
     if m == 0 || n == 0 || ops.k == 0 {
@@ -299,7 +303,9 @@ fn vector_decode() -> bool {
 fn decode_block(decode: &[f64; 256], simd: bool, src: &[u8], dst: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
     if simd {
-        if let (Ok(bytes), Ok(out)) = (<&[u8; 32]>::try_from(src), <&mut [f64; 32]>::try_from(&mut *dst)) {
+        if let (Ok(bytes), Ok(out)) =
+            (<&[u8; 32]>::try_from(src), <&mut [f64; 32]>::try_from(&mut *dst))
+        {
             // SAFETY: the CPU has AVX2 and F16C (`vector_decode`).
             if unsafe { decode_block_f16c(bytes, out) } {
                 return;
@@ -341,7 +347,9 @@ unsafe fn decode_block_f16c(src: &[u8; 32], dst: &mut [f64; 32]) -> bool {
         let sign = _mm256_and_si256(_mm256_slli_epi16::<8>(x), _mm256_set1_epi16(0x8000u16 as i16));
         let rest = _mm256_and_si256(_mm256_slli_epi16::<7>(x), _mm256_set1_epi16(0x3F80));
         let h = _mm256_or_si256(sign, rest);
-        for (q, lanes) in [_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h)].into_iter().enumerate() {
+        for (q, lanes) in
+            [_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h)].into_iter().enumerate()
+        {
             let f = _mm256_mul_ps(_mm256_cvtph_ps(lanes), scale_back);
             let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
             let hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(f));
@@ -422,10 +430,8 @@ unsafe fn micro_kernel_avx2(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f
             }
         }
         let fa = &a.factors[b * MR..][..MR];
-        let fav = [
-            _mm256_set_pd(fa[3], fa[2], fa[1], fa[0]),
-            _mm256_set_pd(fa[7], fa[6], fa[5], fa[4]),
-        ];
+        let fav =
+            [_mm256_set_pd(fa[3], fa[2], fa[1], fa[0]), _mm256_set_pd(fa[7], fa[6], fa[5], fa[4])];
         for (j, sj) in s.iter().enumerate() {
             let fw = _mm256_set1_pd(w.factors[b * NR + j]);
             for (q, (&sij, &fai)) in sj.iter().zip(&fav).enumerate() {
@@ -458,7 +464,13 @@ mod tests {
 
     fn scales(rng: &mut Gen, len: usize, nan: bool) -> Vec<u8> {
         (0..len)
-            .map(|_| if nan && rng.uniform_usize(0, 50) == 0 { 0xFF } else { rng.uniform_usize(100, 150) as u8 })
+            .map(|_| {
+                if nan && rng.uniform_usize(0, 50) == 0 {
+                    0xFF
+                } else {
+                    rng.uniform_usize(100, 150) as u8
+                }
+            })
             .collect()
     }
 
@@ -471,7 +483,16 @@ mod tests {
     #[test]
     fn equals_the_definition_bit_for_bit() {
         let mut rng = Gen::new(0x3141);
-        let shapes = [(1, 1, 1), (3, 13, 33), (5, 97, 64), (9, 25, 300), (70, 400, 290), (150, 20, 200), (8, 6, 256), (40, 7, 1000)];
+        let shapes = [
+            (1, 1, 1),
+            (3, 13, 33),
+            (5, 97, 64),
+            (9, 25, 300),
+            (70, 400, 290),
+            (150, 20, 200),
+            (8, 6, 256),
+            (40, 7, 1000),
+        ];
         for (i, &(m, n, k)) in shapes.iter().enumerate() {
             let nan = i % 2 == 1;
             let blocks = mx::num_blocks(k);
@@ -494,7 +515,11 @@ mod tests {
             let mut block: [u8; 32] = std::array::from_fn(|i| first.wrapping_add(i as u8));
             for nan in [false, true] {
                 if !nan {
-                    block.iter_mut().for_each(|b| if mx::is_nan_e4m3(*b) { *b = 0x80 });
+                    block.iter_mut().for_each(|b| {
+                        if mx::is_nan_e4m3(*b) {
+                            *b = 0x80
+                        }
+                    });
                 }
                 let (mut fast, mut plain) = ([1.0f64; 32], [2.0f64; 32]);
                 decode_block(&decode, vector_decode(), &block, &mut fast);
