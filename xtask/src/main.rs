@@ -235,9 +235,24 @@ fn bench() -> Result<(), String> {
     let mut args = kda.to_vec();
     args.extend(["bench", "schedule"]);
     step("bench schedule", &cargo, &args, &[])?;
+    // The whole layer, one core per stream, with the figures table (every figure a ratio of
+    // rates measured in the same run); then the decode step with both cores on every op.
     let mut args = kda.to_vec();
     args.extend(["bench", "layer"]);
     step("bench layer", &cargo, &args, &[])?;
+    let mut args = kda.to_vec();
+    args.extend([
+        "bench",
+        "layer",
+        "--threads",
+        "2",
+        "--no-kernels",
+        "--prefill-len",
+        "64",
+        "--repeats",
+        "1",
+    ]);
+    step("bench layer (2 threads per op)", &cargo, &args, &[])?;
     Ok(())
 }
 
