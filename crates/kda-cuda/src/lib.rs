@@ -20,6 +20,7 @@
 
 mod error;
 pub mod kernels;
+pub mod libs;
 pub mod plan;
 pub mod status;
 pub mod view;

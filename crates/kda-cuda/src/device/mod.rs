@@ -1,16 +1,17 @@
 //! The CUDA backend proper (feature `cuda`).
 
 mod blas;
+mod cublas;
 mod memory;
 mod module;
 mod ops;
+mod scratch;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, result, sys};
 use kda_core::sanitize::Instrumentation;
 use kda_core::{
@@ -49,6 +50,7 @@ struct Inner {
     /// Event snapshot slots (u32 failure ids).
     snapshots: DeviceMemory,
     staging: Arc<PinnedPool>,
+    scratch: scratch::ScratchAllocator,
     host_failures: Arc<Mutex<HashMap<u32, HostFailure>>>,
     /// Host functions already run, kept until a host thread drops them (a callback must not
     /// drop anything that may call CUDA).
@@ -100,7 +102,7 @@ struct StreamInner {
     next_ticket: AtomicU32,
     /// The thread that runs this stream's host functions, in order (started on first use).
     host_worker: OnceLock<mpsc::Sender<HostJob>>,
-    blas: OnceLock<CudaBlas>,
+    blas: OnceLock<cublas::BlasHandle>,
 }
 
 /// A host function's run on its stream's worker thread.
@@ -231,13 +233,10 @@ impl CudaBackend {
                 reason: "the CUDA driver library (libcuda) could not be loaded".into(),
             });
         }
-        // SAFETY: only tries to open the library (cudarc panics on first use otherwise).
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(CudaError::NoCudaDevice {
-                ordinal,
-                reason: "cuBLAS (libcublas.so.12) could not be loaded".into(),
-            });
-        }
+        cublas::origin().map_err(|e| match e {
+            CudaError::NoCudaDevice { reason, .. } => CudaError::NoCudaDevice { ordinal, reason },
+            other => other,
+        })?;
         let count = CudaContext::device_count().map_err(no_device(ordinal))?;
         if ordinal >= count.max(0) as usize {
             return Err(CudaError::NoCudaDevice {
@@ -268,13 +267,18 @@ impl CudaBackend {
         let kernels = Kernels::load(&ctx, arch)?;
         let record = std::mem::size_of::<StatusRecord>();
         let status = DeviceMemory::new(&ctx, STREAMS_PER_INSTANCE * record)?;
-        status.zero()?;
         let snapshots = DeviceMemory::new(&ctx, SNAPSHOT_SLOTS * 4)?;
+        // Zeroed before any stream of this instance can read them (see `DeviceMemory::zero`).
+        status.zero()?;
         snapshots.zero()?;
         let mailboxes = OwnedPinned::new(&ctx, 2 * STREAMS_PER_INSTANCE * 4)?;
+        let probe = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        let scratch = scratch::ScratchAllocator::new(&ctx, probe.cu_stream());
+        drop(probe);
         let inner = Inner {
             instance: InstanceId::fresh(),
             staging: Arc::new(PinnedPool::new(&ctx)),
+            scratch,
             ctx,
             name,
             sms,
@@ -456,11 +460,9 @@ impl Backend for CudaBackend {
         if record.fid == 0 {
             return Ok(());
         }
-        // SAFETY: as above; clearing the record makes the stream healthy again.
-        unsafe {
-            result::memset_d8_sync(stream.inner.status, 0, std::mem::size_of::<StatusRecord>())
-        }
-        .map_err(driver("cuMemsetD8"))?;
+        // Cleared in the stream's own order: a memset on the legacy default stream would be
+        // unordered against kda's non-blocking streams.
+        memory::clear_on_stream(stream.raw(), stream.inner.status, size_of::<StatusRecord>())?;
         let failures = self.inner.host_failures.lock().unwrap_or_else(PoisonError::into_inner);
         Err(status::to_error(
             stream.id,

@@ -13,6 +13,7 @@ use kda_core::{DType, DownloadSlot, HostFn, Layout, Op, Result, Tensor};
 
 use super::memory::{driver, enqueue_host};
 use super::module::{Args, args};
+use super::scratch::Scratch;
 use super::{CudaBackend, CudaStream};
 use crate::plan::{self, BLOCK, MAX_CONV_WINDOW, MAX_KEY_DIM, MX_TILE, ROWS_PER_BLOCK};
 use crate::status::{CheckedOp, FailureId, HostFailure};
@@ -39,11 +40,6 @@ fn gate_form(form: GateForm) -> (i32, f32) {
         GateForm::Softplus => (0, 0.0),
         GateForm::LowerBound { lower_bound } => (1, lower_bound),
     }
-}
-
-/// Stream-ordered device scratch, freed on the stream after its last use.
-pub(super) struct Scratch {
-    pub(super) ptr: u64,
 }
 
 impl CudaBackend {
@@ -230,18 +226,13 @@ impl CudaBackend {
         FailureId::Kernel { stream: stream.id.index, op }.encode()
     }
 
+    /// Scratch for work queued on `stream` until [`Self::release`] (see `scratch.rs`).
     pub(super) fn scratch(&self, stream: &CudaStream, bytes: usize) -> Result<Scratch> {
-        // SAFETY: stream-ordered allocation on a live stream of the bound context; used only by
-        // work queued on this stream before `release`.
-        let ptr = unsafe { result::malloc_async(stream.raw(), bytes.max(1)) }
-            .map_err(driver("cuMemAllocAsync"))?;
-        Ok(Scratch { ptr })
+        Ok(self.inner.scratch.take(stream.raw(), bytes)?)
     }
 
     pub(super) fn release(&self, stream: &CudaStream, scratch: Scratch) -> Result<()> {
-        // SAFETY: allocated on this stream by `scratch`; every use was queued before this.
-        Ok(unsafe { result::free_async(scratch.ptr, stream.raw()) }
-            .map_err(driver("cuMemFreeAsync"))?)
+        Ok(self.inner.scratch.release(stream.raw(), scratch)?)
     }
 
     /// A dense row-major view of `shape` in `dtype` over scratch memory.
