@@ -27,6 +27,7 @@ pub const SOURCES: [KernelSource; 3] = [
             "kda_fill",
             "kda_status_snapshot",
             "kda_status_inherit",
+            "kda_status_reset",
             "kda_status_publish",
             "kda_status_absorb",
             "kda_host_wait",

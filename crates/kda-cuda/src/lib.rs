@@ -19,6 +19,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod error;
+pub mod graph_plan;
 pub mod kernels;
 pub mod libs;
 pub mod plan;
@@ -35,7 +36,7 @@ mod stub;
 pub use error::CudaError;
 
 #[cfg(feature = "cuda")]
-pub use device::{CudaBackend, CudaBuffer, CudaEvent, CudaStream};
+pub use device::{CudaBackend, CudaBuffer, CudaEvent, CudaStream, GraphRoute, MAX_GRAPHS};
 #[cfg(not(feature = "cuda"))]
 pub use stub::{CudaBackend, CudaBuffer, CudaEvent, CudaStream};
 

@@ -2,6 +2,7 @@
 
 mod blas;
 mod cublas;
+mod graph;
 mod memory;
 mod module;
 mod ops;
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 
 use cudarc::driver::{CudaContext, result, sys};
-use kda_core::sanitize::Instrumentation;
+use kda_core::sanitize::{Graph, Instrumentation};
 use kda_core::{
     Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, EventHandle, EventId,
     InstanceId, Op, Result, StreamHandle, StreamId,
@@ -23,6 +24,8 @@ use crate::status::{self, HostFailure, StatusRecord};
 use crate::{CudaError, CudaOptions, kernels};
 use memory::{DeviceMemory, OwnedPinned, PinnedPool, driver};
 use module::Kernels;
+
+pub use graph::{GraphRoute, MAX_GRAPHS};
 
 /// Streams one instance can create (each owns a status record and a mailbox).
 const STREAMS_PER_INSTANCE: usize = 4096;
@@ -51,6 +54,7 @@ struct Inner {
     snapshots: DeviceMemory,
     staging: Arc<PinnedPool>,
     scratch: scratch::ScratchAllocator,
+    graphs: graph::GraphCache,
     host_failures: Arc<Mutex<HashMap<u32, HostFailure>>>,
     /// Host functions already run, kept until a host thread drops them (a callback must not
     /// drop anything that may call CUDA).
@@ -279,6 +283,7 @@ impl CudaBackend {
             instance: InstanceId::fresh(),
             staging: Arc::new(PinnedPool::new(&ctx)),
             scratch,
+            graphs: graph::GraphCache::default(),
             ctx,
             name,
             sms,
@@ -504,5 +509,10 @@ impl Backend for CudaBackend {
         self.bind()?;
         let _span = tracing::trace_span!("cuda", op = label, stream = %stream.id).entered();
         self.run(stream, label, op)
+    }
+
+    /// One `cuGraphLaunch` of the graph instantiated for `stream` (see `graph.rs`).
+    fn launch_graph(&self, graph: &Graph<Self>, stream: &CudaStream) -> Result<()> {
+        self.launch_captured(graph, stream)
     }
 }

@@ -11,9 +11,9 @@ use kda_core::kda::{
 };
 use kda_core::{DType, DownloadSlot, HostFn, Layout, Op, Result, Tensor};
 
-use super::memory::{driver, enqueue_host};
+use super::memory::{OwnedPinned, driver, enqueue_host};
 use super::module::{Args, args};
-use super::scratch::Scratch;
+use super::scratch::{self, Owned, Scratch};
 use super::{CudaBackend, CudaStream};
 use crate::plan::{self, BLOCK, MAX_CONV_WINDOW, MAX_KEY_DIM, MX_TILE, ROWS_PER_BLOCK};
 use crate::status::{CheckedOp, FailureId, HostFailure};
@@ -278,17 +278,29 @@ impl CudaBackend {
         self.kernel(stream, "kda_fill", grid, args!(stream.inner.status, dv, n, elsize, bits))
     }
 
+    /// Staged through pinned memory: from the pool (returned by a host callback once the copy
+    /// is done), or, while a graph is being captured, a buffer the CUDA graph owns (each launch
+    /// copies the same bytes, as a replayed upload does).
     fn upload(&self, stream: &CudaStream, dst: &T, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
-        let staging = self.inner.staging.take(data.len())?;
+        let (pooled, owned) = if scratch::capturing() {
+            (None, Some(OwnedPinned::new(&self.inner.ctx, data.len())?))
+        } else {
+            (Some(self.inner.staging.take(data.len())?), None)
+        };
+        let staging = match (&pooled, &owned) {
+            (Some(p), _) => p.host,
+            (None, Some(o)) => o.host(),
+            (None, None) => return Ok(()),
+        };
         // SAFETY: the staging buffer holds at least `data.len()` bytes and no queued work uses
-        // it (it was free in the pool).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staging.host, data.len()) };
+        // it (it was free in the pool, or is new).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staging, data.len()) };
         // SAFETY: the slice covers the staging bytes just written; it stays alive (in the
-        // callback below) until the copy, queued before the callback, has finished.
-        let host = unsafe { std::slice::from_raw_parts(staging.host, data.len()) };
+        // callback below, or with the graph) until the copy, queued before, has finished.
+        let host = unsafe { std::slice::from_raw_parts(staging, data.len()) };
         if dst.layout().is_contiguous() {
             let at = view("upload", "dst", dst)?.ptr;
             // SAFETY: `at` starts `data.len()` bytes of `dst`'s buffer (validated view).
@@ -309,8 +321,18 @@ impl CudaBackend {
             )?;
             self.release(stream, scratch)?;
         }
-        let pool = Arc::clone(&self.inner.staging);
-        Ok(enqueue_host(stream.raw(), move || pool.give(staging))?)
+        match (pooled, owned) {
+            (Some(staging), _) => {
+                let pool = Arc::clone(&self.inner.staging);
+                Ok(enqueue_host(stream.raw(), move || pool.give(staging))?)
+            }
+            // The graph owns it now.
+            (None, Some(owned)) => {
+                drop(scratch::keep(Owned::Pinned(owned)));
+                Ok(())
+            }
+            (None, None) => Ok(()),
+        }
     }
 
     fn download(&self, stream: &CudaStream, src: &T, slot: DownloadSlot) -> Result<()> {

@@ -17,14 +17,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaContext, CudaEvent, result, sys};
 
-use super::memory::{DeviceMemory, Pinned, driver};
+use super::memory::{DeviceMemory, OwnedPinned, driver};
 use crate::CudaError;
 
 /// What a capture allocated, owned by its graph.
 #[derive(Debug)]
 pub(super) enum Owned {
     Device(DeviceMemory),
-    Pinned(Pinned),
+    #[allow(dead_code, reason = "held only to be freed with its graph")]
+    Pinned(OwnedPinned),
 }
 
 thread_local! {
@@ -90,10 +91,6 @@ impl ScratchAllocator {
         Self { ctx: ctx.clone(), pool: pool_works(ctx, stream), cached: Mutex::new(Vec::new()) }
     }
 
-    /// Whether scratch comes from the memory pool (else plain `cuMemAlloc`).
-    pub(super) fn uses_pool(&self) -> bool {
-        self.pool
-    }
 
     /// At least `bytes` bytes usable by work queued on `stream` from now on.
     pub(super) fn take(&self, stream: sys::CUstream, bytes: usize) -> Result<Scratch, CudaError> {
@@ -154,6 +151,14 @@ impl ScratchAllocator {
                 Ok(())
             }
         }
+    }
+}
+
+impl super::CudaBackend {
+    /// Whether scratch comes from the device's memory pool (`cuMemAllocAsync`); false where the
+    /// pool did not work and scratch is plain `cuMemAlloc` memory on a free list.
+    pub fn uses_memory_pool(&self) -> bool {
+        self.inner.scratch.pool
     }
 }
 
