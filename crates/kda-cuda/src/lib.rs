@@ -18,6 +18,8 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+#[cfg(test)]
+mod chunk_model;
 mod error;
 pub mod graph_plan;
 pub mod kernels;
