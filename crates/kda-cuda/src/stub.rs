@@ -4,13 +4,13 @@
 
 use std::convert::Infallible;
 
-use kda_core::sanitize::Instrumentation;
+use kda_core::sanitize::{Graph, Instrumentation};
 use kda_core::{
     Backend, BackendInfo, BufferHandle, BufferId, EventHandle, EventId, InstanceId, Op, Result,
     StreamHandle, StreamId,
 };
 
-use crate::{CudaError, CudaOptions};
+use crate::{CudaError, CudaOptions, FastPaths, GraphRoute};
 
 /// The CUDA backend; built without the `cuda` feature, it cannot be constructed.
 #[derive(Clone, Debug)]
@@ -49,6 +49,30 @@ impl CudaBackend {
 
     /// Unreachable: no instance exists.
     pub fn device_name(&self) -> &str {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn fast_paths(&self) -> FastPaths {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn uses_memory_pool(&self) -> bool {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn instantiate_graph(
+        &self,
+        _graph: &Graph<Self>,
+        _stream: &CudaStream,
+    ) -> Result<GraphRoute> {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn forget_graph(&self, _graph: &Graph<Self>) {
         match self.never {}
     }
 

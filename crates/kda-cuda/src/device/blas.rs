@@ -36,10 +36,17 @@ fn int(param: &'static str, v: usize) -> Result<c_int> {
 }
 
 /// An operand ready for cuBLAS: its address, dtype and column-major description.
-struct Ready {
-    ptr: u64,
-    dtype: DType,
-    operand: MatrixOperand,
+pub(super) struct Ready {
+    pub(super) ptr: u64,
+    pub(super) dtype: DType,
+    pub(super) operand: MatrixOperand,
+}
+
+impl Ready {
+    /// A dense row-major matrix of `cols` columns at `ptr`.
+    pub(super) fn dense(ptr: u64, dtype: DType, cols: usize) -> Self {
+        Self { ptr, dtype, operand: MatrixOperand { transposed: false, ld: cols.max(1) } }
+    }
 }
 
 impl CudaBackend {
@@ -74,11 +81,7 @@ impl CudaBackend {
         let s = self.scratch(stream, t.numel() * dtype.size_bytes())?;
         let dense = KernelView::new("gemm", param, &Layout::contiguous(dtype, &shape), s.ptr)?;
         self.convert_views(stream, here, dense, t.numel())?;
-        let ready = Ready {
-            ptr: s.ptr,
-            dtype,
-            operand: MatrixOperand { transposed: false, ld: shape[1].max(1) },
-        };
+        let ready = Ready::dense(s.ptr, dtype, shape[1]);
         scratch.push(s);
         Ok(ready)
     }
@@ -96,6 +99,20 @@ impl CudaBackend {
         let mut scratch = Vec::new();
         let xr = self.gemm_input(stream, "x", x, input, &mut scratch)?;
         let wr = self.gemm_input(stream, "w", w, input, &mut scratch)?;
+        self.gemm_ready(stream, (&xr, &wr), (m, n, k), y, output, scratch)
+    }
+
+    /// `y = x · w^T` for operands already in cuBLAS's terms (`output`: the dtype cuBLAS writes,
+    /// see [`gemm_dtypes`]); `scratch` is released after the call.
+    pub(super) fn gemm_ready(
+        &self,
+        stream: &CudaStream,
+        (xr, wr): (&Ready, &Ready),
+        (m, n, k): (usize, usize, usize),
+        y: &T,
+        output: DType,
+        mut scratch: Vec<Scratch>,
+    ) -> Result<()> {
         let y_here = KernelView::new("gemm", "y", y.layout(), y.buffer().device_ptr())?;
         let direct = matrix_operand([m, n], [y.layout().strides()[0], y.layout().strides()[1]])
             .filter(|op| !op.transposed && y.dtype() == output);

@@ -28,20 +28,11 @@ use super::memory::{DeviceMemory, driver};
 use super::module::args;
 use super::scratch::{self, Owned};
 use super::{CudaBackend, CudaEvent, CudaStream};
-use crate::CudaError;
 use crate::graph_plan::{self, GraphPlan, Step};
+use crate::{CudaError, GraphRoute};
 
 /// CUDA graphs kept per instance before the least recently built is released.
 pub const MAX_GRAPHS: usize = 32;
-
-/// How a HAL graph runs on this backend.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GraphRoute {
-    /// One instantiated CUDA graph, one `cuGraphLaunch` per launch.
-    Native,
-    /// Op by op through the launch path, for the reason given.
-    Replay(String),
-}
 
 /// One graph's way of running on one origin stream.
 enum Route {

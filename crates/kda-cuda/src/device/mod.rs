@@ -2,6 +2,7 @@
 
 mod blas;
 mod cublas;
+mod fast;
 mod graph;
 mod memory;
 mod module;
@@ -21,11 +22,11 @@ use kda_core::{
 };
 
 use crate::status::{self, HostFailure, StatusRecord};
-use crate::{CudaError, CudaOptions, kernels};
+use crate::{CudaError, CudaOptions, FastPaths, kernels};
 use memory::{DeviceMemory, OwnedPinned, PinnedPool, driver};
 use module::Kernels;
 
-pub use graph::{GraphRoute, MAX_GRAPHS};
+pub use graph::MAX_GRAPHS;
 
 /// Streams one instance can create (each owns a status record and a mailbox).
 const STREAMS_PER_INSTANCE: usize = 4096;
@@ -55,6 +56,8 @@ struct Inner {
     staging: Arc<PinnedPool>,
     scratch: scratch::ScratchAllocator,
     graphs: graph::GraphCache,
+    /// The fast paths in effect (those requested that the device can take).
+    fast: FastPaths,
     host_failures: Arc<Mutex<HashMap<u32, HostFailure>>>,
     /// Host functions already run, kept until a host thread drops them (a callback must not
     /// drop anything that may call CUDA).
@@ -269,6 +272,7 @@ impl CudaBackend {
             reason: format!("compute capability {major}.{minor} has no CUBIN target in NVRTC 12"),
         })?;
         let kernels = Kernels::load(&ctx, arch)?;
+        let fast = fast::effective(&ctx, &kernels, major, options.fast)?;
         let record = std::mem::size_of::<StatusRecord>();
         let status = DeviceMemory::new(&ctx, STREAMS_PER_INSTANCE * record)?;
         let snapshots = DeviceMemory::new(&ctx, SNAPSHOT_SLOTS * 4)?;
@@ -284,6 +288,7 @@ impl CudaBackend {
             staging: Arc::new(PinnedPool::new(&ctx)),
             scratch,
             graphs: graph::GraphCache::default(),
+            fast,
             ctx,
             name,
             sms,

@@ -53,20 +53,7 @@ impl CudaBackend {
             Op::Host { f, .. } => self.host(stream, label, f),
             Op::DynamicQuant { x, data, scale, alg } => {
                 let dims = kda_core::op::mx_quant_dims(&x, &data, &scale)?;
-                let (m, k) = (dims.m as i64, dims.k as i64);
-                let Some(grid) = self.grid(dims.m * dims.blocks, BLOCK) else { return Ok(()) };
-                let (xv, dv, sv) = (
-                    view("dynamic_quant", "x", &x)?,
-                    view("dynamic_quant", "data", &data)?,
-                    view("dynamic_quant", "scale", &scale)?,
-                );
-                let alg = i32::from(alg.code());
-                self.kernel(
-                    stream,
-                    "kda_dynamic_quant",
-                    grid,
-                    args!(stream.inner.status, xv, dv, sv, m, k, alg),
-                )
+                self.dynamic_quant(stream, (&x, &data, &scale), alg, dims)
             }
             Op::MxDequant { data, scale, y } => {
                 let dims = kda_core::op::mx_dequant_dims(&data, &scale, &y)?;
@@ -88,6 +75,9 @@ impl CudaBackend {
                 let dims = kda_core::op::mx_gemm_dims(&a, &a_scale, &w, &w_scale, &y)?;
                 if dims.m == 0 || dims.n == 0 {
                     return Ok(());
+                }
+                if self.inner.fast.mx_gemm && dims.k > 0 {
+                    return self.mx_gemm_fast(stream, (&a, &a_scale), (&w, &w_scale), &y, dims);
                 }
                 const OP: &str = "mx_gemm";
                 let views = [
@@ -596,6 +586,15 @@ impl CudaBackend {
         let validate = args!(status, fid, param, starts, slots, b, t, n_slots);
         self.single(stream, "kda_validate_varlen", validate)?;
         let Some(grid) = grid else { return Ok(()) };
+        // The tensor-core chunked form (FastPaths::chunk): the same operands, a block per
+        // (32 value columns, head, request).
+        let tensor_cores = self.inner.fast.chunk && dims.k <= plan::TC_MAX_KEY;
+        let (name, grid, block, shared) = if tensor_cores {
+            let tiles = dims.v.div_ceil(plan::TC_BV) as u32;
+            ("kda_chunk_tc", (tiles, grid.1, grid.2), (plan::TC_THREADS, 1, 1), plan::TC_SHARED_BYTES)
+        } else {
+            ("kda_chunk", grid, (32 * ROWS_PER_BLOCK, 1, 1), 0)
+        };
         let params = args!(
             status,
             q,
@@ -617,6 +616,6 @@ impl CudaBackend {
             form,
             lower_bound
         );
-        self.recurrence(stream, "kda_chunk", grid, params)
+        Ok(self.inner.kernels.launch_shared(stream.raw(), name, grid, block, shared, params)?)
     }
 }
