@@ -184,7 +184,9 @@ fn block(x: &Inputs<'_>, h: usize, v0: usize, o: &mut [f32], state: &mut [f32]) 
                         std::array::from_fn(|c| {
                             (bj..bi)
                                 .flat_map(|bk| (0..16).map(move |s| (bk, s)))
-                                .map(|(bk, s)| akk[16 * bi + r][16 * bk + s] * m[16 * bk + s][16 * bj + c])
+                                .map(|(bk, s)| {
+                                    akk[16 * bi + r][16 * bk + s] * m[16 * bk + s][16 * bj + c]
+                                })
                                 .sum()
                         })
                     })
@@ -253,7 +255,14 @@ mod tests {
 
     /// The model against the f64 recurrence: the largest error relative to the largest value,
     /// for outputs and the final state.
-    fn errors(t: usize, h: usize, kd: usize, vd: usize, g: (f32, f32), with_initial: bool) -> (f64, f64) {
+    fn errors(
+        t: usize,
+        h: usize,
+        kd: usize,
+        vd: usize,
+        g: (f32, f32),
+        with_initial: bool,
+    ) -> (f64, f64) {
         let mut rng = Lcg(t as u64 * 31 + kd as u64);
         let q = rng.fill(t * h * kd, -1.0, 1.0);
         let k = rng.fill(t * h * kd, -1.0, 1.0);
@@ -262,7 +271,8 @@ mod tests {
         let beta = rng.fill(t * h, 0.0, 1.0);
         let init = with_initial.then(|| rng.fill(h * vd * kd, -0.5, 0.5));
         let scale = (kd as f32).powf(-0.5);
-        let x = Inputs { q: &q, k: &k, v: &v, g: &gv, beta: &beta, heads: h, kd, vd, scale, l2: true };
+        let x =
+            Inputs { q: &q, k: &k, v: &v, g: &gv, beta: &beta, heads: h, kd, vd, scale, l2: true };
         let (o, s) = run(&x, init.as_deref());
         let f = |a: &[f32]| a.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
         // The oracle's state is K-first.
@@ -277,7 +287,16 @@ mod tests {
             }
             kf
         });
-        let seq = KdaSequence { q: &f(&q), k: &f(&k), v: &f(&v), g: &f(&gv), beta: &f(&beta), heads: h, kd, vd };
+        let seq = KdaSequence {
+            q: &f(&q),
+            k: &f(&k),
+            v: &f(&v),
+            g: &f(&gv),
+            beta: &f(&beta),
+            heads: h,
+            kd,
+            vd,
+        };
         let (o_ref, s_ref) = kda_recurrence(seq, init_kf.as_deref(), f64::from(scale), true);
         let rel = |got: &[f64], want: &[f64]| {
             let err = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);

@@ -14,9 +14,9 @@
 //!   replays through the launch path, as on every backend. Uploads are device copies from a
 //!   pinned buffer the CUDA graph owns, so they are captured.
 
+use kda_core::Backend;
 use kda_core::op::Op;
 use kda_core::sanitize::{Graph, Node};
-use kda_core::Backend;
 
 /// One captured call, in capture order, with its stream (0 = the origin).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]

@@ -40,7 +40,8 @@ pub fn search_dirs() -> Vec<PathBuf> {
         ]
         .map(PathBuf::from),
     );
-    let mut prefixes: Vec<PathBuf> = ["VIRTUAL_ENV", "CONDA_PREFIX"].iter().filter_map(|v| env(v)).collect();
+    let mut prefixes: Vec<PathBuf> =
+        ["VIRTUAL_ENV", "CONDA_PREFIX"].iter().filter_map(|v| env(v)).collect();
     if let Some(home) = env("HOME") {
         prefixes.push(home.join(".local"));
     }
@@ -66,7 +67,8 @@ pub fn search_dirs() -> Vec<PathBuf> {
 /// CUDA 12 wheels.
 pub fn wheel_lib_dirs(site_packages: &Path) -> Vec<PathBuf> {
     let nvidia = site_packages.join("nvidia");
-    let mut dirs: Vec<PathBuf> = subdirs(&nvidia, "cu").into_iter().map(|d| d.join("lib")).collect();
+    let mut dirs: Vec<PathBuf> =
+        subdirs(&nvidia, "cu").into_iter().map(|d| d.join("lib")).collect();
     dirs.sort_by(|a, b| b.cmp(a));
     dirs.extend(["cublas", "cuda_nvrtc", "cuda_runtime"].map(|p| nvidia.join(p).join("lib")));
     dirs
@@ -106,13 +108,9 @@ impl fmt::Display for NotFound {
 /// The first file named one of `names` in `dirs`: directory by directory (so the order of
 /// `LD_LIBRARY_PATH` wins), the newest name first within one.
 pub fn find(names: &[&str], dirs: &[PathBuf]) -> Result<PathBuf, NotFound> {
-    dirs.iter()
-        .flat_map(|d| names.iter().map(move |n| d.join(n)))
-        .find(|p| p.is_file())
-        .ok_or_else(|| NotFound {
-            names: names.iter().map(|n| n.to_string()).collect(),
-            dirs: dirs.to_vec(),
-        })
+    dirs.iter().flat_map(|d| names.iter().map(move |n| d.join(n))).find(|p| p.is_file()).ok_or_else(
+        || NotFound { names: names.iter().map(|n| n.to_string()).collect(), dirs: dirs.to_vec() },
+    )
 }
 
 /// The cuBLASLt file beside a cuBLAS file of the same major version (`libcublas.so.13` →

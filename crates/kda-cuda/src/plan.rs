@@ -32,8 +32,9 @@ pub const TC_SHARED_BYTES: u32 = tc_shared_bytes();
 const fn tc_shared_bytes() -> u32 {
     let (c, kp, bv) = (TC_CHUNK, TC_MAX_KEY, TC_BV);
     let (ldb, ldc) = (kp + 8, c + 8);
-    let bf16 = 2 * (
-        2 * c * ldb      // q_b, k_b
+    let bf16 = 2
+        * (
+            2 * c * ldb      // q_b, k_b
         + 32 * ldb       // opL
         + c * ldb        // opR, then W
         + 2 * c * ldc    // m_b, aqk_b
@@ -42,15 +43,18 @@ const fn tc_shared_bytes() -> u32 {
         + c * ldb        // wrhs_b
         + bv * ldc       // urhsT
         + bv * ldb       // sbT
-        + bv * ldc       // vnewT
-    );
-    let f32s = 4 * (
-        c * kp           // gc, then U
+        + bv * ldc
+            // vnewT
+        );
+    let f32s = 4
+        * (
+            c * kp           // gc, then U
         + c * (c + 1)    // akk, then M
         + 3 * 256        // block-inverse temporaries
         + bv * (kp + 4)  // st
-        + c + kp         // beta, decay to the chunk end
-    );
+        + c + kp
+            // beta, decay to the chunk end
+        );
     (bf16 + f32s) as u32
 }
 

@@ -124,10 +124,19 @@ impl CudaBackend {
     ) -> Result<()> {
         const OP: &str = "mx_gemm";
         let (dv, sv) = (view(OP, "data", data)?, view(OP, "scale", scale)?);
-        let yv = KernelView::new(OP, "dequantised", &kda_core::Layout::contiguous(DType::BF16, &[rows, k]), into)?;
+        let yv = KernelView::new(
+            OP,
+            "dequantised",
+            &kda_core::Layout::contiguous(DType::BF16, &[rows, k]),
+            into,
+        )?;
         let (m, k64, status) = (rows as i64, k as i64, stream.inner.status);
         let vector = k % 32 == 0 && aligned_rows(&dv, 1, 8) && aligned_rows(&yv, 2, 16);
-        let (name, work) = if vector { ("kda_mx_dequant_bf16", rows * k / 8) } else { ("kda_mx_dequant", rows * k) };
+        let (name, work) = if vector {
+            ("kda_mx_dequant_bf16", rows * k / 8)
+        } else {
+            ("kda_mx_dequant", rows * k)
+        };
         let Some(grid) = self.grid(work, BLOCK) else { return Ok(()) };
         Ok(self.inner.kernels.launch(
             stream.raw(),

@@ -20,8 +20,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::driver::{CudaContext, sys};
-use kda_core::sanitize::{CaptureError, Graph, Node};
 use kda_core::hal::check_instance;
+use kda_core::sanitize::{CaptureError, Graph, Node};
 use kda_core::{Backend, Op, Result, StreamHandle};
 
 use super::memory::{DeviceMemory, driver};
@@ -38,7 +38,11 @@ pub const MAX_GRAPHS: usize = 32;
 enum Route {
     Native(Mutex<NativeGraph>),
     /// The forked streams and events a launch-path replay uses.
-    Replay { reason: String, forks: Vec<CudaStream>, events: Vec<CudaEvent> },
+    Replay {
+        reason: String,
+        forks: Vec<CudaStream>,
+        events: Vec<CudaEvent>,
+    },
 }
 
 /// The graphs built so far, keyed by (graph id, origin stream index), oldest first.
@@ -108,7 +112,11 @@ impl CudaBackend {
 
     /// Build (if not yet built) how `graph` runs on `stream`, and say which way it is: a
     /// benchmark calls this before timing, a test to check a graph runs as one CUDA graph.
-    pub fn instantiate_graph(&self, graph: &Graph<Self>, stream: &CudaStream) -> Result<GraphRoute> {
+    pub fn instantiate_graph(
+        &self,
+        graph: &Graph<Self>,
+        stream: &CudaStream,
+    ) -> Result<GraphRoute> {
         Ok(match &*self.route(graph, stream)? {
             Route::Native(_) => GraphRoute::Native,
             Route::Replay { reason, .. } => GraphRoute::Replay(reason.clone()),
@@ -156,7 +164,8 @@ impl CudaBackend {
         match plan {
             Ok(plan) => Ok(Route::Native(Mutex::new(self.instantiate(graph, &plan, stream)?))),
             Err(reason) => {
-                let forks = (1..graph.streams()).map(|_| self.new_stream()).collect::<Result<_>>()?;
+                let forks =
+                    (1..graph.streams()).map(|_| self.new_stream()).collect::<Result<_>>()?;
                 let events = (0..graph_plan::event_count(graph))
                     .map(|_| self.new_event())
                     .collect::<Result<_>>()?;
@@ -179,7 +188,9 @@ impl CudaBackend {
                 Node::Launch { stream, label, op } => {
                     self.launch_labeled(stream_of(*stream), label, Op::clone(op))?
                 }
-                Node::Record { stream, event } => self.record(&events[*event], stream_of(*stream))?,
+                Node::Record { stream, event } => {
+                    self.record(&events[*event], stream_of(*stream))?
+                }
                 Node::Wait { stream, event } => self.wait(stream_of(*stream), &events[*event])?,
             }
         }

@@ -95,11 +95,12 @@ impl Kernels {
     /// Allow kernel `name` up to `bytes` of dynamic shared memory (beyond the default 48 KiB).
     pub(super) fn allow_shared(&self, name: &'static str, bytes: u32) -> Result<(), CudaError> {
         let (f, _) = self.function(name)?;
-        let attribute =
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         // SAFETY: `f` is a loaded function of this context.
-        unsafe { result::function::set_function_attribute(f.cu_function(), attribute, bytes as i32) }
-            .map_err(driver("cuFuncSetAttribute"))
+        unsafe {
+            result::function::set_function_attribute(f.cu_function(), attribute, bytes as i32)
+        }
+        .map_err(driver("cuFuncSetAttribute"))
     }
 
     fn function(&self, name: &'static str) -> Result<&(CudaFunction, Vec<usize>), CudaError> {

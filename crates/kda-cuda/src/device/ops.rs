@@ -591,7 +591,12 @@ impl CudaBackend {
         let tensor_cores = self.inner.fast.chunk && dims.k <= plan::TC_MAX_KEY;
         let (name, grid, block, shared) = if tensor_cores {
             let tiles = dims.v.div_ceil(plan::TC_BV) as u32;
-            ("kda_chunk_tc", (tiles, grid.1, grid.2), (plan::TC_THREADS, 1, 1), plan::TC_SHARED_BYTES)
+            (
+                "kda_chunk_tc",
+                (tiles, grid.1, grid.2),
+                (plan::TC_THREADS, 1, 1),
+                plan::TC_SHARED_BYTES,
+            )
         } else {
             ("kda_chunk", grid, (32 * ROWS_PER_BLOCK, 1, 1), 0)
         };

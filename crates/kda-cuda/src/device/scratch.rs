@@ -91,7 +91,6 @@ impl ScratchAllocator {
         Self { ctx: ctx.clone(), pool: pool_works(ctx, stream), cached: Mutex::new(Vec::new()) }
     }
 
-
     /// At least `bytes` bytes usable by work queued on `stream` from now on.
     pub(super) fn take(&self, stream: sys::CUstream, bytes: usize) -> Result<Scratch, CudaError> {
         let bytes = bytes.max(1);
@@ -115,7 +114,9 @@ impl ScratchAllocator {
         let best = cached
             .iter()
             .enumerate()
-            .filter(|(_, (event, m))| m.bytes >= bytes && m.bytes <= 2 * bytes && event.is_complete())
+            .filter(|(_, (event, m))| {
+                m.bytes >= bytes && m.bytes <= 2 * bytes && event.is_complete()
+            })
             .min_by_key(|(_, (_, m))| m.bytes)
             .map(|(i, _)| i);
         if let Some(i) = best {
@@ -176,7 +177,8 @@ fn pool_works(ctx: &Arc<CudaContext>, stream: sys::CUstream) -> bool {
     unsafe {
         match result::malloc_async(stream, 1) {
             Ok(ptr) => {
-                result::free_async(ptr, stream).is_ok() && result::stream::synchronize(stream).is_ok()
+                result::free_async(ptr, stream).is_ok()
+                    && result::stream::synchronize(stream).is_ok()
             }
             Err(_) => false,
         }
