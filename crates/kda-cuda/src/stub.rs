@@ -58,6 +58,11 @@ impl CudaBackend {
     }
 
     /// Unreachable: no instance exists.
+    pub fn cublas_library(&self) -> &'static str {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
     pub fn uses_memory_pool(&self) -> bool {
         match self.never {}
     }

@@ -85,6 +85,13 @@ pub fn origin() -> Result<&'static str, CudaError> {
     api().map(|a| a.origin.as_str())
 }
 
+impl super::CudaBackend {
+    /// The cuBLAS library this process opened (a path, or the soname the loader resolved).
+    pub fn cublas_library(&self) -> &'static str {
+        origin().unwrap_or("(not loaded)")
+    }
+}
+
 fn open() -> Result<Api, String> {
     if let Some(path) = std::env::var_os(CUBLAS_VAR) {
         let path = Path::new(&path);
