@@ -220,6 +220,9 @@ impl Server {
         let ready = server.reply(ready_within)?;
         let kinds = ready.strip_prefix("ready").ok_or_else(|| format!("{name}: said {ready:?}"))?;
         server.kinds = kinds.split_whitespace().map(String::from).collect();
+        if server.kinds.is_empty() {
+            return Err(format!("{name}: can measure nothing (see the log)"));
+        }
         Ok(server)
     }
 
@@ -418,9 +421,11 @@ pub fn compare(log: &Log, setup: &Setup) -> Result<Comparison, String> {
         all.iter().zip(&samples).map(|(case, s)| Row::new(case, s, kda_peak)).collect();
     let table = markdown(&rows, rounds, kda_peak, peer_peak);
     let _ = std::fs::write(setup.out_dir.join("peers.md"), &table);
-    drop(peer);
-    drop(kda);
-    let complete = done == rounds;
+    let errors = samples.iter().filter(|s| s.error.is_some()).count();
+    if errors > 0 {
+        notes.push(format!("{errors} case(s) failed (see the rows and the log)"));
+    }
+    let complete = done == rounds && errors == 0 && peer.is_some();
     let json = format!(
         "{{ \"rounds\": {done}, \"rounds_planned\": {rounds}, \"target_ms\": {TARGET_MS}, \
          \"measured_peak_tflops\": {{ \"kda_cublas\": {}, \"torch\": {} }}, \"rows\": [\n{}\n  ], \
@@ -431,6 +436,8 @@ pub fn compare(log: &Log, setup: &Setup) -> Result<Comparison, String> {
         json_string(&table),
         json_string(&notes.join("; ")),
     );
+    drop(peer);
+    drop(kda);
     Ok(Comparison { json, complete, note: notes.join("; ") })
 }
 
@@ -608,8 +615,14 @@ mod tests {
             limit: Duration::from_secs(60),
         };
         let c = compare(&log, &setup).unwrap();
-        assert!(c.complete, "{}", c.json);
-        assert!(c.json.contains("\"case\": \"chunk:8192:96:128\", \"kda_ms\": 2.500000"), "{}", c.json);
+        // Every round ran, but without its peers the comparison is not complete.
+        assert!(!c.complete && c.note.contains("peer"), "{}", c.note);
+        assert!(c.json.starts_with("{ \"rounds\": 3, \"rounds_planned\": 3"), "{}", c.json);
+        assert!(
+            c.json.contains("\"case\": \"chunk:8192:96:128\", \"kda_ms\": 2.500000"),
+            "{}",
+            c.json
+        );
         assert!(c.json.contains("\"samples\": 3"), "{}", c.json);
         let table = std::fs::read_to_string(dir.join("peers.md")).unwrap();
         assert!(table.contains("| chunked prefill | `chunk:8192:96:128` | 2.5000 |"), "{table}");
