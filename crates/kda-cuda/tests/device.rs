@@ -15,6 +15,13 @@ use kda_testkit::conformance::layer::{Model, load, tiny_config};
 
 type B = CudaBackend;
 
+/// One device trial.
+type Check = fn() -> Result<(), Failed>;
+
+/// A varlen chunk problem: request lengths, their slots and initial-state flags, (H, K, V), the
+/// in-kernel gate.
+type Case<'a> = (&'a [usize], &'a [i32], &'a [i32], (usize, usize, usize), Option<GateForm>);
+
 fn backend(fast: FastPaths) -> B {
     CudaBackend::with_options(CudaOptions { checked: false, fast, ..CudaOptions::default() })
         .expect("CUDA backend")
@@ -122,7 +129,7 @@ fn tensor_core_chunk_agrees_with_the_token_by_token_kernel() -> Result<(), Faile
     if !fast.fast_paths().chunk {
         return Err("the tensor-core chunk kernel is not available on this device".into());
     }
-    let cases: [(&[usize], &[i32], &[i32], (usize, usize, usize), Option<GateForm>); 6] = [
+    let cases: [Case<'_>; 6] = [
         (&[1], &[0], &[0], (2, 128, 128), None),
         (&[17, 64, 65], &[2, 0, 1], &[1, 0, 1], (3, 128, 128), None),
         (&[1000], &[0], &[1], (2, 128, 128), None),
@@ -330,7 +337,7 @@ fn main() {
     if let Some(why) = &unavailable {
         eprintln!("kda-cuda device trials: every trial is ignored: {why}");
     }
-    let trials: [(&str, fn() -> Result<(), Failed>); 4] = [
+    let trials: [(&str, Check); 4] = [
         (
             "tensor_core_chunk_agrees_with_the_token_by_token_kernel",
             tensor_core_chunk_agrees_with_the_token_by_token_kernel,

@@ -23,6 +23,9 @@ use kda_core::Result;
 use kda_cuda::{CudaBackend, CudaOptions, FastPaths};
 use serde_json::{Value, json};
 
+/// One part of the report.
+type Part = Box<dyn Fn() -> Result<Value>>;
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut out = std::env::var_os("OUT")
@@ -52,7 +55,7 @@ fn main() {
     // Each part is written as soon as it is done, so a run cut short keeps what it measured.
     let mut report = serde_json::Map::new();
     let mut failed = false;
-    let parts: [(&str, Box<dyn Fn() -> Result<Value>>); 6] = [
+    let parts: [(&str, Part); 6] = [
         ("device", Box::new(device)),
         ("capture_bf16", Box::new(|| checks::captures(false))),
         ("capture_mxfp8", Box::new(|| checks::captures(true))),

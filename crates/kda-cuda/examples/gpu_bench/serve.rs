@@ -257,8 +257,7 @@ impl Server {
             let mut p = self.build(case)?;
             (p.call)()?;
             p.backend.synchronize(&p.stream)?;
-            let call = &mut p.call;
-            let once = f64::from(p.backend.elapsed_ms(&p.stream, || call())?).max(1e-3);
+            let once = f64::from(p.backend.elapsed_ms(&p.stream, &mut p.call)?).max(1e-3);
             p.calls = ((target_ms / once) as usize).clamp(1, 1000);
             self.cases.insert(case.to_string(), p);
         }

@@ -45,10 +45,13 @@ enum Route {
     },
 }
 
-/// The graphs built so far, keyed by (graph id, origin stream index), oldest first.
+/// A graph's id and the index of the stream it was built for.
+type Key = (u64, u64);
+
+/// The graphs built so far, oldest first.
 #[derive(Default)]
 pub(super) struct GraphCache {
-    routes: Mutex<Vec<((u64, u64), Arc<Route>)>>,
+    routes: Mutex<Vec<(Key, Arc<Route>)>>,
 }
 
 impl std::fmt::Debug for GraphCache {

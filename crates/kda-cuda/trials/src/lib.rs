@@ -54,7 +54,8 @@ pub fn run(trials: Vec<Trial>) -> ! {
 }
 
 /// Options of libtest-mimic's command line that take a value as the next argument.
-const WITH_VALUE: [&str; 6] = ["--test-threads", "--logfile", "--skip", "--color", "--format", "-Z"];
+const WITH_VALUE: [&str; 6] =
+    ["--test-threads", "--logfile", "--skip", "--color", "--format", "-Z"];
 
 /// The command line split into everything but the name filters, and the filters.
 fn split_filters(command_line: Vec<String>) -> (Vec<String>, Vec<String>) {
@@ -87,7 +88,8 @@ fn arguments(command_line: Vec<String>, mut trials: Vec<Trial>) -> (Arguments, V
         many => {
             let exact = args.exact;
             trials.retain(|t| {
-                many.iter().any(|f| if exact { t.name() == f } else { t.name().contains(f.as_str()) })
+                many.iter()
+                    .any(|f| if exact { t.name() == f } else { t.name().contains(f.as_str()) })
             });
         }
     }
