@@ -45,8 +45,9 @@ enum Route {
     },
 }
 
-/// A graph's id and the index of the stream it was built for.
-type Key = (u64, u64);
+/// A graph's id, the index of the stream it was built for, and whether it was built to be
+/// replayed through the launch path (inside an open capture).
+type Key = (u64, u64, bool);
 
 /// The graphs built so far, oldest first.
 #[derive(Default)]
@@ -98,7 +99,10 @@ impl CudaBackend {
     /// `Backend::launch_graph` on CUDA: the HAL's checks, then one `cuGraphLaunch` of the graph
     /// instantiated for `stream` (or a launch-path replay, see the module docs).
     pub(super) fn launch_captured(&self, graph: &Graph<Self>, stream: &CudaStream) -> Result<()> {
-        let route = self.route(graph, stream)?;
+        // While a capture is open the graph's ops must reach the HAL's capture, as they do on
+        // every backend: a CUDA graph launched now would run at once instead.
+        let within_capture = self.inner.instrumentation.is_active();
+        let route = self.route(graph, stream, within_capture)?;
         match &*route {
             Route::Native(native) => {
                 let native = native.lock().unwrap_or_else(PoisonError::into_inner);
@@ -120,7 +124,7 @@ impl CudaBackend {
         graph: &Graph<Self>,
         stream: &CudaStream,
     ) -> Result<GraphRoute> {
-        Ok(match &*self.route(graph, stream)? {
+        Ok(match &*self.route(graph, stream, false)? {
             Route::Native(_) => GraphRoute::Native,
             Route::Replay { reason, .. } => GraphRoute::Replay(reason.clone()),
         })
@@ -130,10 +134,10 @@ impl CudaBackend {
     /// launches so far have finished.
     pub fn forget_graph(&self, graph: &Graph<Self>) {
         let mut routes = self.inner.graphs.routes.lock().unwrap_or_else(PoisonError::into_inner);
-        routes.retain(|((id, _), _)| *id != graph.id());
+        routes.retain(|((id, _, _), _)| *id != graph.id());
     }
 
-    fn route(&self, graph: &Graph<Self>, stream: &CudaStream) -> Result<Arc<Route>> {
+    fn route(&self, graph: &Graph<Self>, stream: &CudaStream, replay: bool) -> Result<Arc<Route>> {
         check_instance(self, "stream", stream.id().instance)?;
         if graph.instance() != self.instance() {
             return Err(CaptureError::ForeignGraph {
@@ -142,13 +146,13 @@ impl CudaBackend {
             }
             .into());
         }
-        let key = (graph.id(), stream.id().index);
+        let key = (graph.id(), stream.id().index, replay);
         // Held while building: instantiation is rare, and two threads must not build twice.
         let mut routes = self.inner.graphs.routes.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, route)) = routes.iter().find(|(k, _)| *k == key) {
             return Ok(Arc::clone(route));
         }
-        let route = Arc::new(self.build(graph, stream)?);
+        let route = Arc::new(self.build(graph, stream, replay)?);
         if routes.len() >= MAX_GRAPHS {
             routes.remove(0);
         }
@@ -156,11 +160,12 @@ impl CudaBackend {
         Ok(route)
     }
 
-    fn build(&self, graph: &Graph<Self>, stream: &CudaStream) -> Result<Route> {
+    fn build(&self, graph: &Graph<Self>, stream: &CudaStream, replay: bool) -> Result<Route> {
         let plan = match graph_plan::plan(graph) {
             Ok(_) if self.inner.instrumentation.is_checked() => {
                 Err("checked mode replays every op through the sanitizer".to_string())
             }
+            Ok(_) if replay => Err("launched inside an open capture".to_string()),
             Ok(plan) => Ok(plan),
             Err(why) => Err(why.to_string()),
         };
