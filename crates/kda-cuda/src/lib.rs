@@ -1,11 +1,15 @@
-//! `kda-cuda`: the kda HAL on NVIDIA GPUs, through cudarc (driver, cuBLAS and NVRTC loaded at
-//! run time, so the crate builds without a CUDA toolkit).
+//! `kda-cuda`: the kda HAL on NVIDIA GPUs, through cudarc (the driver and NVRTC loaded at run
+//! time) and cuBLAS opened by kda itself (CUDA 12 or 13, [`libs`]), so the crate builds without
+//! a CUDA toolkit.
 //!
 //! - [`CudaBackend`] implements [`kda_core::Backend`]: CUDA streams and events map one to one
 //!   onto the HAL's, memory is `cuMemAlloc`, dense GEMMs are cuBLAS (`cublasGemmEx`, fp32
 //!   accumulation), every other op is an NVRTC-compiled kernel whose source lives in
-//!   `kernels/` ([`kernels`]). Capture is the HAL's own (recorded ops and event edges,
-//!   replayed through `launch`).
+//!   `kernels/` ([`kernels`]). A captured graph runs as one CUDA graph ([`graph_plan`]):
+//!   the HAL validates the capture, the backend replays it into a stream capture once and
+//!   launches it with one `cuGraphLaunch`.
+//! - Two ops have a fast path beside the spec path ([`FastPaths`]): the chunked prefill on
+//!   tensor cores and the MXFP8 GEMM through exact bf16 dequantisation and cuBLAS.
 //! - Execution failures follow [`kda_core::hal`]: each stream has a device-side failure record
 //!   ([`status`]) that kernels check before running, events carry it to waiting streams, and
 //!   `synchronize` reports and clears it.

@@ -151,8 +151,10 @@ fn tensor_core_chunk_agrees_with_the_token_by_token_kernel() -> Result<(), Faile
     Ok(())
 }
 
-/// The fast MXFP8 GEMM against the exact one: every output within the fp32 accumulation bound
-/// of a K-term sum (`(K + 2) u Σ|a w|`) plus one rounding of y, and how many outputs differ.
+/// The fast MXFP8 GEMM against the exact one: every output within twice the worst case of the
+/// two summations' fp32 roundings (`(K + K/32 + 2) u Σ|a w|`: a K-term fp32 sum against K/32
+/// rounded block sums accumulated in order), margin for the tensor cores' accumulation, and how
+/// many outputs differ.
 fn fast_mx_gemm_is_within_the_accumulation_bound() -> Result<(), Failed> {
     let (m, n, k) = (64usize, 256usize, 7168usize);
     let run = |fast: bool| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
@@ -202,7 +204,7 @@ fn fast_mx_gemm_is_within_the_accumulation_bound() -> Result<(), Failed> {
         for j in 0..n {
             let abs: f64 = (0..k).map(|l| f64::from(a[i * k + l] * w[j * k + l]).abs()).sum();
             let (x, y) = (f64::from(exact[i * n + j]), f64::from(fast[i * n + j]));
-            let bound = (k as f64 + 2.0) * u * abs + 2.0 * u * x.abs();
+            let bound = 2.0 * (k as f64 + (k / 32) as f64 + 2.0) * u * abs;
             differ += usize::from(x.to_bits() != y.to_bits());
             if (x - y).abs() > bound {
                 return Err(format!("y[{i}, {j}]: exact {x}, fast {y}, bound {bound:.3e}").into());
