@@ -100,6 +100,22 @@ struct Report {
 }
 
 impl Report {
+    /// An empty report at `path`, its log at `log`.
+    fn new(path: PathBuf, log: PathBuf, from_bundle: bool, ld_library_path: String) -> Self {
+        Self {
+            path,
+            log,
+            from_bundle,
+            ld_library_path,
+            steps: Vec::new(),
+            bench: None,
+            comparison: None,
+            complete: false,
+            ok: false,
+            start: Instant::now(),
+        }
+    }
+
     fn counts(&self) -> Counts {
         let mut total = Counts::default();
         for c in self.steps.iter().filter_map(|s| s.counts.as_ref()) {
@@ -215,18 +231,7 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
     if let Some(dir) = &options.from {
         env.push(("KDA_CUDA_CUBIN_DIR".into(), dir.join("cubins").to_string_lossy().into()));
     }
-    let mut report = Report {
-        path: out.clone(),
-        log: log_path,
-        from_bundle: options.from.is_some(),
-        ld_library_path: library_path,
-        steps: Vec::new(),
-        bench: None,
-        comparison: None,
-        complete: false,
-        ok: false,
-        start: Instant::now(),
-    };
+    let mut report = Report::new(out.clone(), log_path, options.from.is_some(), library_path);
     report.write()?;
     let cargo = cargo();
 
@@ -608,18 +613,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let log = Log::create(&dir.join("gpu-check.log"), false).unwrap();
-        let mut report = Report {
-            path: dir.join("gpu-check.json"),
-            log: dir.join("gpu-check.log"),
-            from_bundle: true,
-            ld_library_path: String::new(),
-            steps: Vec::new(),
-            bench: None,
-            comparison: None,
-            complete: false,
-            ok: false,
-            start: Instant::now(),
-        };
+        let mut report =
+            Report::new(dir.join("gpu-check.json"), dir.join("gpu-check.log"), true, String::new());
         let ok = "echo 'test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured'";
         report.step(&log, "test unit", "sh", &["-c", ok], &[], Duration::from_secs(20)).unwrap();
         let hang = "echo 'running 79 tests'; echo 'test suite::a ... ok'; sleep 60";

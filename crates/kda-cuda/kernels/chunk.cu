@@ -94,6 +94,28 @@ __device__ __forceinline__ void frag_b_kn(u32* b, const u16* m, int ld, int n0, 
     b[1] = pack2(c[8 * ld], c[9 * ld]);
 }
 
+// d += a[m0..m0+16, 0..kdim] b[0..kdim, n0..n0+8]: a row-major, b n-major (tile_nk) or k-major
+// (tile_kn).
+__device__ __forceinline__ void tile_nk(float* d, const u16* a, int lda, const u16* b, int ldb,
+                                        int m0, int n0, int kdim) {
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        u32 fa[4], fbk[2];
+        frag_a(fa, a, lda, m0, k0);
+        frag_b_nk(fbk, b, ldb, n0, k0);
+        mma16816(d, fa, fbk);
+    }
+}
+
+__device__ __forceinline__ void tile_kn(float* d, const u16* a, int lda, const u16* b, int ldb,
+                                        int m0, int n0, int kdim) {
+    for (int k0 = 0; k0 < kdim; k0 += 16) {
+        u32 fa[4], fbk[2];
+        frag_a(fa, a, lda, m0, k0);
+        frag_b_kn(fbk, b, ldb, n0, k0);
+        mma16816(d, fa, fbk);
+    }
+}
+
 // Hand each accumulator of a 16 x 8 tile at (m0, n0) to f(row, column, value).
 template <class F>
 __device__ __forceinline__ void tile_out(const float* d, int m0, int n0, F f) {
@@ -254,12 +276,7 @@ extern "C" __global__ void kda_chunk_tc(const Status* status, View q, View k, Vi
             for (int tile = warp; tile < 2 * nt; tile += TC_WARPS) {
                 int m0 = (tile / nt) * 16, n0 = (tile % nt) * 8;
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                for (int k0 = 0; k0 < kp; k0 += 16) {
-                    u32 fa[4], fb2[2];
-                    frag_a(fa, opl, TC_LDB, m0, k0);
-                    frag_b_nk(fb2, opr, TC_LDB, n0, k0);
-                    mma16816(d, fa, fb2);
-                }
+                tile_nk(d, opl, TC_LDB, opr, TC_LDB, m0, n0, kp);
                 tile_out(d, m0, n0, [&](int rr, int i, float val) {
                     if (rr < 16) {
                         int t = r0 + rr;
@@ -354,23 +371,14 @@ extern "C" __global__ void kda_chunk_tc(const Status* status, View q, View k, Vi
             const int nt = kp / 8;
             for (int tile = warp; tile < 4 * nt + 4 * (TC_BV / 8); tile += TC_WARPS) {
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                u32 fa[4], fb2[2];
                 if (tile < 4 * nt) {
                     int m0 = (tile / nt) * 16, n0 = (tile % nt) * 8;
-                    for (int k0 = 0; k0 < TC_C; k0 += 16) {
-                        frag_a(fa, m_b, TC_LDC, m0, k0);
-                        frag_b_kn(fb2, wrhs_b, TC_LDB, n0, k0);
-                        mma16816(d, fa, fb2);
-                    }
+                    tile_kn(d, m_b, TC_LDC, wrhs_b, TC_LDB, m0, n0, TC_C);
                     tile_out(d, m0, n0, [&](int t, int c, float val) { opr[t * TC_LDB + c] = bf(val); });
                 } else {
                     int s = tile - 4 * nt;
                     int m0 = (s / (TC_BV / 8)) * 16, n0 = (s % (TC_BV / 8)) * 8;
-                    for (int k0 = 0; k0 < TC_C; k0 += 16) {
-                        frag_a(fa, m_b, TC_LDC, m0, k0);
-                        frag_b_nk(fb2, urhsT, TC_LDC, n0, k0);
-                        mma16816(d, fa, fb2);
-                    }
+                    tile_nk(d, m_b, TC_LDC, urhsT, TC_LDC, m0, n0, TC_C);
                     // gc is no longer read: every reader of it finished before the last barrier.
                     tile_out(d, m0, n0, [&](int t, int vv, float val) { u[t * TC_LDU + vv] = val; });
                 }
@@ -382,12 +390,7 @@ extern "C" __global__ void kda_chunk_tc(const Status* status, View q, View k, Vi
         for (int tile = warp; tile < 4 * (TC_BV / 8); tile += TC_WARPS) {
             int m0 = (tile / (TC_BV / 8)) * 16, n0 = (tile % (TC_BV / 8)) * 8;
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int k0 = 0; k0 < kp; k0 += 16) {
-                u32 fa[4], fb2[2];
-                frag_a(fa, opr, TC_LDB, m0, k0);
-                frag_b_nk(fb2, sbT, TC_LDB, n0, k0);
-                mma16816(d, fa, fb2);
-            }
+            tile_nk(d, opr, TC_LDB, sbT, TC_LDB, m0, n0, kp);
             tile_out(d, m0, n0, [&](int t, int vv, float val) {
                 vnewT[vv * TC_LDC + t] = bf(u[t * TC_LDU + vv] - val);
             });
@@ -397,30 +400,17 @@ extern "C" __global__ void kda_chunk_tc(const Status* status, View q, View k, Vi
         const int out_tiles = 4 * (TC_BV / 8);
         for (int tile = warp; tile < out_tiles + (kp / 16) * (TC_BV / 8); tile += TC_WARPS) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            u32 fa[4], fb2[2];
             if (tile < out_tiles) {
                 int m0 = (tile / (TC_BV / 8)) * 16, n0 = (tile % (TC_BV / 8)) * 8;
-                for (int k0 = 0; k0 < kp; k0 += 16) {
-                    frag_a(fa, qg_b, TC_LDB, m0, k0);
-                    frag_b_nk(fb2, sbT, TC_LDB, n0, k0);
-                    mma16816(d, fa, fb2);
-                }
-                for (int k0 = 0; k0 < TC_C; k0 += 16) {
-                    frag_a(fa, aqk_b, TC_LDC, m0, k0);
-                    frag_b_nk(fb2, vnewT, TC_LDC, n0, k0);
-                    mma16816(d, fa, fb2);
-                }
+                tile_nk(d, qg_b, TC_LDB, sbT, TC_LDB, m0, n0, kp);
+                tile_nk(d, aqk_b, TC_LDC, vnewT, TC_LDC, m0, n0, TC_C);
                 tile_out(d, m0, n0, [&](int t, int vv, float val) {
                     if (t < len && vv < nv) st(o, off3(o, c0 + t, h, v0 + vv), val);
                 });
             } else {
                 int s = tile - out_tiles;
                 int m0 = (s / (TC_BV / 8)) * 16, n0 = (s % (TC_BV / 8)) * 8;
-                for (int k0 = 0; k0 < TC_C; k0 += 16) {
-                    frag_a(fa, kdT, TC_LDC, m0, k0);
-                    frag_b_nk(fb2, vnewT, TC_LDC, n0, k0);
-                    mma16816(d, fa, fb2);
-                }
+                tile_nk(d, kdT, TC_LDC, vnewT, TC_LDC, m0, n0, TC_C);
                 tile_out(d, m0, n0, [&](int c, int vv, float val) {
                     sv[vv * TC_LDS + c] = sv[vv * TC_LDS + c] * dlast[c] + val;
                 });

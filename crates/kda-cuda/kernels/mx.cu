@@ -31,6 +31,17 @@ __device__ __forceinline__ u32 e8m0_round_up(float s) {
     return exp + (man != 0 ? 1u : 0u);
 }
 
+// The E8M0 scale byte of a finite block whose largest magnitude has the bits `amax`: alg 0
+// OCP floor (amax's exponent minus E4M3's emax), 1 round up (amax / 448, rounded up to a power of
+// two).
+__device__ __forceinline__ u32 scale_byte(u32 amax, int alg) {
+    if (alg == 0) {
+        u32 e = amax >> 23;
+        return e > EMAX_ELEM ? e - EMAX_ELEM : 0;
+    }
+    return e8m0_round_up(__fmul_rn(__uint_as_float(amax), 1.0f / 448.0f));
+}
+
 // 2^(127 - b) as f32 (b at most 254).
 __device__ __forceinline__ float inverse_scale(u32 b) {
     if (b >= 254) return __uint_as_float(0x00400000u);
@@ -87,12 +98,7 @@ extern "C" __global__ void kda_dynamic_quant(const Status* status, View x, View 
             sbyte = E8M0_NAN;
             for (int j = 0; j < len; ++j) d[drow + (k0 + j) * data.strides[1]] = E4M3_NAN;
         } else {
-            if (alg == 0) {
-                u32 e = amax >> 23;
-                sbyte = e > EMAX_ELEM ? e - EMAX_ELEM : 0;
-            } else {
-                sbyte = e8m0_round_up(__fmul_rn(__uint_as_float(amax), 1.0f / 448.0f));
-            }
+            sbyte = scale_byte(amax, alg);
             float inv = inverse_scale(sbyte);
             for (int j = 0; j < len; ++j) {
                 u32 v = __float_as_uint(__fmul_rn(__uint_as_float(bits[j]), inv));
@@ -204,12 +210,7 @@ extern "C" __global__ void kda_dynamic_quant_rows(const Status* status, View x, 
 #pragma unroll
             for (int i = 0; i < 8; ++i) q[i] = E4M3_NAN;
         } else {
-            if (alg == 0) {
-                u32 e = amax >> 23;
-                sbyte = e > EMAX_ELEM ? e - EMAX_ELEM : 0;
-            } else {
-                sbyte = e8m0_round_up(__fmul_rn(__uint_as_float(amax), 1.0f / 448.0f));
-            }
+            sbyte = scale_byte(amax, alg);
             float inv = inverse_scale(sbyte);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {

@@ -77,13 +77,7 @@ impl CudaBackend {
             ("kda_dynamic_quant", dims.m * dims.blocks)
         };
         let Some(grid) = self.grid(work, BLOCK) else { return Ok(()) };
-        Ok(self.inner.kernels.launch(
-            stream.raw(),
-            name,
-            (grid, 1, 1),
-            (BLOCK, 1, 1),
-            args!(status, xv, dv, sv, m, k, alg),
-        )?)
+        self.kernel(stream, name, grid, args!(status, xv, dv, sv, m, k, alg))
     }
 
     /// The fast MxGemm: `a` and `w` dequantised exactly into dense bf16 scratch, then one
@@ -138,13 +132,7 @@ impl CudaBackend {
             ("kda_mx_dequant", rows * k)
         };
         let Some(grid) = self.grid(work, BLOCK) else { return Ok(()) };
-        Ok(self.inner.kernels.launch(
-            stream.raw(),
-            name,
-            (grid, 1, 1),
-            (BLOCK, 1, 1),
-            args!(status, dv, sv, yv, m, k64),
-        )?)
+        self.kernel(stream, name, grid, args!(status, dv, sv, yv, m, k64))
     }
 }
 

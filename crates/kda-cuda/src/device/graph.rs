@@ -182,7 +182,9 @@ impl CudaBackend {
         }
     }
 
-    /// The HAL's replay: every node through the launch path, forks on `forks`.
+    /// The HAL's replay: every node through the launch path, forks on `forks` (the loop of
+    /// `Backend::launch_graph`'s default, which an override cannot call; its streams and
+    /// events live in the graph, not reachable from here).
     fn replay(
         &self,
         graph: &Graph<Self>,

@@ -201,7 +201,7 @@ impl CudaBackend {
     }
 
     /// A grid-stride kernel of `grid` blocks of [`BLOCK`] threads.
-    fn kernel(
+    pub(super) fn kernel(
         &self,
         stream: &CudaStream,
         name: &'static str,
