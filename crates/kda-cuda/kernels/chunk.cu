@@ -96,25 +96,22 @@ __device__ __forceinline__ void frag_b_kn(u32* b, const u16* m, int ld, int n0, 
 
 // d += a[m0..m0+16, 0..kdim] b[0..kdim, n0..n0+8]: a row-major, b n-major (tile_nk) or k-major
 // (tile_kn).
-__device__ __forceinline__ void tile_nk(float* d, const u16* a, int lda, const u16* b, int ldb,
-                                        int m0, int n0, int kdim) {
+template <bool K_MAJOR_B>
+__device__ __forceinline__ void tile_mma(float* d, const u16* a, int lda, const u16* b, int ldb,
+                                         int m0, int n0, int kdim) {
     for (int k0 = 0; k0 < kdim; k0 += 16) {
         u32 fa[4], fbk[2];
         frag_a(fa, a, lda, m0, k0);
-        frag_b_nk(fbk, b, ldb, n0, k0);
+        if (K_MAJOR_B) {
+            frag_b_kn(fbk, b, ldb, n0, k0);
+        } else {
+            frag_b_nk(fbk, b, ldb, n0, k0);
+        }
         mma16816(d, fa, fbk);
     }
 }
-
-__device__ __forceinline__ void tile_kn(float* d, const u16* a, int lda, const u16* b, int ldb,
-                                        int m0, int n0, int kdim) {
-    for (int k0 = 0; k0 < kdim; k0 += 16) {
-        u32 fa[4], fbk[2];
-        frag_a(fa, a, lda, m0, k0);
-        frag_b_kn(fbk, b, ldb, n0, k0);
-        mma16816(d, fa, fbk);
-    }
-}
+#define tile_nk tile_mma<false>
+#define tile_kn tile_mma<true>
 
 // Hand each accumulator of a 16 x 8 tile at (m0, n0) to f(row, column, value).
 template <class F>
