@@ -174,7 +174,7 @@ fn pool_works(ctx: &Arc<CudaContext>, stream: sys::CUstream) -> bool {
     }
     // SAFETY: a one-byte stream-ordered allocation on a live stream, freed on the same stream
     // and waited for before returning.
-    unsafe {
+    let works = unsafe {
         match result::malloc_async(stream, 1) {
             Ok(ptr) => {
                 result::free_async(ptr, stream).is_ok()
@@ -182,5 +182,25 @@ fn pool_works(ctx: &Arc<CudaContext>, stream: sys::CUstream) -> bool {
             }
             Err(_) => false,
         }
+    };
+    if works {
+        keep_pool_memory(ctx);
     }
+    works
+}
+
+/// Let the device's pool keep what it has allocated (its default release threshold of zero
+/// hands memory back at every synchronisation, so large scratch such as a dequantised weight
+/// would be allocated afresh call after call). Best effort: the pool works either way.
+fn keep_pool_memory(ctx: &Arc<CudaContext>) {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` receives the default pool of the context's device.
+    if unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }.result().is_err() {
+        return;
+    }
+    let mut threshold = u64::MAX;
+    let attribute = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+    let value = &mut threshold as *mut u64 as *mut std::ffi::c_void;
+    // SAFETY: the release threshold is a u64 the driver reads from `value`.
+    let _ = unsafe { sys::cuMemPoolSetAttribute(pool, attribute, value) };
 }
