@@ -956,7 +956,7 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
             .iter()
             .enumerate()
             .filter_map(|(i, n)| match n {
-                Node::Launch { stream, label, op } => match op.as_ref() {
+                Node::Launch { stream, label, op } => match op.op() {
                     Op::DynamicQuant { alg, .. } => Some((i, label.clone(), *stream, *alg)),
                     _ => None,
                 },
