@@ -86,14 +86,21 @@ impl CudaBackend {
         Ok(ready)
     }
 
-    pub(super) fn gemm(&self, stream: &CudaStream, x: &T, w: &T, y: &T) -> Result<()> {
-        let dims = kda_core::op::gemm_dims(x, w, y)?;
+    pub(super) fn gemm(
+        &self,
+        stream: &CudaStream,
+        x: &T,
+        w: &T,
+        y: &T,
+        dims: kda_core::GemmDims,
+    ) -> Result<()> {
         let (m, n, k) = (dims.m, dims.n, dims.k);
         if m == 0 || n == 0 {
             return Ok(());
         }
         if k == 0 {
-            return self.run(stream, "gemm", kda_core::Op::Fill { dst: y.clone(), value: 0.0 });
+            let zero = kda_core::Op::Fill { dst: y.clone(), value: 0.0 };
+            return self.run(stream, "gemm", zero, kda_core::OpDims::None);
         }
         let (input, output) = gemm_dtypes(x.dtype(), w.dtype(), y.dtype());
         let mut scratch = Vec::new();

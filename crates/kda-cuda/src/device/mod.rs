@@ -514,10 +514,10 @@ impl Backend for CudaBackend {
     fn submit(&self, stream: &CudaStream, label: &str, op: Validated<Self>) -> Result<()> {
         // Only the façade makes a `Validated` op: the kernels' preconditions (views inside their
         // buffers, no aliasing outputs) hold for every op that reaches here.
-        let op = op.into_op();
+        let (op, dims) = op.into_parts();
         self.bind()?;
         let _span = tracing::trace_span!("cuda", op = label, stream = %stream.id).entered();
-        self.run(stream, label, op)
+        self.run(stream, label, op, dims)
     }
 
     /// A graph runs as one CUDA graph instantiated for its origin (see `graph.rs`), or, with

@@ -6,10 +6,10 @@ use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::result;
 use kda_core::kda::{
-    CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, GateForm, KdaChunk, KdaGate,
+    CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, GateDims, GateForm, KdaChunk, KdaGate,
     KdaRecurrent, PaddingDims, RecurrenceDims, RowDims,
 };
-use kda_core::{DType, DownloadSlot, HostFn, Layout, Op, Result, Tensor};
+use kda_core::{DType, DownloadSlot, HostFn, Layout, Op, OpDims, Result, Tensor};
 
 use super::memory::{OwnedPinned, driver, enqueue_host};
 use super::module::{Args, args};
@@ -42,21 +42,44 @@ fn gate_form(form: GateForm) -> (i32, f32) {
     }
 }
 
+/// The sizes of `dims` when they are of the kind the op has (validation made them so).
+macro_rules! dims_of {
+    ($dims:expr, $kind:ident, $name:expr) => {
+        match $dims {
+            OpDims::$kind(d) => d,
+            other => {
+                return Err(kda_core::Error::Backend {
+                    backend: "cuda",
+                    message: format!("{}: validated with another op's sizes ({other:?})", $name),
+                })
+            }
+        }
+    };
+}
+
 impl CudaBackend {
-    pub(super) fn run(&self, stream: &CudaStream, label: &str, op: Op<Self>) -> Result<()> {
+    /// Queue a validated op with the sizes its validation computed.
+    pub(super) fn run(
+        &self,
+        stream: &CudaStream,
+        label: &str,
+        op: Op<Self>,
+        dims: OpDims,
+    ) -> Result<()> {
+        let name = op.name();
         match op {
-            Op::Gemm { x, w, y } => self.gemm(stream, &x, &w, &y),
+            Op::Gemm { x, w, y } => self.gemm(stream, &x, &w, &y, dims_of!(dims, Gemm, name)),
             Op::Copy { src, dst } => self.copy(stream, &src, &dst),
             Op::Fill { dst, value } => self.fill(stream, &dst, value),
             Op::Upload { dst, data } => self.upload(stream, &dst, &data),
             Op::Download { src, slot } => self.download(stream, &src, slot),
             Op::Host { f, .. } => self.host(stream, label, f),
             Op::DynamicQuant { x, data, scale, alg } => {
-                let dims = kda_core::op::mx_quant_dims(&x, &data, &scale)?;
+                let dims = dims_of!(dims, Mx, name);
                 self.dynamic_quant(stream, (&x, &data, &scale), alg, dims)
             }
             Op::MxDequant { data, scale, y } => {
-                let dims = kda_core::op::mx_dequant_dims(&data, &scale, &y)?;
+                let dims = dims_of!(dims, Mx, name);
                 let (m, k) = (dims.m as i64, dims.k as i64);
                 let Some(grid) = self.grid(dims.m * dims.k, BLOCK) else { return Ok(()) };
                 let (dv, sv, yv) = (
@@ -72,7 +95,7 @@ impl CudaBackend {
                 )
             }
             Op::MxGemm { a, a_scale, w, w_scale, y } => {
-                let dims = kda_core::op::mx_gemm_dims(&a, &a_scale, &w, &w_scale, &y)?;
+                let dims = dims_of!(dims, Gemm, name);
                 if dims.m == 0 || dims.n == 0 {
                     return Ok(());
                 }
@@ -110,9 +133,9 @@ impl CudaBackend {
                     (view("sigmoid", "x", &x)?, view("sigmoid", "y", &y)?, x.numel() as i64);
                 self.kernel(stream, "kda_sigmoid", grid, args!(stream.inner.status, xv, yv, n))
             }
-            Op::KdaGate(op) => self.gate(stream, &op),
+            Op::KdaGate(op) => self.gate(stream, &op, dims_of!(dims, Gate, name)),
             Op::L2Norm(op) => {
-                let RowDims { rows, dim } = op.validate()?;
+                let RowDims { rows, dim } = dims_of!(dims, Rows, name);
                 let Some(grid) = self.grid(rows * 32, BLOCK) else { return Ok(()) };
                 let (xv, yv) = (view("l2norm", "x", &op.x)?, view("l2norm", "y", &op.y)?);
                 let (rows, dim, scale) = (rows as i64, dim as i64, op.scale);
@@ -124,7 +147,7 @@ impl CudaBackend {
                 )
             }
             Op::GatedRmsNorm(op) => {
-                let RowDims { rows, dim } = op.validate()?;
+                let RowDims { rows, dim } = dims_of!(dims, Rows, name);
                 let Some(grid) = self.grid(rows * 32, BLOCK) else { return Ok(()) };
                 const OP: &str = "gated_rms_norm";
                 let (xv, gv, wv, yv) = (
@@ -142,7 +165,7 @@ impl CudaBackend {
                 )
             }
             Op::ZeroPadding(op) => {
-                let PaddingDims { rows, row_len } = op.validate()?;
+                let PaddingDims { rows, row_len } = dims_of!(dims, Padding, name);
                 let grid = self.grid(rows * row_len, BLOCK).unwrap_or(1);
                 let fid = self.fid(stream, CheckedOp::ZeroPadding);
                 let (xv, lv) = (
@@ -158,10 +181,12 @@ impl CudaBackend {
                     args!(stream.inner.status, fid, xv, lv, rows, row_len, elsize),
                 )
             }
-            Op::CausalConv(op) => self.conv_prefill(stream, &op),
-            Op::CausalConvUpdate(op) => self.conv_update(stream, &op),
-            Op::KdaRecurrent(op) => self.recurrent(stream, &op),
-            Op::KdaChunk(op) => self.chunk(stream, &op),
+            Op::CausalConv(op) => self.conv_prefill(stream, &op, dims_of!(dims, Conv, name)),
+            Op::CausalConvUpdate(op) => {
+                self.conv_update(stream, &op, dims_of!(dims, ConvUpdate, name))
+            }
+            Op::KdaRecurrent(op) => self.recurrent(stream, &op, dims_of!(dims, Recurrence, name)),
+            Op::KdaChunk(op) => self.chunk(stream, &op, dims_of!(dims, Recurrence, name)),
         }
     }
 
@@ -412,8 +437,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn gate(&self, stream: &CudaStream, op: &KdaGate<Self>) -> Result<()> {
-        let dims = op.validate()?;
+    fn gate(&self, stream: &CudaStream, op: &KdaGate<Self>, dims: GateDims) -> Result<()> {
         let Some(grid) = self.grid(dims.tokens * dims.heads * dims.dim, BLOCK) else {
             return Ok(());
         };
@@ -434,9 +458,14 @@ impl CudaBackend {
         )
     }
 
-    fn conv_prefill(&self, stream: &CudaStream, op: &CausalConv<Self>) -> Result<()> {
+    fn conv_prefill(
+        &self,
+        stream: &CudaStream,
+        op: &CausalConv<Self>,
+        dims: ConvDims,
+    ) -> Result<()> {
         const OP: &str = "causal_conv";
-        let ConvDims { tokens, channels, width, batch, slots, .. } = op.validate()?;
+        let ConvDims { tokens, channels, width, batch, slots, .. } = dims;
         if channels == 0 {
             return Ok(());
         }
@@ -479,9 +508,14 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn conv_update(&self, stream: &CudaStream, op: &CausalConvUpdate<Self>) -> Result<()> {
+    fn conv_update(
+        &self,
+        stream: &CudaStream,
+        op: &CausalConvUpdate<Self>,
+        dims: ConvUpdateDims,
+    ) -> Result<()> {
         const OP: &str = "causal_conv_update";
-        let ConvUpdateDims { batch, tokens, channels, width, slots, state_len } = op.validate()?;
+        let ConvUpdateDims { batch, tokens, channels, width, slots, state_len } = dims;
         if channels == 0 {
             return Ok(());
         }
@@ -520,9 +554,13 @@ impl CudaBackend {
         )
     }
 
-    fn recurrent(&self, stream: &CudaStream, op: &KdaRecurrent<Self>) -> Result<()> {
+    fn recurrent(
+        &self,
+        stream: &CudaStream,
+        op: &KdaRecurrent<Self>,
+        dims: RecurrenceDims,
+    ) -> Result<()> {
         const OP: &str = "kda_recurrent";
-        let dims = op.validate()?;
         let grid = Self::recurrence_grid(OP, &dims)?;
         let fid = self.fid(stream, CheckedOp::KdaRecurrent);
         let (q, k, v, g, beta, slots, state, o) = (
@@ -552,9 +590,8 @@ impl CudaBackend {
         self.recurrence(stream, "kda_recurrent", grid, params)
     }
 
-    fn chunk(&self, stream: &CudaStream, op: &KdaChunk<Self>) -> Result<()> {
+    fn chunk(&self, stream: &CudaStream, op: &KdaChunk<Self>, dims: RecurrenceDims) -> Result<()> {
         const OP: &str = "kda_chunk";
-        let dims = op.validate()?;
         let grid = Self::recurrence_grid(OP, &dims)?;
         let fid = self.fid(stream, CheckedOp::KdaChunk);
         let (q, k, v, g, beta, starts, slots, init, state, o) = (
