@@ -82,7 +82,10 @@ impl Settings {
     /// `--threads` is at least 1 whatever the backend.
     fn check(&self) -> Result<(), CliError> {
         if self.threads == 0 {
-            return Err(CliError::Argument { arg: "--threads", reason: "must be at least 1".into() });
+            return Err(CliError::Argument {
+                arg: "--threads",
+                reason: "must be at least 1".into(),
+            });
         }
         Ok(())
     }

@@ -157,7 +157,11 @@ fn quant(args: &QuantArgs) -> Result<(), CliError> {
     on_backend!(args.device.backend, &with_threads(args.threads), |b| quant_on(args, alg, b))
 }
 
-fn quant_on<B: Backend>(args: &QuantArgs, alg: ScaleAlg, backend: Device<B>) -> Result<(), CliError> {
+fn quant_on<B: Backend>(
+    args: &QuantArgs,
+    alg: ScaleAlg,
+    backend: Device<B>,
+) -> Result<(), CliError> {
     let stream = backend.new_stream()?;
     let dtype = DType::from(args.dtype);
     let (m, k) = (args.m, args.k);

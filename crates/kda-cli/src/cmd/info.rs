@@ -14,7 +14,8 @@ pub fn run() -> Result<(), CliError> {
     for kind in BackendKind::ALL {
         match kind {
             BackendKind::Reference => {
-                let modes = [ExecutionMode::PerStream, ExecutionMode::SharedPool { threads: cores }];
+                let modes =
+                    [ExecutionMode::PerStream, ExecutionMode::SharedPool { threads: cores }];
                 for mode in modes {
                     let options = ReferenceOptions { mode, ..ReferenceOptions::default() };
                     let device = ReferenceBackend::with_options(options)?;

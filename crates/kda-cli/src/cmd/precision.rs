@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use clap::Args;
 use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
+use kda_core::kda::gate::exact::{gate_lower_bound, gate_softplus, sigmoid};
 use kda_core::weights::source::read_all;
 use kda_core::weights::{
     BfgBlock, BfgMode, FusedBfgLinear, TensorRead, TensorSource, WeightError, layer_prefix,
@@ -21,7 +22,6 @@ use kda_core::{DType, Device, Op};
 use kda_reference::ReferenceBackend;
 use kda_synth::Gen;
 use kda_synth::checkpoint::{SyntheticCheckpoint, SyntheticSpec};
-use kda_core::kda::gate::exact::{gate_lower_bound, gate_softplus, sigmoid};
 
 use crate::error::CliError;
 

@@ -84,8 +84,7 @@ fn run_on<B: Backend>(args: &QuantArgs, b: Device<B>) -> Result<(), CliError> {
         let view = tensors
             .tensor(name)
             .map_err(|e| CliError::Safetensors { path: input.clone(), message: e.to_string() })?;
-        let (data, scale) =
-            quantize_tensor(&b, &stream, name, &view, args.scale_alg, args.layout)?;
+        let (data, scale) = quantize_tensor(&b, &stream, name, &view, args.scale_alg, args.layout)?;
         println!(
             "{name} {:?} {} -> {}.data {:?} u8, {}.scale {:?} u8",
             view.shape(),
