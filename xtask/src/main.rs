@@ -1,7 +1,7 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so it needs nothing but cargo.
 //!
-//! - `test`: formatting check, clippy with `-D warnings`, the whole test suite (release), docs
-//!   with warnings denied. What CI runs.
+//! - `test`: formatting check, design references (`doc_refs.rs`), clippy with `-D warnings`,
+//!   the whole test suite (release), docs with warnings denied. What CI runs.
 //! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports.
 //! - `kernels`, `test --backend ascend`: the AscendC kernels and the NPU run (see `ascend.rs`).
 //! - `gpu-check`: the CUDA backend on a real GPU: build, conformance, capture, benchmarks,
@@ -12,6 +12,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
 mod ascend;
+mod doc_refs;
 mod gpu_check;
 
 fn main() -> ExitCode {
@@ -21,12 +22,13 @@ fn main() -> ExitCode {
             ascend::test_backend(args.get(2).map(String::as_str))
         }
         Some("test") => test(),
+        Some("doc-refs") => doc_refs::check(&doc_refs::repo_root()),
         Some("kernels") => ascend::kernels().map(|_| ()),
         Some("bench") => bench(),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <test [--backend ascend]|bench|kernels|gpu-check [--out PATH] [--quick]>"
+                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels|gpu-check [--out PATH] [--quick]>"
             );
             return ExitCode::from(2);
         }
@@ -60,6 +62,7 @@ fn cargo() -> String {
 fn test() -> Result<(), String> {
     let cargo = cargo();
     step("fmt", &cargo, &["fmt", "--all", "--", "--check"], &[])?;
+    doc_refs::check(&doc_refs::repo_root())?;
     step(
         "clippy",
         &cargo,
@@ -75,6 +78,23 @@ fn test() -> Result<(), String> {
         ],
         &[],
     )?;
+    // The CUDA crate's feature-off twin (what a build without a CUDA toolkit in mind gets).
+    step(
+        "clippy kda-cuda (features off)",
+        &cargo,
+        &[
+            "clippy",
+            "-p",
+            "kda-cuda",
+            "--no-default-features",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )?;
+    msrv(&cargo)?;
     let counts = run_tests(&cargo)?;
     step(
         "doc",
@@ -91,6 +111,42 @@ fn test() -> Result<(), String> {
     if counts.passed == 0 {
         return Err("test (no test ran)".into());
     }
+    Ok(())
+}
+
+/// The declared minimum Rust version (`rust-version` in the workspace manifest): the whole
+/// workspace is checked with that toolchain when rustup has it. Without it, clippy's
+/// `incompatible_msrv` lint (part of the clippy step, which reads `rust-version`) still rejects
+/// standard-library APIs newer than the MSRV; language features are then not checked, and the
+/// step says so.
+fn msrv(cargo: &str) -> Result<(), String> {
+    let manifest = std::fs::read_to_string(doc_refs::repo_root().join("Cargo.toml"))
+        .map_err(|e| format!("msrv: cannot read Cargo.toml: {e}"))?;
+    let version = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("rust-version"))
+        .and_then(|rest| rest.split('"').nth(1))
+        .ok_or("msrv: no rust-version in the workspace manifest")?
+        .to_string();
+    let installed = Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with(&version)))
+        .unwrap_or(false);
+    if installed {
+        let toolchain = format!("+{version}");
+        return step(
+            "msrv",
+            cargo,
+            &[&toolchain, "check", "--workspace", "--all-targets", "--features", ascend::EMULATED],
+            &[],
+        );
+    }
+    eprintln!(
+        "==> msrv: toolchain {version} is not installed (rustup cannot download here); \
+         standard-library APIs were checked against {version} by clippy::incompatible_msrv, \
+         language features were not"
+    );
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use crate::resource::{EventId, InstanceId, StreamId};
 ///
 /// Argument errors (shapes, dtypes, foreign handles) are returned by the call that was given the
 /// bad argument. Failures while an op executes on a stream are returned by the next
-/// [`synchronize`](crate::Backend::synchronize) of that stream (see [`crate::hal`]).
+/// [`synchronize`](crate::Device::synchronize) of that stream (see [`crate::device`]).
 #[derive(Clone, Debug, Error, PartialEq)]
 pub enum Error {
     #[error(transparent)]

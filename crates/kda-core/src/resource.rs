@@ -76,13 +76,14 @@ pub trait BufferHandle: Clone + Send + Sync + fmt::Debug + 'static {
     fn len_bytes(&self) -> usize;
 }
 
-/// How a backend runs ops, as reported by [`Backend::info`].
+/// How a backend runs ops, as reported by [`Backend::info`](crate::Backend::info).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capabilities {
     /// Ops on different streams really run at the same time.
     pub concurrent_streams: bool,
     /// Both projection GEMMs compete for one matrix unit, so the overlapped schedule keeps them
-    /// serialised (see SCHEDULE.md). False on CPUs, where each stream has its own cores.
+    /// serialised (`docs/design/schedule.md#matrix-overlap`). False on CPUs, where each stream has
+    /// its own cores.
     pub shared_matrix_units: bool,
     /// A short description of the execution model (e.g. "one core per stream").
     pub execution: String,

@@ -136,8 +136,8 @@ impl AscendBackend {
                     }
                     .into());
                 }
-                op.validate(self.inner.instance)?;
-                steps.push(ops::prepare(self, handles.stream(origin, *stream), op, true)?);
+                let dims = op.validate(self.inner.instance)?;
+                steps.push(ops::prepare(self, handles.stream(origin, *stream), op, dims, true)?);
             }
         }
         // SAFETY: a live stream.

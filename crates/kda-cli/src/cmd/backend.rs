@@ -17,7 +17,7 @@ use kda_core::sanitize::checked_from_env;
 use kda_core::timeline::Timeline;
 use kda_core::{Backend, Device};
 use kda_cuda::{CudaBackend, CudaError, CudaOptions};
-use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
+use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions, WaitStrategy};
 use thiserror::Error;
 
 use crate::error::CliError;
@@ -134,7 +134,9 @@ fn unavailable(kind: BackendKind, reason: Unavailable) -> CliError {
     CliError::BackendUnavailable { backend: kind.name(), reason }
 }
 
-/// The reference backend's options for `settings`.
+/// The reference backend's options for `settings`. A stream waiting on another starts within
+/// microseconds of the completion ([`WaitStrategy::Forecast`]): `kda`'s commands time what they
+/// run (one core per stream only; a shared pool always blocks).
 pub fn reference_options(settings: &Settings) -> ReferenceOptions {
     let mode = match settings.threads {
         0 | 1 => ExecutionMode::PerStream,
@@ -144,6 +146,7 @@ pub fn reference_options(settings: &Settings) -> ReferenceOptions {
         mode,
         checked: settings.checked(),
         timeline: settings.timeline,
+        wait: WaitStrategy::Forecast,
         ..ReferenceOptions::default()
     }
 }

@@ -3,7 +3,8 @@
 //! timeline (so `--backend` must name a backend that records one: the reference).
 //!
 //! For each token count it times, round-robin after a warm-up round, six configurations: serial,
-//! overlapped with the GEMMs serialised (the seeds' order), overlapped with the GEMMs concurrent,
+//! overlapped with the GEMMs serialised (the seeds' order,
+//! `docs/design/schedule.md#matrix-overlap`), overlapped with the GEMMs concurrent,
 //! each with the composed and with the staged F. From the timelines: each op alone (the serial
 //! runs, where nothing else runs), the hidden vector fraction of the serialised policy (the share
 //! of DynamicQuant and post-process time during which a GEMM ran on the other stream), and the

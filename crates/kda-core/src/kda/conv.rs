@@ -1,5 +1,5 @@
-//! The short convolution (KDA.md "Inside KDA", step 1): depthwise causal conv1d of width `W`, no
-//! bias, then SiLU, `y_t[c] = silu(Σ_j w[c, j] · x_{t-W+1+j}[c])`, with the inputs before a
+//! The short convolution (`docs/design/kda.md#short-conv`): depthwise causal conv1d of width `W`,
+//! no bias, then SiLU, `y_t[c] = silu(Σ_j w[c, j] · x_{t-W+1+j}[c])`, with the inputs before a
 //! request's first new token taken from its conv state.
 //!
 //! # Conv state

@@ -1,4 +1,4 @@
-//! The forget gate (KDA.md "Inside KDA", step 3): per-channel log decay from the raw logits
+//! The forget gate (`docs/design/kda.md#gate`): per-channel log decay from the raw logits
 //! `a = g1 + dt_bias`, computed in fp32, in one of two forms.
 
 use std::fmt;

@@ -1,6 +1,6 @@
-//! The zero-padding mask of the dispatch boundary (KDA.md "Batches and dispatch"): rows past the
-//! live tokens of a graph-padded buffer are set to zero, whatever a kernel left there (NaN
-//! included, which no multiplicative mask could clear).
+//! The zero-padding mask of the dispatch boundary (`docs/design/kda.md#padding-and-empty-batches`):
+//! rows past the live tokens of a graph-padded buffer are set to zero, whatever a kernel left there
+//! (NaN included, which no multiplicative mask could clear).
 
 use crate::error::Result;
 use crate::resource::Resources;

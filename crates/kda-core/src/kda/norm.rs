@@ -1,5 +1,6 @@
-//! The two normalisations of the layer: the q/k L2 norm with the `D^-0.5` scale (KDA.md "Inside
-//! KDA", step 2) and the gated RMSNorm of the output (`RMSNormGated`), both in fp32.
+//! The two normalisations of the layer: the q/k L2 norm with the `D^-0.5` scale
+//! (`docs/design/kda.md#qk-norm`) and the gated RMSNorm of the output (`RMSNormGated`,
+//! `docs/design/kda.md#gated-output-norm`), both in fp32.
 
 use crate::error::Result;
 use crate::resource::Resources;
@@ -18,7 +19,7 @@ pub struct RowDims {
 }
 
 /// `y = x / sqrt(Σ x² + 1e-6) · scale` along the last dimension, in fp32 (the scale is applied
-/// after the norm, as KDA.md orders it; `scale = D^-0.5` for q, 1 for k).
+/// after the norm, as `docs/design/kda.md#qk-norm` orders it; `scale = D^-0.5` for q, 1 for k).
 #[derive(Clone, Debug)]
 pub struct L2Norm<B: Resources> {
     /// Input `[..., D]` (bf16, f16 or f32; rank at least 1).

@@ -1,4 +1,4 @@
-//! The delta-rule recurrence (KDA.md "Inside KDA", steps 4 and 5), token by token for decode and
+//! The delta-rule recurrence (`docs/design/kda.md#recurrence`), token by token for decode and
 //! speculative decode ([`KdaRecurrent`]) and chunked for prefill ([`KdaChunk`]).
 //!
 //! Per head, with state `S` (`[K, V]` in the formulas), for each token:
@@ -129,8 +129,8 @@ impl<B: Resources> KdaRecurrent<B> {
 /// slots are device data, checked when the op runs.
 ///
 /// With [`gate`](Self::gate) the op takes the raw forget-gate logits in `g` and applies the
-/// gate itself (KDA.md "Inside KDA", step 3; SCHEDULE.md behaviour 11): every log decay it uses
-/// is exactly, bit for bit, what [`KdaGate`](super::KdaGate) computes from the same logits and
+/// gate itself (`docs/design/kda.md#gate`, `docs/design/kda.md#behaviour-11`): every log decay it
+/// uses is exactly, bit for bit, what [`KdaGate`](super::KdaGate) computes from the same logits and
 /// parameters, so the result equals `KdaGate` followed by this op without the gate, while the
 /// activated gate never goes through memory.
 ///

@@ -1,8 +1,8 @@
 //! [`StateCache`]: the per-request state a KDA layer carries between steps, owned by the caller
 //! (the engine), indexed by slot.
 //!
-//! Per slot: the recurrent state, v-first fp32 `[lh, V, K]` (KDA.md "State layout in the
-//! cache"), and the conv state, fp32 `[W - 1 + num_spec, 3 lp]`: the last inputs of q, k and v,
+//! Per slot: the recurrent state, v-first fp32 `[lh, V, K]` (`docs/design/kda.md#state-layout`),
+//! and the conv state, fp32 `[W - 1 + num_spec, 3 lp]`: the last inputs of q, k and v,
 //! with `num_spec` spare rows so a speculative step can keep the history of whichever token the
 //! next step accepts (see [`crate::kda::conv`]).
 

@@ -1,11 +1,11 @@
-//! Dispatch of one group of requests (KDA.md "Batches and dispatch"): the short conv, the gate
-//! and the recurrence, decodes and speculative decodes on the recurrent path, prefills on the
-//! chunked path.
+//! Dispatch of one group of requests (`docs/design/kda.md#batches-and-dispatch`): the short conv,
+//! the gate and the recurrence, decodes and speculative decodes on the recurrent path, prefills on
+//! the chunked path.
 //!
-//! The forget gate goes to the two paths differently (SCHEDULE.md behaviour 11): a prefill group
-//! hands the chunk kernel the raw logits `g1` with the gate's parameters and the kernel applies
-//! the gate itself; a decode group activates its own rows with `KdaGate` first, as the recurrent
-//! kernel takes the log decay. No gate is computed for rows that do not need it.
+//! The forget gate goes to the two paths differently (`docs/design/kda.md#behaviour-11`): a prefill
+//! group hands the chunk kernel the raw logits `g1` with the gate's parameters and the kernel
+//! applies the gate itself; a decode group activates its own rows with `KdaGate` first, as the
+//! recurrent kernel takes the log decay. No gate is computed for rows that do not need it.
 //!
 //! A group whose tokens are one run of consecutive rows of the batch (the usual case: engines put
 //! decodes first) works on views of the batch's tensors. Otherwise its rows are gathered into

@@ -1,13 +1,13 @@
-//! The KDA layer (KDA.md): projections through a [schedule](crate::schedule) → dispatch
-//! (short conv, gate, chunked prefill / recurrent decode / speculative decode) → gated RMSNorm →
-//! `o_proj`, over a continuous-batching batch, writing into the caller's output buffer and the
-//! caller's [`StateCache`].
+//! The KDA layer (`docs/design/kda.md#the-layer-forward`): projections through a
+//! [schedule](crate::schedule) → dispatch (short conv, gate, chunked prefill / recurrent decode /
+//! speculative decode) → gated RMSNorm → `o_proj`, over a continuous-batching batch, writing into
+//! the caller's output buffer and the caller's [`StateCache`].
 //!
 //! - [`batch`]: [`BatchMeta`] and its validation into a [`DispatchPlan`];
 //! - [`cache`]: [`StateCache`], per-slot recurrent (v-first) and conv state;
 //! - [`weights`]: [`LayerDeviceWeights`], one rank's loaded weights on a device;
 //! - `dispatch`: the per-group conv, gate and recurrence launches (prefills hand the raw gate
-//!   to the chunk kernel, which applies it: SCHEDULE.md behaviour 11).
+//!   to the chunk kernel, which applies it: `docs/design/kda.md#behaviour-11`).
 //!
 //! [`KdaLayer::forward`] checks everything it can (shapes, dtypes, metadata, slots, aliasing)
 //! before it launches anything, so a rejected call leaves the cache and the output as they were.
@@ -38,7 +38,7 @@ use crate::schedule::{
 use crate::tensor::Tensor;
 use crate::weights::{LayerWeights, LoadOptions, TensorSource, load_layer};
 
-/// Where dispatch takes beta from (KDA.md, SCHEDULE.md behaviours 4 and 8).
+/// Where dispatch takes beta from (`docs/design/schedule.md#the-beta-contract`).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BetaInput {
     /// The mixed path: the projection's fp32 sigmoid output, only sliced.

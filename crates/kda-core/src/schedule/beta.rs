@@ -1,4 +1,5 @@
-//! The beta contract at the dispatch boundary (KDA.md; SCHEDULE.md behaviours 4 and 8).
+//! The beta contract at the dispatch boundary (`docs/design/schedule.md#the-beta-contract`;
+//! `docs/design/kda.md#behaviour-4`, `docs/design/kda.md#behaviour-8`).
 //!
 //! The mixed path's beta leaves the projection already through the fp32 sigmoid
 //! ("preprocessed"), so dispatch only slices it to the live tokens; the ordinary path hands

@@ -82,7 +82,7 @@ impl<B: Backend> ProjectionBuffers<B> {
         ])
     }
 
-    /// The views dispatch consumes (KDA.md "Forward, mixed-precision path").
+    /// The views dispatch consumes (`docs/design/kda.md#the-layer-forward`).
     pub fn projected(&self) -> Result<Projected<B>> {
         let (t, heads) = (self.tokens, self.heads);
         let [_, f, g] = self.bfg_parts()?;

@@ -6,7 +6,8 @@ use crate::error::Result;
 use crate::hal::Backend;
 use crate::resource::{EventHandle, EventId};
 
-/// The four events of the overlapped schedule (SCHEDULE.md), in the order they are recorded.
+/// The four events of the overlapped schedule (`docs/design/schedule.md#events`), in the order they
+/// are recorded.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ScheduleEvent {
     /// Main: the input is ready; the aux stream forks from here.
@@ -27,7 +28,7 @@ impl ScheduleEvent {
         ScheduleEvent::BfgReady,
     ];
 
-    /// The seeds' name.
+    /// The seeds' name (`docs/design/README.md#the-seeds`).
     pub fn name(self) -> &'static str {
         match self {
             ScheduleEvent::HiddenReady => "hidden_ready",
@@ -77,7 +78,7 @@ impl<B: Backend> ScheduleEvents<B> {
 #[doc(hidden)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Mutation {
-    /// The order as SCHEDULE.md gives it.
+    /// The order as `docs/design/schedule.md#overlapped` gives it.
     #[default]
     None,
     /// Leave out the record of this event.

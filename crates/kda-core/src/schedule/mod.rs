@@ -1,24 +1,27 @@
-//! The QKV/BFG projection schedules (SCHEDULE.md), written once, generic over the HAL.
+//! The QKV/BFG projection schedules (`docs/design/schedule.md`), written once over the HAL.
 //!
 //! [`QkvBfgProjection`] takes `x [T, Hd]` and one rank's device weights
 //! ([`ProjectionWeights`]) and returns what dispatch consumes ([`Projected`]): `mixed_qkv`, beta
-//! (fp32, preprocessed), g1 and g2, as KDA.md's mixed-precision forward has them. It runs either
-//! [`ProjectionSchedule::Serial`] (everything on the main stream) or
+//! (fp32, preprocessed), g1 and g2, as the layer forward (`docs/design/kda.md#the-layer-forward`)
+//! has them. It runs either [`ProjectionSchedule::Serial`] (everything on the main stream) or
 //! [`ProjectionSchedule::Overlapped`] (the BFG GEMM and its post-process on the backend's
-//! [auxiliary stream](Backend::aux_stream), in two stages with the main stream's DynamicQuant and
+//! [auxiliary stream](AuxStream), in two stages with the main stream's DynamicQuant and
 //! QKV GEMM, four events, the aux tail joined back); both give the same bits.
 //!
 //! [`MatrixOverlap`] says whether the two GEMMs may run together: the seeds serialise them
 //! because on Ascend both need the Cube units; where matrix work does not share one unit (CPU
 //! cores, a GPU a low-M GEMM leaves mostly idle), `Concurrent` drops only the stage-1 join and
-//! keeps every other event, so it stays hazard-free and capture-valid.
+//! keeps every other event, so it stays hazard-free and capture-valid
+//! (`docs/design/schedule.md#matrix-overlap`).
 //!
 //! - [`weights`]: the device weights (dense or MXFP8 QKV; composed or staged F);
-//! - [`plan`]: whether DynamicQuant is split out of the QKV linear (behaviour 10);
+//! - [`plan`]: whether DynamicQuant is split out of the QKV linear
+//!   (`docs/design/kda.md#behaviour-10`);
 //! - [`buffers`]: outputs and workspace, and the views handed to dispatch;
 //! - [`steps`]: the ops both schedules queue, under the seeds' labels;
 //! - `serial` and `overlapped`: the two orders;
-//! - [`beta`]: [`prepare_beta`], the beta contract at the dispatch boundary (behaviours 4, 8);
+//! - [`beta`]: [`prepare_beta`], the beta contract at the dispatch boundary
+//!   (`docs/design/schedule.md#the-beta-contract`);
 //! - [`events`]: the four events by name, and the test-only [`Mutation`]s.
 
 mod aux;
@@ -53,7 +56,8 @@ use steps::Work;
 pub enum ProjectionSchedule {
     /// Everything on the main stream.
     Serial,
-    /// The BFG side on the auxiliary stream, overlapped in two stages (SCHEDULE.md).
+    /// The BFG side on the auxiliary stream, overlapped in two stages
+    /// (`docs/design/schedule.md#overlapped`).
     Overlapped,
 }
 

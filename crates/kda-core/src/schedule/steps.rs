@@ -1,5 +1,6 @@
-//! The work both schedules queue, one function per step, under the seeds' labels. The schedules
-//! differ only in which stream runs each step and in the events between them.
+//! The work both schedules queue, one function per step, under the seeds' labels
+//! (`docs/design/schedule.md#inputs-and-outputs`). The schedules differ only in which stream runs
+//! each step and in the events between them.
 
 use crate::device::Device;
 use crate::error::{Error, Result};

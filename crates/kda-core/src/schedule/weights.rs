@@ -14,7 +14,7 @@ use crate::weights::{BfgMode, HostTensor, LayerWeights, QkvWeights};
 const WHAT: &str = "projection weights";
 
 /// One TP rank's projection sizes: hidden size `Hd`, local heads `lh`, head dim `D`; the local
-/// projection is `lp = lh * D` (KDA.md notation).
+/// projection is `lp = lh * D` (`docs/design/kda.md#notation`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ProjectionDims {
     pub hidden: usize,

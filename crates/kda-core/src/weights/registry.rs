@@ -191,7 +191,7 @@ pub struct LayerWeights {
     pub layer: usize,
     pub dims: LayerDims,
     pub gate: GateForm,
-    /// The output norm's epsilon, from the config (behaviour 3).
+    /// The output norm's epsilon, from the config (`docs/design/kda.md#behaviour-3`).
     pub rms_norm_eps: f64,
     pub qkv: FusedQkv,
     pub bfg: FusedBfgLinear,
@@ -386,7 +386,7 @@ pub fn load_layer(
 mod tests {
     use super::*;
 
-    /// Behaviour 14: checkpoint remap.
+    /// Behaviour 14 (`docs/design/kda.md#behaviour-14`): checkpoint remap.
     #[test]
     fn behaviour_14_checkpoint_routing() {
         let p = |suffix: &str| format!("model.layers.3.self_attn.{suffix}");

@@ -1,7 +1,8 @@
-//! The KDA core ops (KDA.md "Inside KDA") against the f64 oracles of [`crate::oracle_kda`]:
-//! the short conv with its state protocol, the q/k norm, both gate forms, the recurrence token
-//! by token and chunked, the gated RMSNorm and the padding mask; plus the identities the layer
-//! relies on (split prefills, prefill then decode, speculative updates), bad input, and NaN.
+//! The KDA core ops (`docs/design/kda.md#inside-kda`) against the f64 oracles of
+//! [`crate::oracle_kda`]: the short conv with its state protocol, the q/k norm, both gate forms,
+//! the recurrence token by token and chunked, the gated RMSNorm and the padding mask; plus the
+//! identities the layer relies on (split prefills, prefill then decode, speculative updates), bad
+//! input, and NaN.
 //!
 //! Every body works on one stream, so checked mode has nothing to object to.
 
@@ -830,8 +831,8 @@ pub fn chunk_varlen_batch_matches_f64<B: Backend>(make: &impl Factory<B>) {
     );
 }
 
-/// The in-kernel gate (SCHEDULE.md behaviour 11): `KdaChunk` given the raw logits and the gate's
-/// parameters equals `KdaGate` followed by `KdaChunk` on the activated gate, bit for bit
+/// The in-kernel gate (`docs/design/kda.md#behaviour-11`): `KdaChunk` given the raw logits and the
+/// gate's parameters equals `KdaGate` followed by `KdaChunk` on the activated gate, bit for bit
 /// (outputs and every state slot), for both gate forms, over a varlen batch (lengths 70, 0, 5,
 /// 65, 3; a padding request; fresh and continued states), with f32 logits and with bf16 logits
 /// read through a column view of a wider tensor (as the layer's `g1` is). Logits span both
@@ -1320,4 +1321,32 @@ pub fn chunk_reads_and_writes_a_transposed_state_view<B: Backend>(make: &impl Fa
         (&o, &download_f64(&b, &s, &kfirst)),
         (&o_ref, &s_ref),
     );
+}
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_kda {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            kda_conv_prefill_matches_f64 => kda::conv_prefill_matches_f64(&$plain),
+            kda_conv_prefill_then_decode_equals_one_prefill => kda::conv_prefill_then_decode_equals_one_prefill(&$plain),
+            kda_conv_speculative_update_equals_accepted_decodes => kda::conv_speculative_update_equals_accepted_decodes(&$plain),
+            kda_l2norm_matches_f64 => kda::l2norm_matches_f64(&$plain),
+            kda_gate_forms_match_f64_at_extremes => kda::gate_forms_match_f64_at_extremes(&$plain),
+            kda_gated_rms_norm_matches_f64 => kda::gated_rms_norm_matches_f64(&$plain),
+            kda_zero_padding_clears_rows => kda::zero_padding_clears_rows(&$plain),
+            kda_recurrence_and_chunk_match_f64 => kda::recurrence_and_chunk_match_f64(&$plain),
+            kda_chunk_split_equals_one_call => kda::chunk_split_equals_one_call(&$plain),
+            kda_chunk_varlen_batch_matches_f64 => kda::chunk_varlen_batch_matches_f64(&$plain),
+            kda_chunk_in_kernel_gate_equals_gate_then_chunk => kda::chunk_in_kernel_gate_equals_gate_then_chunk(&$plain),
+            kda_recurrent_speculative_reads_and_writes_slots => kda::recurrent_speculative_reads_and_writes_slots(&$plain),
+            kda_ops_reject_bad_operands => kda::kda_ops_reject_bad_operands(&$plain),
+            kda_bad_metadata_fails_at_synchronize => kda::kda_bad_metadata_fails_at_synchronize(&$plain),
+            kda_nan_inputs_propagate_without_crashing => kda::nan_inputs_propagate_without_crashing(&$plain),
+            kda_chunk_reads_and_writes_a_transposed_state_view => kda::chunk_reads_and_writes_a_transposed_state_view(&$plain),
+        );
+    };
 }

@@ -1,8 +1,8 @@
-//! The whole KDA layer (KDA.md "Batches and dispatch") on any backend: against the f64 layer
-//! oracle over mixed continuous batches, the identities an engine relies on (split prefills,
+//! The whole KDA layer (`docs/design/kda.md#batches-and-dispatch`) on any backend: against the f64
+//! layer oracle over mixed continuous batches, the identities an engine relies on (split prefills,
 //! prefill then decodes, speculative steps, batches versus single requests, TP partial sums),
-//! SCHEDULE.md behaviours 1, 2, 3, 4, 7, 8, 11 (the raw gate into the chunk kernel, the v-first
-//! state back to the slot) and 12, the overlapped forward under the
+//! behaviours 1, 2, 3, 4, 7, 8, 11 (`docs/design/kda.md#behaviours`; the raw gate into the chunk
+//! kernel, the v-first state back to the slot) and 12, the overlapped forward under the
 //! sanitizer, as a captured graph and under jitter, and bad input that must leave the cache
 //! alone.
 //!
@@ -42,7 +42,8 @@ pub enum Model {
 }
 
 /// The tiny config of `model`. The output norm's epsilon is the checkpoint's own and large
-/// enough to matter (behaviour 3: a layer that used a default would miss the oracle).
+/// enough to matter (`docs/design/kda.md#behaviour-3`: a layer that used a default would miss the
+/// oracle).
 pub fn tiny_config(model: Model) -> KdaConfig {
     let preset = match model {
         Model::K3 => KdaConfig::kimi_k3(),
@@ -305,9 +306,9 @@ pub fn staged_loader_equals_composed_loader<B: Backend>(make: &impl Factory<B>) 
     );
 }
 
-/// Behaviour 3: the norm's epsilon is the checkpoint's. The oracle with a default epsilon
-/// (1e-5) instead of the checkpoint's (1e-2) disagrees with the layer, so the oracle test above
-/// would catch a layer that ignored the checkpoint.
+/// Behaviour 3 (`docs/design/kda.md#behaviour-3`): the norm's epsilon is the checkpoint's. The
+/// oracle with a default epsilon (1e-5) instead of the checkpoint's (1e-2) disagrees with the
+/// layer, so the oracle test above would catch a layer that ignored the checkpoint.
 pub fn norm_uses_the_checkpoint_eps<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
@@ -556,9 +557,9 @@ pub fn tp_partials_sum_to_tp1<B: Backend>(make: &impl Factory<B>) {
     }
 }
 
-/// Behaviours 1 and 12: padding rows are exactly zero whatever the input and output held there,
-/// live rows do not depend on them, and an empty batch zeroes an output that held NaN without
-/// touching the cache.
+/// Behaviours 1 and 12 (`docs/design/kda.md#behaviours`): padding rows are exactly zero whatever
+/// the input and output held there, live rows do not depend on them, and an empty batch zeroes an
+/// output that held NaN without touching the cache.
 pub fn padding_and_empty_batch<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
@@ -585,9 +586,10 @@ pub fn padding_and_empty_batch<B: Backend>(make: &impl Factory<B>) {
     assert_eq!(cache_bits(&b, &s, &c2), before, "an empty batch touches no state");
 }
 
-/// Behaviours 4, 7 and 8: the mixed path hands dispatch the projection's preprocessed beta (a
-/// view: no sigmoid op in the layer), the ordinary path applies exactly one fp32 sigmoid to the
-/// raw B columns, both give the same bits; the intermediates have the post-process shapes.
+/// Behaviours 4, 7 and 8 (`docs/design/kda.md#behaviours`): the mixed path hands dispatch the
+/// projection's preprocessed beta (a view: no sigmoid op in the layer), the ordinary path applies
+/// exactly one fp32 sigmoid to the raw B columns, both give the same bits; the intermediates have
+/// the post-process shapes.
 pub fn beta_paths_and_intermediate_shapes<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
@@ -654,15 +656,15 @@ fn bytes(a: &Access) -> usize {
     a.bytes.intervals().iter().map(|r| r.len()).sum()
 }
 
-/// Behaviour 11, for both models (both gate forms). A prefill-only forward launches no
-/// `kda_gate`: its one `kda_chunk` reads the raw bf16 logits (the traced forward shows they are
-/// the `g1` view itself) and the gate's parameters. The core attention output and the v-first
-/// states written back to the slots equal, bit for bit, the former pipeline run by hand on the
-/// trace's intermediates: `KdaGate` into an f32 tensor, then `KdaChunk` on it (so the layer's
-/// output is unchanged by the move). The traced forward's extra `KdaGate` (for the dump alone)
-/// changes no output bit. In a mixed batch, the decode still activates its own rows (one
-/// `kda_gate` over exactly them) and the prefills, gathered from two runs, still pass the raw
-/// gate.
+/// Behaviour 11 (`docs/design/kda.md#behaviour-11`), for both models (both gate forms). A
+/// prefill-only forward launches no `kda_gate`: its one `kda_chunk` reads the raw bf16 logits (the
+/// traced forward shows they are the `g1` view itself) and the gate's parameters. The core
+/// attention output and the v-first states written back to the slots equal, bit for bit, the former
+/// pipeline run by hand on the trace's intermediates: `KdaGate` into an f32 tensor, then `KdaChunk`
+/// on it (so the layer's output is unchanged by the move). The traced forward's extra `KdaGate`
+/// (for the dump alone) changes no output bit. In a mixed batch, the decode still activates its own
+/// rows (one `kda_gate` over exactly them) and the prefills, gathered from two runs, still pass the
+/// raw gate.
 pub fn prefill_passes_the_raw_gate_to_the_chunk<B: Backend>(make: &impl Factory<B>) {
     for model in [Model::K3, Model::KimiLinear] {
         let b = make();
@@ -987,4 +989,29 @@ pub fn jittered_overlapped_equals_serial<B: Backend>(make: &impl Factory<B>, rou
         };
         assert!(run(options) == serial, "round {round} ({policy:?}) differs from serial");
     }
+}
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_layer {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            layer_matches_f64_oracle => layer::matches_f64_oracle(&$plain),
+            layer_staged_loader_equals_composed_loader => layer::staged_loader_equals_composed_loader(&$plain),
+            layer_norm_uses_the_checkpoint_eps => layer::norm_uses_the_checkpoint_eps(&$plain),
+            layer_prefill_whole_equals_parts_and_decodes => layer::prefill_whole_equals_parts_and_decodes(&$plain),
+            layer_speculative_equals_single_decodes => layer::speculative_equals_single_decodes(&$plain),
+            layer_batch_equals_each_alone => layer::batch_equals_each_alone(&$plain),
+            layer_tp_partials_sum_to_tp1 => layer::tp_partials_sum_to_tp1(&$plain),
+            layer_padding_and_empty_batch => layer::padding_and_empty_batch(&$plain),
+            layer_beta_paths_and_intermediate_shapes => layer::beta_paths_and_intermediate_shapes(&$checked),
+            layer_prefill_passes_the_raw_gate_to_the_chunk => layer::prefill_passes_the_raw_gate_to_the_chunk(&$checked),
+            layer_overlapped_forward_is_clean_and_replays => layer::overlapped_forward_is_clean_and_replays(&$checked),
+            layer_bad_input_leaves_the_cache_unchanged => layer::bad_input_leaves_the_cache_unchanged(&$plain),
+            layer_jittered_overlapped_equals_serial => layer::jittered_overlapped_equals_serial(&$jittered, 20),
+        );
+    };
 }

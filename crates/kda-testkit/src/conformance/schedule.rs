@@ -1,7 +1,8 @@
-//! The QKV/BFG projection schedules (SCHEDULE.md) on any backend: the exact overlapped trace,
-//! serial and overlapped outputs identical bit for bit, the sanitizer clean on the real order and
-//! objecting to every single-edit mutation of it, capture and replay, a jittered stress run, and
-//! the behaviours the seeds' unit tests pin down (4, 7, 8, 9, 10).
+//! The QKV/BFG projection schedules (`docs/design/schedule.md`) on any backend: the exact
+//! overlapped trace, serial and overlapped outputs identical bit for bit, the sanitizer clean on
+//! the real order and objecting to every single-edit mutation of it, capture and replay, a jittered
+//! stress run, and the behaviours the seeds' unit tests pin down (4, 7, 8, 9, 10:
+//! `docs/design/kda.md#behaviours`).
 //!
 //! Weights come from one small global model (`H = 16` heads of `D = 8`, hidden 80, so MX blocks
 //! include a partial one) sliced per TP rank as a checkpoint loader would: weights ~N(0, 0.02)
@@ -239,7 +240,7 @@ fn setup<B: Backend>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The trace (behaviour 9)
+// The trace (`docs/design/kda.md#behaviour-9`)
 
 /// The calls on `main` and `aux` since log entry `from`, in the seeds' notation.
 fn trace<B: Backend>(
@@ -277,7 +278,7 @@ fn trace<B: Backend>(
     steps.join(" · ")
 }
 
-/// The seeds' trace (SCHEDULE.md), verbatim.
+/// The seeds' trace (`docs/design/schedule.md#the-trace`), verbatim.
 const SEEDS_TRACE: &str = "main.record(hidden_ready) · aux.wait(hidden_ready) · project_bfg · \
     aux.record(bfg_projection_ready) · dynamic_quant · main.record(quant_ready) · \
     main.wait(bfg_projection_ready) · qkv_matmul · aux.wait(quant_ready) · postprocess_bfg · \
@@ -821,11 +822,12 @@ pub fn stress_jittered_overlapped_equals_serial<B: Backend>(make: &impl Factory<
 }
 
 // ---------------------------------------------------------------------------------------------
-// Behaviours 4, 7, 8, 10
+// Behaviours 4, 7, 8, 10 (`docs/design/kda.md#behaviours`)
 
-/// Behaviour 4: raw beta (bf16 -20, 0, 20, 100, with NaN in the padding rows) is sliced to the
-/// live tokens and goes through the fp32 sigmoid, landing in [0, 1]; preprocessed beta is only
-/// sliced (a view of the same buffer, values untouched, nothing launched).
+/// Behaviour 4 (`docs/design/kda.md#behaviour-4`): raw beta (bf16 -20, 0, 20, 100, with NaN in the
+/// padding rows) is sliced to the live tokens and goes through the fp32 sigmoid, landing in [0, 1];
+/// preprocessed beta is only sliced (a view of the same buffer, values untouched, nothing
+/// launched).
 pub fn prepare_beta_slices_and_applies_the_sigmoid_once<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
@@ -872,8 +874,9 @@ pub fn prepare_beta_slices_and_applies_the_sigmoid_once<B: Backend>(make: &impl 
     b.synchronize(&s).unwrap();
 }
 
-/// Behaviour 7: beta f32 `[1, T, lh]`, g1 `[1, T, lh, D]`, g2 `[T, lh, D]` (views of the one
-/// BFG output, no copies), `mixed_qkv` `[T, 3 lp]`; the post-process is one op.
+/// Behaviour 7 (`docs/design/kda.md#behaviour-7`): beta f32 `[1, T, lh]`, g1 `[1, T, lh, D]`, g2
+/// `[T, lh, D]` (views of the one BFG output, no copies), `mixed_qkv` `[T, 3 lp]`; the post-process
+/// is one op.
 pub fn postprocess_shapes<B: Backend>(make: &impl Factory<B>) {
     for schedule in [ProjectionSchedule::Serial, ProjectionSchedule::Overlapped] {
         let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
@@ -902,9 +905,9 @@ pub fn postprocess_shapes<B: Backend>(make: &impl Factory<B>) {
     }
 }
 
-/// Behaviour 8: the mixed projection hands dispatch preprocessed beta with the flag set, so
-/// dispatch only slices it, and its values equal the ordinary path's (raw B columns, sigmoid in
-/// dispatch) bit for bit; a second sigmoid would change them.
+/// Behaviour 8 (`docs/design/kda.md#behaviour-8`): the mixed projection hands dispatch preprocessed
+/// beta with the flag set, so dispatch only slices it, and its values equal the ordinary path's
+/// (raw B columns, sigmoid in dispatch) bit for bit; a second sigmoid would change them.
 pub fn mixed_path_passes_preprocessed_beta<B: Backend>(make: &impl Factory<B>) {
     let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
     let (t, live) = (7, 5);
@@ -930,9 +933,10 @@ pub fn mixed_path_passes_preprocessed_beta<B: Backend>(make: &impl Factory<B>) {
     }
 }
 
-/// Behaviour 10: DynamicQuant is split out of the QKV linear for MXFP8 on a 2-D bf16 input with
-/// the configured `scale_alg` (an op of its own on main, before the stage-1 join, in the captured
-/// graph); bf16 QKV has no quant op; MXFP8 on an f32 input keeps the quant inside the linear.
+/// Behaviour 10 (`docs/design/kda.md#behaviour-10`): DynamicQuant is split out of the QKV linear
+/// for MXFP8 on a 2-D bf16 input with the configured `scale_alg` (an op of its own on main, before
+/// the stage-1 join, in the captured graph); bf16 QKV has no quant op; MXFP8 on an f32 input keeps
+/// the quant inside the linear.
 pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
     fn graph_of<B: Backend>(
         b: &Device<B>,
@@ -1041,4 +1045,37 @@ pub fn projection_rejects_bad_input<B: Backend>(make: &impl Factory<B>) {
     let qkv = QkvWeight::Mxfp8 { data, scale, alg: ScaleAlg::OcpFloor };
     let err = ProjectionWeights::new(dims, qkv, weights.bfg().clone());
     assert!(matches!(err, Err(Error::DType { param: "qkv.data", .. })), "{err:?}");
+}
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_schedule {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            schedule_overlapped_trace_is_the_seeds_sequence => schedule::overlapped_trace_is_the_seeds_sequence(&$checked),
+            schedule_aux_stream_is_created_once_per_instance => schedule::aux_stream_is_created_once_per_instance(&$checked),
+            schedule_serial_and_overlapped_are_bit_identical => schedule::serial_and_overlapped_are_bit_identical(&$plain),
+            schedule_projection_matches_host_computation => schedule::projection_matches_host_computation(&$plain),
+            schedule_overlapped_is_hazard_free => schedule::overlapped_schedule_is_hazard_free(&$checked),
+            schedule_mutation_drop_record_hidden_ready => schedule::mutation_drop_record_hidden_ready(&$checked),
+            schedule_mutation_drop_wait_hidden_ready => schedule::mutation_drop_wait_hidden_ready(&$checked),
+            schedule_mutation_drop_record_bfg_projection_ready => schedule::mutation_drop_record_bfg_projection_ready(&$checked),
+            schedule_mutation_drop_wait_bfg_projection_ready => schedule::mutation_drop_wait_bfg_projection_ready(&$checked),
+            schedule_mutation_drop_record_quant_ready => schedule::mutation_drop_record_quant_ready(&$checked),
+            schedule_mutation_drop_wait_quant_ready => schedule::mutation_drop_wait_quant_ready(&$checked),
+            schedule_mutation_drop_record_bfg_ready => schedule::mutation_drop_record_bfg_ready(&$checked),
+            schedule_mutation_drop_wait_bfg_ready => schedule::mutation_drop_wait_bfg_ready(&$checked),
+            schedule_mutation_record_bfg_ready_before_postprocess => schedule::mutation_record_bfg_ready_before_postprocess(&$checked),
+            schedule_capture_replays_equal_eager => schedule::capture_replays_equal_eager(&$checked),
+            schedule_stress_jittered_overlapped_equals_serial => schedule::stress_jittered_overlapped_equals_serial(&$jittered, 1000),
+            schedule_prepare_beta_slices_and_applies_the_sigmoid_once => schedule::prepare_beta_slices_and_applies_the_sigmoid_once(&$checked),
+            schedule_postprocess_shapes => schedule::postprocess_shapes(&$checked),
+            schedule_mixed_path_passes_preprocessed_beta => schedule::mixed_path_passes_preprocessed_beta(&$plain),
+            schedule_dynamic_quant_split_decision => schedule::dynamic_quant_split_decision(&$plain),
+            schedule_projection_rejects_bad_input => schedule::projection_rejects_bad_input(&$checked),
+        );
+    };
 }

@@ -1,4 +1,4 @@
-//! The forget gate's log decay in fp32, both forms (KDA.md "Inside KDA", step 3).
+//! The forget gate's log decay in fp32, both forms (`docs/design/kda.md#gate`).
 
 use std::borrow::Cow;
 

@@ -7,7 +7,8 @@ use super::gate::sigmoid;
 use super::io::{read_f32, write_f32};
 use super::simd::dot;
 
-/// One row in place: `x = x / sqrt(Σx² + 1e-6) · scale` (KDA.md's order: normalise, then scale).
+/// One row in place: `x = x / sqrt(Σx² + 1e-6) · scale` (normalise, then scale:
+/// `docs/design/kda.md#qk-norm`).
 pub(crate) fn l2norm_row(x: &mut [f32], scale: f32) {
     let inv = 1.0 / (dot(x, x) + L2NORM_EPS).sqrt();
     for v in x {
