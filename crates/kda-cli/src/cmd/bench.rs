@@ -30,11 +30,11 @@ pub enum BenchCommand {
     /// Cost per launch of a small op, checked mode off and on: the sanitizer's overhead.
     Launch(LaunchArgs),
     /// The chunked KDA prefill (`KdaChunk`) in tokens/s and GFLOP/s, and as a fraction of the
-    /// reference f32 GEMM's rate measured in the same run.
+    /// same backend's f32 GEMM rate measured in the same run.
     Core(super::core::CoreBenchArgs),
     /// The QKV/BFG projection schedules at Kimi K3 TP8 shapes (MXFP8 QKV), one core per stream:
     /// serial, overlapped under both matrix-overlap policies, each op alone, the hidden vector
-    /// fraction, and composed against staged F.
+    /// fraction, and composed against staged F (from the op timeline: reference backend only).
     Schedule(super::schedule::ScheduleBenchArgs),
     /// The whole KDA layer at Kimi K3 TP8 shapes: prefill tokens/s (4 x 1024 tokens) and
     /// decode latency (32 x 1 token), serial against overlapped, and the decode step as a

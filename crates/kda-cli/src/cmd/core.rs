@@ -394,12 +394,12 @@ pub struct CoreBenchArgs {
     pub device: BackendArg,
 }
 
-/// The reference GEMM the chunked prefill's FLOP rate is compared with: f32, the K3 TP8 fused
-/// BFG projection shape.
+/// The GEMM the chunked prefill's FLOP rate is compared with (on the same backend): f32, the
+/// K3 TP8 fused BFG projection shape.
 const GEMM_SHAPE: (usize, usize, usize) = (256, 3084, 7168);
 
 /// `kda bench core`: throughput of the chunked prefill (`KdaChunk`, one request, L2 norm on,
-/// lower-bound gates from `KdaGate`) and its FLOP rate as a fraction of the reference GEMM's,
+/// lower-bound gates from `KdaGate`) and its FLOP rate as a fraction of the same backend's GEMM,
 /// measured in the same run. FLOPs are counted as `6TD² + 3TCD + TC²` per head (`C = 64`).
 pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
     let (t, h, d) = (args.t, args.heads, args.dim);

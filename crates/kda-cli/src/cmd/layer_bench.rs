@@ -1,7 +1,8 @@
-//! `kda bench layer`: the whole KDA layer on the reference at Kimi K3 TP8 shapes (synthetic
-//! rank-0 weights): prefill tokens/s (4 fresh requests of 1024 tokens) and decode latency (32
-//! single-token requests), serial against overlapped; and the decode step time as a multiple of
-//! the time to read the layer's weights once, with the memory bandwidth measured in the same run.
+//! `kda bench layer`: the whole KDA layer on the reference (or `--backend`) at Kimi K3 TP8 shapes
+//! (synthetic rank-0 weights): prefill tokens/s (4 fresh requests of 1024 tokens) and decode
+//! latency (32 single-token requests), serial against overlapped, with the ops that took longest
+//! where the backend times them; and the decode step time as a multiple of the time to read the
+//! layer's weights once, with the host's memory bandwidth measured in the same run.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
