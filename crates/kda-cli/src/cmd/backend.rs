@@ -130,10 +130,6 @@ pub trait CliBackend: Backend {
     fn clear_timeline(_device: &Device<Self>) {}
 }
 
-fn unavailable(kind: BackendKind, reason: Unavailable) -> CliError {
-    CliError::BackendUnavailable { backend: kind.name(), reason }
-}
-
 /// The reference backend's options for `settings`. A stream waiting on another starts within
 /// microseconds of the completion ([`WaitStrategy::Forecast`]): `kda`'s commands time what they
 /// run (one core per stream only; a shared pool always blocks).
@@ -174,17 +170,11 @@ impl CliBackend for AscendBackend {
     fn open(settings: &Settings) -> Result<Device<Self>, CliError> {
         settings.check()?;
         let options = AscendOptions { checked: settings.checked(), ..AscendOptions::default() };
-        let device = AscendBackend::with_options(options).map_err(|e| {
-            let reason = match e {
-                AscendError::NotCompiledWithAscend => Unavailable::NotCompiledIn {
-                    enable: "feature `ascend` (CANN) or `ascend-emulated` (the emulated ACL runtime)",
-                },
-                other => Unavailable::CannotStart { message: other.to_string() },
-            };
-            unavailable(Self::KIND, reason)
-        })?;
-        settings.warn_reference_only(Self::KIND);
-        Ok(device)
+        opened(settings, AscendBackend::with_options(options), |e| {
+            matches!(e, AscendError::NotCompiledWithAscend).then_some(
+                "feature `ascend` (CANN) or `ascend-emulated` (the emulated ACL runtime)",
+            )
+        })
     }
 }
 
@@ -194,18 +184,29 @@ impl CliBackend for CudaBackend {
     fn open(settings: &Settings) -> Result<Device<Self>, CliError> {
         settings.check()?;
         let options = CudaOptions { checked: settings.checked(), ..CudaOptions::default() };
-        let device = CudaBackend::with_options(options).map_err(|e| {
-            let reason = match e {
-                CudaError::NotCompiledWithCuda => {
-                    Unavailable::NotCompiledIn { enable: "feature `cuda` (on by default)" }
-                }
-                other => Unavailable::CannotStart { message: other.to_string() },
-            };
-            unavailable(Self::KIND, reason)
-        })?;
-        settings.warn_reference_only(Self::KIND);
-        Ok(device)
+        opened(settings, CudaBackend::with_options(options), |e| {
+            matches!(e, CudaError::NotCompiledWithCuda).then_some("feature `cuda` (on by default)")
+        })
     }
+}
+
+/// A device backend's constructor's answer as the CLI's: the device (with a warning for the
+/// reference-only settings it ignores), or [`CliError::BackendUnavailable`] — not compiled in
+/// when `not_compiled` names the feature that builds it in, else the backend's own message.
+fn opened<B: CliBackend, E: std::fmt::Display>(
+    settings: &Settings,
+    constructed: Result<Device<B>, E>,
+    not_compiled: impl FnOnce(&E) -> Option<&'static str>,
+) -> Result<Device<B>, CliError> {
+    let device = constructed.map_err(|e| {
+        let reason = match not_compiled(&e) {
+            Some(enable) => Unavailable::NotCompiledIn { enable },
+            None => Unavailable::CannotStart { message: e.to_string() },
+        };
+        CliError::BackendUnavailable { backend: B::KIND.name(), reason }
+    })?;
+    settings.warn_reference_only(B::KIND);
+    Ok(device)
 }
 
 /// Evaluate `$body` with `$device` bound to the [`Device`] of `$kind` opened with `$settings`
