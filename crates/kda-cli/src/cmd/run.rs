@@ -2,10 +2,10 @@
 //!
 //! One KDA layer (by default layer 0 of a deterministic synthetic Kimi K3 checkpoint, TP 8
 //! rank 0, F composed into the fused BFG at load, MXFP8 QKV) on the reference backend, one
-//! core per stream (or the one `--backend` names), in checked mode: a prefill batch ([`Workload`]: 4 requests × 512 tokens)
-//! under the serial and the overlapped schedule, then decode steps (one token per request)
-//! replayed from one captured graph of the overlapped layer, each step checked against the
-//! serial layer run eagerly. It reports load and composition time, op time per stage, the
+//! core per stream (or on the backend `--backend` names), in checked mode: a prefill batch
+//! ([`Workload`]: 4 requests × 512 tokens) under the serial and the overlapped schedule, then
+//! decode steps (one token per request) replayed from one captured graph of the overlapped
+//! layer, each step checked against the serial layer run eagerly. It reports load and composition time, op time per stage, the
 //! overlapped schedule's speedup and hidden vector fraction, prefill tokens/s, decode step
 //! latency, an output checksum (the f64 sum of every output element of the prefill and the
 //! decode steps, in order), and whether the capture was valid and the sanitizer silent. The op
