@@ -8,6 +8,19 @@ pub enum CliError {
     Kda(#[from] kda_core::Error),
     #[error("invalid argument {arg}: {reason}")]
     Argument { arg: &'static str, reason: String },
+    /// `--backend` names a backend that cannot run here.
+    #[error("--backend {backend}: {reason}")]
+    BackendUnavailable {
+        backend: &'static str,
+        #[source]
+        reason: crate::cmd::backend::Unavailable,
+    },
+    /// The command is made of the per-op timeline, which only the reference backend records.
+    #[error(
+        "`{command}` needs an op timeline (every op's start and end), which only the reference \
+         backend records; the {backend} backend has none: use --backend reference"
+    )]
+    NeedsTimeline { command: &'static str, backend: &'static str },
     #[error("check failed: {reason}")]
     CheckFailed { reason: String },
     #[error("the sanitizer found {count} stream hazard(s); the first: {first}")]

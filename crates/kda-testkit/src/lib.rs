@@ -2,7 +2,8 @@
 //!
 //! - [`tolerance`]: [`Tolerance`] (relative + absolute, per dtype, NaN/Inf-aware) and the
 //!   [`Mismatches`] report that names the first offending elements;
-//! - [`generate`]: [`Gen`], seeded inputs that reproduce bit-for-bit on every machine;
+//! - [`generate`]: [`Gen`], seeded inputs that reproduce bit-for-bit on every machine
+//!   (re-exported from `kda-synth`, as are [`checkpoint`] and [`workload`]);
 //! - [`oracle`]: slow, obviously-correct f64 formulations to check the reference against;
 //! - [`oracle_kda`]: the same for the KDA core (conv, norms, gates, the recurrence);
 //! - [`oracle_layer`]: the whole layer on one rank, in f64, from host weights;
@@ -13,7 +14,6 @@
 //! - [`conformance`]: the backend conformance suite, test bodies generic over `Backend` that
 //!   each backend crate instantiates with [`conformance_tests!`].
 
-pub mod checkpoint;
 #[allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -21,13 +21,11 @@ pub mod checkpoint;
     reason = "test bodies fail by panicking"
 )]
 pub mod conformance;
-pub mod generate;
 pub mod oracle;
 pub mod oracle_kda;
 #[allow(clippy::expect_used, reason = "an oracle of complete test weights")]
 pub mod oracle_layer;
 pub mod tolerance;
-pub mod workload;
 
-pub use generate::Gen;
+pub use kda_synth::{Gen, checkpoint, generate, workload};
 pub use tolerance::{AsF64, Mismatches, Tolerance};

@@ -7,25 +7,8 @@ pub fn silu(x: f64) -> f64 {
     x * sigmoid(x)
 }
 
-/// `1 / (1 + e^-z)`.
-pub fn sigmoid(z: f64) -> f64 {
-    1.0 / (1.0 + (-z).exp())
-}
-
-/// `ln(1 + e^a)`, or `a` above the threshold 20.
-pub fn softplus(a: f64) -> f64 {
-    if a > 20.0 { a } else { (1.0 + a.exp()).ln() }
-}
-
-/// Softplus-form gate: `-exp(A_log) · softplus(a)`.
-pub fn gate_softplus(a_log: f64, a: f64) -> f64 {
-    -a_log.exp() * softplus(a)
-}
-
-/// Lower-bound-form gate: `lower_bound · sigmoid(exp(A_log) · a)`.
-pub fn gate_lower_bound(lower_bound: f64, a_log: f64, a: f64) -> f64 {
-    lower_bound * sigmoid(a_log.exp() * a)
-}
+// The gate formulas are kda-core's own f64 definition (the spec `kda precision` also uses).
+pub use kda_core::kda::gate::exact::{gate_lower_bound, gate_softplus, sigmoid, softplus};
 
 /// Depthwise causal conv1d + SiLU of one request: `history` is the `W - 1` inputs before its
 /// first token (`[W-1, C]`, oldest first), `x` its `[n, C]` tokens, `weight` `[C, W]`.

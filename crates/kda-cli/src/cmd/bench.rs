@@ -1,9 +1,9 @@
 //! `kda bench`: benchmarks. Each prints medians over repeats; tests never time anything.
 
 use clap::{Args, Subcommand, ValueEnum};
-use kda_core::{DType, Device, Op, ScaleAlg};
-use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions, WaitStrategy};
+use kda_core::{Backend, DType, Device, Op, ScaleAlg};
 
+use super::backend::{BackendArg, Settings, on_backend};
 use super::{median_time, ms};
 use crate::error::CliError;
 
@@ -19,22 +19,22 @@ pub struct BenchArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// Dense Linear GEMM `y[M,N] = x[M,K] · w[N,K]^T` on the reference backend, in GFLOP/s.
+    /// Dense Linear GEMM `y[M,N] = x[M,K] · w[N,K]^T` (on the reference backend unless
+    /// `--backend` says otherwise, as every benchmark), in GFLOP/s.
     Gemm(GemmArgs),
-    /// MXFP8 DynamicQuant of `x[M,K]` on the reference backend, in GB/s of input read, next to a
-    /// host memcpy and an `Op::Copy` of the same bytes.
+    /// MXFP8 DynamicQuant of `x[M,K]`, in GB/s of input read, next to a host memcpy and an
+    /// `Op::Copy` of the same bytes.
     Quant(QuantArgs),
-    /// MXFP8 GEMM `y[M,N] = a[M,K] · w[N,K]^T` (E4M3 operands, E8M0 scales, bf16 out) on the
-    /// reference backend.
+    /// MXFP8 GEMM `y[M,N] = a[M,K] · w[N,K]^T` (E4M3 operands, E8M0 scales, bf16 out).
     MxGemm(MxGemmArgs),
     /// Cost per launch of a small op, checked mode off and on: the sanitizer's overhead.
     Launch(LaunchArgs),
     /// The chunked KDA prefill (`KdaChunk`) in tokens/s and GFLOP/s, and as a fraction of the
-    /// reference f32 GEMM's rate measured in the same run.
+    /// same backend's f32 GEMM rate measured in the same run.
     Core(super::core::CoreBenchArgs),
     /// The QKV/BFG projection schedules at Kimi K3 TP8 shapes (MXFP8 QKV), one core per stream:
     /// serial, overlapped under both matrix-overlap policies, each op alone, the hidden vector
-    /// fraction, and composed against staged F.
+    /// fraction, and composed against staged F (from the op timeline: reference backend only).
     Schedule(super::schedule::ScheduleBenchArgs),
     /// The whole KDA layer at Kimi K3 TP8 shapes: prefill tokens/s (4 x 1024 tokens) and
     /// decode latency (32 x 1 token), serial against overlapped, and the decode step as a
@@ -68,11 +68,14 @@ pub struct GemmArgs {
     pub k: usize,
     #[arg(long, value_enum, default_value_t = BenchDType::F32)]
     pub dtype: BenchDType,
-    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool (reference
+    /// backend).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 pub fn run(args: &BenchArgs) -> Result<(), CliError> {
@@ -90,32 +93,20 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
     }
 }
 
-/// A reference backend using `threads` threads per op.
-pub fn reference_with_threads(threads: usize) -> Result<Device<ReferenceBackend>, CliError> {
-    let mode = match threads {
-        0 => {
-            return Err(CliError::Argument {
-                arg: "--threads",
-                reason: "must be at least 1".into(),
-            });
-        }
-        1 => ExecutionMode::PerStream,
-        threads => ExecutionMode::SharedPool { threads },
-    };
-    let wait = WaitStrategy::Forecast;
-    Ok(ReferenceBackend::with_options(ReferenceOptions {
-        mode,
-        wait,
-        ..ReferenceOptions::default()
-    })?)
+/// Settings of a benchmark with `--threads threads`.
+pub fn with_threads(threads: usize) -> Settings {
+    Settings { threads, ..Settings::default() }
 }
 
 fn gemm(args: &GemmArgs) -> Result<(), CliError> {
-    let backend = reference_with_threads(args.threads)?;
+    on_backend!(args.device.backend, &with_threads(args.threads), |b| gemm_on(args, b))
+}
+
+fn gemm_on<B: Backend>(args: &GemmArgs, backend: Device<B>) -> Result<(), CliError> {
     let stream = backend.new_stream()?;
     let dtype = DType::from(args.dtype);
     let (m, n, k) = (args.m, args.n, args.k);
-    let mut rng = kda_testkit::Gen::new(7);
+    let mut rng = kda_synth::Gen::new(7);
     let x = super::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
     let w = super::random_tensor(&backend, &stream, &mut rng, dtype, &[n, k])?;
     let y = backend.alloc(dtype, &[m, n])?;
@@ -145,11 +136,14 @@ pub struct QuantArgs {
     /// Scale algorithm: 0 (OCP floor) or 1 (round up).
     #[arg(long, default_value_t = 0)]
     pub scale_alg: u8,
-    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool (reference
+    /// backend).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     #[arg(long, default_value_t = 20)]
     pub repeats: usize,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 /// GB/s of `bytes` moved in `time`.
@@ -160,11 +154,18 @@ fn gb_per_s(bytes: usize, time: std::time::Duration) -> f64 {
 fn quant(args: &QuantArgs) -> Result<(), CliError> {
     let alg = ScaleAlg::try_from(args.scale_alg)
         .map_err(|e| CliError::Argument { arg: "--scale-alg", reason: e.to_string() })?;
-    let backend = reference_with_threads(args.threads)?;
+    on_backend!(args.device.backend, &with_threads(args.threads), |b| quant_on(args, alg, b))
+}
+
+fn quant_on<B: Backend>(
+    args: &QuantArgs,
+    alg: ScaleAlg,
+    backend: Device<B>,
+) -> Result<(), CliError> {
     let stream = backend.new_stream()?;
     let dtype = DType::from(args.dtype);
     let (m, k) = (args.m, args.k);
-    let mut rng = kda_testkit::Gen::new(11);
+    let mut rng = kda_synth::Gen::new(11);
     let x = super::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
     let data = backend.alloc(DType::E4M3, &[m, k])?;
     let scale = backend.alloc(DType::E8M0, &[m, kda_core::mx::num_blocks(k)])?;
@@ -219,19 +220,25 @@ pub struct MxGemmArgs {
     pub n: usize,
     #[arg(long, default_value_t = 7168)]
     pub k: usize,
-    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool (reference
+    /// backend).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 fn mx_gemm(args: &MxGemmArgs) -> Result<(), CliError> {
-    let backend = reference_with_threads(args.threads)?;
+    on_backend!(args.device.backend, &with_threads(args.threads), |b| mx_gemm_on(args, b))
+}
+
+fn mx_gemm_on<B: Backend>(args: &MxGemmArgs, backend: Device<B>) -> Result<(), CliError> {
     let stream = backend.new_stream()?;
     let (m, n, k) = (args.m, args.n, args.k);
     let blocks = kda_core::mx::num_blocks(k);
-    let mut rng = kda_testkit::Gen::new(13);
+    let mut rng = kda_synth::Gen::new(13);
     let mut quantized = |rows: usize| -> Result<_, CliError> {
         let x = super::random_tensor(&backend, &stream, &mut rng, DType::BF16, &[rows, k])?;
         let data = backend.alloc(DType::E4M3, &[rows, k])?;
@@ -274,23 +281,16 @@ pub struct LaunchArgs {
     pub ops: usize,
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 /// Launch and run `ops` 16-element fills on one stream, with checked mode off and on.
 fn launch(args: &LaunchArgs) -> Result<(), CliError> {
     let mut per_op = Vec::new();
     for checked in [false, true] {
-        let options = ReferenceOptions { checked, ..ReferenceOptions::default() };
-        let backend = ReferenceBackend::with_options(options)?;
-        let stream = backend.new_stream()?;
-        let t = backend.alloc(DType::F32, &[16])?;
-        let time = median_time(args.repeats, || {
-            for _ in 0..args.ops {
-                backend.launch(&stream, Op::Fill { dst: t.clone(), value: 1.0 })?;
-            }
-            backend.synchronize(&stream)
-        })?;
-        per_op.push(time.as_secs_f64() * 1e6 / args.ops.max(1) as f64);
+        let settings = Settings { checked: Some(checked), ..Settings::default() };
+        per_op.push(on_backend!(args.device.backend, &settings, |b| launch_on(args, b))?);
     }
     println!(
         "launch+run of a 16-element fill, {} ops, median of {}: checked off {:.3} us/op, checked on {:.3} us/op ({:.2}x)",
@@ -301,4 +301,17 @@ fn launch(args: &LaunchArgs) -> Result<(), CliError> {
         per_op[1] / per_op[0]
     );
     Ok(())
+}
+
+/// Microseconds per launch and run of a 16-element fill on `backend`.
+fn launch_on<B: Backend>(args: &LaunchArgs, backend: Device<B>) -> Result<f64, CliError> {
+    let stream = backend.new_stream()?;
+    let t = backend.alloc(DType::F32, &[16])?;
+    let time = median_time(args.repeats, || {
+        for _ in 0..args.ops {
+            backend.launch(&stream, Op::Fill { dst: t.clone(), value: 1.0 })?;
+        }
+        backend.synchronize(&stream)
+    })?;
+    Ok(time.as_secs_f64() * 1e6 / args.ops.max(1) as f64)
 }

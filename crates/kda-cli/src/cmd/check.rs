@@ -5,12 +5,13 @@
 //! replay matches.
 
 use clap::Args;
-use kda_core::DType;
 use kda_core::layer::LayerError;
 use kda_core::layer::{KdaLayer, LayerOptions};
 use kda_core::schedule::{Mutation, ScheduleEvent};
-use kda_reference::{ReferenceBackend, ReferenceOptions};
+use kda_core::{Backend, DType, Device};
+use kda_synth::workload::Workload;
 
+use super::backend::{BackendArg, Settings, on_backend};
 use super::model::{self, ModelArgs, ScheduleArg};
 use crate::error::CliError;
 
@@ -18,6 +19,8 @@ use crate::error::CliError;
 pub struct CheckArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: BackendArg,
     #[arg(long, value_enum, default_value_t = ScheduleArg::Overlapped)]
     pub schedule: ScheduleArg,
     /// Requests in the captured prefill batch.
@@ -34,8 +37,11 @@ pub struct CheckArgs {
 
 pub fn run(args: &CheckArgs) -> Result<(), CliError> {
     let w = model::workload(&args.model, args.requests, args.tokens, 0)?;
-    let options = ReferenceOptions { checked: true, ..ReferenceOptions::default() };
-    let b = ReferenceBackend::with_options(options)?;
+    let settings = Settings { checked: Some(true), ..Settings::default() };
+    on_backend!(args.device.backend, &settings, |b| check_on(args, w, b))
+}
+
+fn check_on<B: Backend>(args: &CheckArgs, w: Workload, b: Device<B>) -> Result<(), CliError> {
     let main = b.new_stream()?;
     let loaded = model::load(&args.model)?;
     let mutation =

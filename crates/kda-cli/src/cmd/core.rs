@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use half::bf16;
 use kda_core::kda::{KdaChunk, KdaRecurrent};
-use kda_core::{Backend, DType, Device, Layout, Op, Resources, Tensor};
-use kda_reference::ReferenceBackend;
+use kda_core::{Backend, DType, Device, Layout, Op, Tensor};
 use safetensors::tensor::{Dtype, TensorView};
 
+use super::backend::{BackendArg, Settings, on_backend};
 use super::tensor_file::{self, OutTensor};
 use crate::error::CliError;
 
@@ -41,9 +41,12 @@ pub struct CoreArgs {
     /// Multiplies q (after the L2 norm, if any); default K^-0.5.
     #[arg(long)]
     pub scale: Option<f32>,
-    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool (reference
+    /// backend).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 /// The two forms of the recurrence.
@@ -105,8 +108,10 @@ pub fn run(args: &CoreArgs) -> Result<(), CliError> {
         }
         None => 1.0 / (k as f32).sqrt(),
     };
-    let backend = super::bench::reference_with_threads(args.threads)?;
-    let (o, final_state) = compute(&backend, &inputs, args.algo, scale, args.l2norm)?;
+    let settings = Settings { threads: args.threads, ..Settings::default() };
+    let (o, final_state) = on_backend!(args.device.backend, &settings, |b| {
+        compute(&b, &inputs, args.algo, scale, args.l2norm)
+    })?;
 
     let output = display(&args.output);
     let f32_bytes = |values: &[f32]| values.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -282,8 +287,8 @@ fn upload_i32<B: Backend>(
 
 /// Run the problem on `backend`: returns `o` (`[B, T, H, V]`) and the final state
 /// (`[B, H, K, V]`), both f32.
-pub fn compute(
-    backend: &Device<ReferenceBackend>,
+pub fn compute<B: Backend>(
+    backend: &Device<B>,
     inputs: &CoreInputs,
     algo: Algo,
     scale: f32,
@@ -379,23 +384,24 @@ pub struct CoreBenchArgs {
     /// dtype of q, k and v (g and beta are f32, as the gate and the sigmoid make them).
     #[arg(long, value_enum, default_value_t = super::bench::BenchDType::Bf16)]
     pub dtype: super::bench::BenchDType,
-    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool (reference
+    /// backend).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
-/// The reference GEMM the chunked prefill's FLOP rate is compared with: f32, the K3 TP8 fused
-/// BFG projection shape.
+/// The GEMM the chunked prefill's FLOP rate is compared with (on the same backend): f32, the
+/// K3 TP8 fused BFG projection shape.
 const GEMM_SHAPE: (usize, usize, usize) = (256, 3084, 7168);
 
 /// `kda bench core`: throughput of the chunked prefill (`KdaChunk`, one request, L2 norm on,
-/// lower-bound gates from `KdaGate`) and its FLOP rate as a fraction of the reference GEMM's,
+/// lower-bound gates from `KdaGate`) and its FLOP rate as a fraction of the same backend's GEMM,
 /// measured in the same run. FLOPs are counted as `6TD² + 3TCD + TC²` per head (`C = 64`).
 pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
-    use kda_core::kda::CHUNK_SIZE;
-
     let (t, h, d) = (args.t, args.heads, args.dim);
     if t == 0 || h == 0 || d == 0 {
         return Err(CliError::Argument {
@@ -403,11 +409,18 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
             reason: "must be at least 1".into(),
         });
     }
-    let b = super::bench::reference_with_threads(args.threads)?;
+    let settings = Settings { threads: args.threads, ..Settings::default() };
+    on_backend!(args.device.backend, &settings, |b| bench_on(args, b))
+}
+
+fn bench_on<B: Backend>(args: &CoreBenchArgs, b: Device<B>) -> Result<(), CliError> {
+    use kda_core::kda::CHUNK_SIZE;
+
+    let (t, h, d) = (args.t, args.heads, args.dim);
     let s = b.new_stream()?;
     let dtype = DType::from(args.dtype);
-    let mut rng = kda_testkit::Gen::new(17);
-    let random = |rng: &mut kda_testkit::Gen, dtype, shape: &[usize]| {
+    let mut rng = kda_synth::Gen::new(17);
+    let random = |rng: &mut kda_synth::Gen, dtype, shape: &[usize]| {
         super::random_tensor(&b, &s, rng, dtype, shape)
     };
     let (op, flops) = prefill_workload(&b, &s, &mut rng, (t, h, d), dtype)?;
@@ -437,7 +450,8 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
         tf / time.as_secs_f64(),
     );
     println!(
-        "reference gemm f32 m={m} n={n} k={kk} threads={}: median {:.1} ms, {gemm_gflops:.1} GFLOP/s",
+        "{} gemm f32 m={m} n={n} k={kk} threads={}: median {:.1} ms, {gemm_gflops:.1} GFLOP/s",
+        b.info().name,
         args.threads,
         super::ms(gemm_time),
     );
@@ -448,18 +462,18 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
 /// The chunked prefill the benchmarks time: one request of `t` tokens, `h` heads of `d`, L2 norm
 /// on, lower-bound gates from `KdaGate`, q/k/v in `dtype`; with its FLOP count
 /// (`6TD² + 3TCD + TC²` per head, `C = 64`).
-pub fn prefill_workload(
-    b: &Device<ReferenceBackend>,
-    s: &<ReferenceBackend as Resources>::Stream,
-    rng: &mut kda_testkit::Gen,
+pub fn prefill_workload<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    rng: &mut kda_synth::Gen,
     (t, h, d): (usize, usize, usize),
     dtype: DType,
-) -> Result<(Op<ReferenceBackend>, f64), CliError> {
+) -> Result<(Op<B>, f64), CliError> {
     use kda_core::kda::{CHUNK_SIZE, GateForm, KdaGate};
 
     let t_i32 = i32::try_from(t)
         .map_err(|_| CliError::Argument { arg: "--t", reason: "too large".into() })?;
-    let random = |rng: &mut kda_testkit::Gen, dtype, shape: &[usize]| {
+    let random = |rng: &mut kda_synth::Gen, dtype, shape: &[usize]| {
         super::random_tensor(b, s, rng, dtype, shape)
     };
     let (q, k, v) = (

@@ -1,35 +1,31 @@
-//! `kda info`: what this build can run on.
+//! `kda info`: every backend kda knows, each with its capabilities or the reason it cannot
+//! start here; the reference backend in both of its execution modes.
 
+use kda_ascend::AscendBackend;
+use kda_cuda::CudaBackend;
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 
+use super::backend::{self, BackendKind};
 use crate::error::CliError;
 
 pub fn run() -> Result<(), CliError> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!("kda {} — backends compiled in:", env!("CARGO_PKG_VERSION"));
-    let modes = [ExecutionMode::PerStream, ExecutionMode::SharedPool { threads: cores }];
-    for mode in modes {
-        let backend = ReferenceBackend::with_options(ReferenceOptions {
-            mode,
-            ..ReferenceOptions::default()
-        })?;
-        let info = backend.info();
-        let caps = &info.capabilities;
-        let dtypes: Vec<_> = caps.gemm_inputs.iter().map(|d| d.name()).collect();
-        println!(
-            "  {:<10} mode: {:<20} threads/op: {:<3} concurrent streams: {}  shared matrix units: {}  gemm inputs: {}",
-            info.name,
-            caps.execution,
-            caps.threads,
-            yes_no(caps.concurrent_streams),
-            yes_no(caps.shared_matrix_units),
-            dtypes.join(", "),
-        );
+    println!("kda {} — backends:", env!("CARGO_PKG_VERSION"));
+    for kind in BackendKind::ALL {
+        match kind {
+            BackendKind::Reference => {
+                let modes =
+                    [ExecutionMode::PerStream, ExecutionMode::SharedPool { threads: cores }];
+                for mode in modes {
+                    let options = ReferenceOptions { mode, ..ReferenceOptions::default() };
+                    let device = ReferenceBackend::with_options(options)?;
+                    println!("  {}", backend::capabilities(&device));
+                }
+            }
+            BackendKind::Ascend => println!("  {}", backend::describe::<AscendBackend>()),
+            BackendKind::Cuda => println!("  {}", backend::describe::<CudaBackend>()),
+        }
     }
     println!("host cores: {cores}");
     Ok(())
-}
-
-fn yes_no(b: bool) -> &'static str {
-    if b { "yes" } else { "no" }
 }

@@ -1,5 +1,6 @@
 //! `kda layer`: one KDA layer of an HF-style checkpoint on a safetensors file of hidden states,
-//! on the CPU reference (the numbers an engine's layer should reproduce).
+//! on the CPU reference (the numbers an engine's layer should reproduce) or the backend
+//! `--backend` names.
 //!
 //! Input: `hidden_states` `[N, Hd]` (bf16 or f32) and `query_start_loc` i32 `[B + 1]`; every
 //! request is a fresh prefill into its own state slot, rows past `query_start_loc[B]` are
@@ -18,6 +19,7 @@ use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, LayerTrace};
 use kda_core::weights::Checkpoint;
 use kda_core::{Backend, DType, Device, Tensor};
 
+use super::backend::{BackendArg, Settings, on_backend};
 use super::model::ScheduleArg;
 use super::tensor_file::{self, OutTensor, f32_tensor};
 use crate::error::CliError;
@@ -46,9 +48,12 @@ pub struct LayerArgs {
     /// Also write the intermediates: beta, g1, gate, g2, mixed_qkv, core_attn_out.
     #[arg(long)]
     pub dump: bool,
-    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool (reference
+    /// backend).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 /// The input file's batch.
@@ -65,11 +70,23 @@ pub fn run(args: &LayerArgs) -> Result<(), CliError> {
     let tp = Tp::new(args.tp_size, args.tp_rank).map_err(kda_core::weights::WeightError::from)?;
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let input = read_input(args, config.hidden_size)?;
+    let settings = Settings { threads: args.threads, ..Settings::default() };
+    on_backend!(args.device.backend, &settings, |b| {
+        run_on(args, &config, tp, &checkpoint, &input, b)
+    })
+}
 
-    let backend = super::bench::reference_with_threads(args.threads)?;
+fn run_on<B: Backend>(
+    args: &LayerArgs,
+    config: &KdaConfig,
+    tp: Tp,
+    checkpoint: &Checkpoint,
+    input: &LayerInput,
+    backend: Device<B>,
+) -> Result<(), CliError> {
     let stream = backend.new_stream()?;
     let options = LayerOptions { schedule: Some(args.schedule.into()), ..LayerOptions::default() };
-    let layer = KdaLayer::load(&backend, &stream, &checkpoint, &config, tp, args.layer, options)?;
+    let layer = KdaLayer::load(&backend, &stream, checkpoint, config, tp, args.layer, options)?;
     let d = *layer.dims();
     let requests = input.meta.num_requests();
     let mut cache = layer.new_cache(&stream, requests.max(1), 0)?;

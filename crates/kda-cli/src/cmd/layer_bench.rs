@@ -1,7 +1,8 @@
-//! `kda bench layer`: the whole KDA layer on the reference at Kimi K3 TP8 shapes (synthetic
-//! rank-0 weights): prefill tokens/s (4 fresh requests of 1024 tokens) and decode latency (32
-//! single-token requests), serial against overlapped; and the decode step time as a multiple of
-//! the time to read the layer's weights once, with the memory bandwidth measured in the same run.
+//! `kda bench layer`: the whole KDA layer on the reference (or `--backend`) at Kimi K3 TP8 shapes
+//! (synthetic rank-0 weights): prefill tokens/s (4 fresh requests of 1024 tokens) and decode
+//! latency (32 single-token requests), serial against overlapped, with the ops that took longest
+//! where the backend times them; and the decode step time as a multiple of the time to read the
+//! layer's weights once, with the host's memory bandwidth measured in the same run.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -10,9 +11,9 @@ use clap::Args;
 use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots, StateCache};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::timeline::Timeline;
-use kda_core::{DType, Tensor};
-use kda_reference::ReferenceBackend;
+use kda_core::{DType, Device, Tensor};
 
+use super::backend::{BackendArg, CliBackend, Settings, on_backend};
 use super::model::{ModelArgs, load};
 use super::perf_table::{Paired, Target, timed};
 use super::{median_time, ms};
@@ -31,7 +32,8 @@ pub struct LayerBenchArgs {
     /// Single-token requests per decode step.
     #[arg(long, default_value_t = 32)]
     pub decode_batch: usize,
-    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool.
+    /// Threads per op: 1 runs on the stream's own thread, more use a shared pool (reference
+    /// backend).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Timed prefill steps (after one warm-up).
@@ -49,6 +51,8 @@ pub struct LayerBenchArgs {
     /// Also write the figures table as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 /// One schedule's figures.
@@ -65,6 +69,14 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
             reason: "must be at least 1".into(),
         });
     }
+    // Timed with the op timeline on (where the backend has one), for the per-op breakdown of
+    // one extra step.
+    let settings = Settings { threads: args.threads, timeline: true, ..Settings::default() };
+    on_backend!(args.device.backend, &settings, |b| bench_on(args, b))
+}
+
+fn bench_on<B: CliBackend>(args: &LayerBenchArgs, b: Device<B>) -> Result<(), CliError> {
+    let (requests, len, decodes) = (args.prefill_requests, args.prefill_len, args.decode_batch);
     let loaded = load(&args.model)?;
     let d = loaded.weights.dims;
     eprintln!(
@@ -75,12 +87,8 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
         loaded.tp.size,
         loaded.load_time.as_secs_f64()
     );
-    // Timed with the op timeline on, for the per-op breakdown of one extra step.
-    let mut options = super::bench::reference_with_threads(args.threads)?.raw().options().clone();
-    options.timeline = true;
-    let b = ReferenceBackend::with_options(options)?;
     let s = b.new_stream()?;
-    let mut rng = kda_testkit::Gen::new(args.model.seed);
+    let mut rng = kda_synth::Gen::new(args.model.seed);
     let prefill_x =
         super::random_tensor(&b, &s, &mut rng, DType::BF16, &[requests * len, d.hidden])?;
     let decode_x = super::random_tensor(&b, &s, &mut rng, DType::BF16, &[decodes, d.hidden])?;
@@ -107,12 +115,12 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
         let decode_time =
             median_time(args.decode_repeats, || step(&decode_x, &decode, &mut cache))?;
         let name = format!("{schedule:?}").to_lowercase();
-        b.raw().clear_timeline();
+        B::clear_timeline(&b);
         step(&prefill_x, &prefill, &mut cache)?;
-        let prefill_ops = breakdown(&b.raw().timeline());
-        b.raw().clear_timeline();
+        let prefill_ops = breakdown::<B>(B::timeline(&b));
+        B::clear_timeline(&b);
         step(&decode_x, &decode, &mut cache)?;
-        let decode_ops = breakdown(&b.raw().timeline());
+        let decode_ops = breakdown::<B>(B::timeline(&b));
         println!(
             "{name:>10}: prefill {requests} x {len} tokens {:.1} ms ({:.0} tokens/s); decode \
              {decodes} x 1 token {:.2} ms",
@@ -195,8 +203,11 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
 }
 
 /// The five op labels that took longest in `timeline` (summed over streams), with their share
-/// of the summed op time.
-fn breakdown(timeline: &Timeline) -> String {
+/// of the summed op time; or why there is none.
+fn breakdown<B: CliBackend>(timeline: Option<Timeline>) -> String {
+    let Some(timeline) = timeline else {
+        return format!("not timed (the {} backend records no op timeline)", B::KIND.name());
+    };
     let mut by_label: Vec<(String, Duration)> = Vec::new();
     for span in &timeline.spans {
         match by_label.iter_mut().find(|(l, _)| *l == span.label) {

@@ -1,5 +1,6 @@
 //! One module per `kda` subcommand, plus what they share.
 
+pub mod backend;
 pub mod bench;
 pub mod check;
 pub mod core;
@@ -19,7 +20,7 @@ pub mod trace;
 use std::time::{Duration, Instant};
 
 use kda_core::{Backend, DType, Device, Tensor};
-use kda_testkit::Gen;
+use kda_synth::Gen;
 
 use crate::error::CliError;
 

@@ -9,8 +9,8 @@ use clap::{Args, ValueEnum};
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::weights::{Checkpoint, LayerWeights, LoadOptions, TensorSource, WeightError};
-use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
-use kda_testkit::workload::Workload;
+use kda_synth::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
+use kda_synth::workload::Workload;
 
 use crate::error::CliError;
 

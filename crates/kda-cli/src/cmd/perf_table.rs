@@ -140,9 +140,12 @@ pub fn timed<E: Into<CliError>>(f: impl FnOnce() -> Result<(), E>) -> Result<Dur
 /// reference GEMM, DynamicQuant against a host memcpy, the f32 GEMM against OpenBLAS's sgemm
 /// (one thread each; skipped when the system has no OpenBLAS).
 pub fn kernel_figures(rounds: usize) -> Result<Vec<Figure>, CliError> {
-    let b = super::bench::reference_with_threads(1)?;
+    let settings = super::backend::Settings { threads: 1, ..Default::default() };
+    let b = kda_reference::ReferenceBackend::with_options(super::backend::reference_options(
+        &settings,
+    ))?;
     let s = b.new_stream()?;
-    let mut rng = kda_testkit::Gen::new(29);
+    let mut rng = kda_synth::Gen::new(29);
     let mut figures = Vec::new();
 
     // The reference f32 GEMM at the K3 TP8 BFG shape.

@@ -13,15 +13,15 @@ use std::path::PathBuf;
 use clap::Args;
 use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
+use kda_core::kda::gate::exact::{gate_lower_bound, gate_softplus, sigmoid};
 use kda_core::weights::source::read_all;
 use kda_core::weights::{
     BfgBlock, BfgMode, FusedBfgLinear, TensorRead, TensorSource, WeightError, layer_prefix,
 };
 use kda_core::{DType, Device, Op};
 use kda_reference::ReferenceBackend;
-use kda_testkit::Gen;
-use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec};
-use kda_testkit::oracle_kda::{gate_lower_bound, gate_softplus, sigmoid};
+use kda_synth::Gen;
+use kda_synth::checkpoint::{SyntheticCheckpoint, SyntheticSpec};
 
 use crate::error::CliError;
 
@@ -375,7 +375,7 @@ is not worse; this measures how far each path is from exact arithmetic.
   only add samples (and let the maximum grow slowly, like the maximum of more draws). The
   reduction lengths, which set the rounding errors, are exactly K3's (`Hd` for the first and the
   composed GEMM, `D` for the second).
-- **Weights.** A synthetic K3 checkpoint (`kda_testkit::checkpoint`, seed {seed}): projection
+- **Weights.** A synthetic K3 checkpoint (`kda_synth::checkpoint`, seed {seed}): projection
   weights `~ N(0, 0.02)` in bf16, `A_log = ln U(1, 16)`, `dt_bias = softplus⁻¹(U(0.001, 0.1))`.
 - **Activations.** {t} tokens of `x ~ N(0, 1)` rounded to bf16: the RMS-normalised hidden state
   the projections see.

@@ -4,18 +4,21 @@
 //! dimension) becomes `NAME.data` (u8 E4M3 bytes, the same shape) and `NAME.scale` (u8 E8M0
 //! bytes). Scales are plain (`[ceil(K/32)]` or `[N, ceil(K/32)]`) or in Ascend's weight layout
 //! (`[ceil(K/64), 2]` or `[ceil(K/64), N, 2]`, padded with zero bytes): a checkpoint's tensors
-//! are weights. The bytes are exactly [`kda_core::mx::quantize`]'s. The output's metadata records
-//! the format, block size, scale algorithm and layout.
+//! are weights. The quantization is the `DynamicQuant` op of the backend `--backend` names (the
+//! reference by default), whose bytes are exactly [`kda_core::mx::quantize`]'s on every backend
+//! (the conformance suite holds each to the codec); the Ascend layout is arranged on the host.
+//! The output's metadata records the format, block size, scale algorithm and layout.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use clap::{Args, ValueEnum};
 use half::bf16;
-use kda_core::mx;
-use kda_core::{ScaleAlg, ScaleLayout};
+use kda_core::mx::{self, MxFloat};
+use kda_core::{Backend, DType, Device, E8M0, Element, F8E4M3, Op, ScaleAlg, ScaleLayout};
 use safetensors::tensor::{Dtype, TensorView};
 
+use super::backend::{BackendArg, Settings, on_backend};
 use super::tensor_file::{self, OutTensor};
 use crate::error::CliError;
 
@@ -34,6 +37,8 @@ pub struct QuantArgs {
     /// `[ceil(K/64), N, 2]`.
     #[arg(long, value_enum, default_value_t = ScaleLayoutArg::Plain)]
     pub layout: ScaleLayoutArg,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 fn parse_scale_alg(s: &str) -> Result<ScaleAlg, String> {
@@ -64,6 +69,11 @@ impl ScaleLayoutArg {
 }
 
 pub fn run(args: &QuantArgs) -> Result<(), CliError> {
+    on_backend!(args.device.backend, &Settings::default(), |b| run_on(args, b))
+}
+
+fn run_on<B: Backend>(args: &QuantArgs, b: Device<B>) -> Result<(), CliError> {
+    let stream = b.new_stream()?;
     let input = display(&args.input);
     let file = tensor_file::read(&args.input)?;
     let tensors = tensor_file::parse(&args.input, &file)?;
@@ -74,7 +84,7 @@ pub fn run(args: &QuantArgs) -> Result<(), CliError> {
         let view = tensors
             .tensor(name)
             .map_err(|e| CliError::Safetensors { path: input.clone(), message: e.to_string() })?;
-        let (data, scale) = quantize_tensor(name, &view, args.scale_alg, args.layout)?;
+        let (data, scale) = quantize_tensor(&b, &stream, name, &view, args.scale_alg, args.layout)?;
         println!(
             "{name} {:?} {} -> {}.data {:?} u8, {}.scale {:?} u8",
             view.shape(),
@@ -117,8 +127,10 @@ fn dtype_name(dtype: Dtype) -> String {
     }
 }
 
-/// Quantize one tensor into its `.data` and `.scale` outputs.
-fn quantize_tensor(
+/// Quantize one tensor on `b` into its `.data` and `.scale` outputs.
+fn quantize_tensor<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
     name: &str,
     view: &TensorView<'_>,
     alg: ScaleAlg,
@@ -144,14 +156,14 @@ fn quantize_tensor(
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
-            mx::quantize(&values, rows, k, alg)?
+            quantize_on(b, s, &values, rows, k, alg)?
         }
         Dtype::BF16 => {
             let values: Vec<bf16> = bytes
                 .chunks_exact(2)
                 .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
                 .collect();
-            mx::quantize(&values, rows, k, alg)?
+            quantize_on(b, s, &values, rows, k, alg)?
         }
         _ => return Err(error("only f32 and bf16 tensors can be quantized")),
     };
@@ -172,4 +184,30 @@ fn quantize_tensor(
             bytes: scale,
         },
     ))
+}
+
+/// `x` `[rows, k]` quantized by the device's `DynamicQuant` (an empty tensor has nothing to
+/// launch: the codec's empty result).
+fn quantize_on<B: Backend, T: Element + MxFloat>(
+    b: &Device<B>,
+    s: &B::Stream,
+    x: &[T],
+    rows: usize,
+    k: usize,
+    alg: ScaleAlg,
+) -> Result<mx::Quantized, CliError> {
+    if rows == 0 || k == 0 {
+        return Ok(mx::quantize(x, rows, k, alg)?);
+    }
+    let input = b.alloc(<T as Element>::DTYPE, &[rows, k])?;
+    b.upload(s, &input, x)?;
+    let data = b.alloc(DType::E4M3, &[rows, k])?;
+    let scale = b.alloc(DType::E8M0, &[rows, mx::num_blocks(k)])?;
+    b.launch(s, Op::DynamicQuant { x: input, data: data.clone(), scale: scale.clone(), alg })?;
+    Ok(mx::Quantized {
+        rows,
+        k,
+        data: b.download::<F8E4M3>(s, &data)?.into_iter().map(|q| q.0).collect(),
+        scale: b.download::<E8M0>(s, &scale)?.into_iter().map(|q| q.0).collect(),
+    })
 }

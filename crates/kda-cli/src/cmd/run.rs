@@ -2,13 +2,15 @@
 //!
 //! One KDA layer (by default layer 0 of a deterministic synthetic Kimi K3 checkpoint, TP 8
 //! rank 0, F composed into the fused BFG at load, MXFP8 QKV) on the reference backend, one
-//! core per stream, in checked mode: a prefill batch ([`Workload`]: 4 requests × 512 tokens)
-//! under the serial and the overlapped schedule, then decode steps (one token per request)
-//! replayed from one captured graph of the overlapped layer, each step checked against the
-//! serial layer run eagerly. It reports load and composition time, op time per stage, the
+//! core per stream (or on the backend `--backend` names), in checked mode: a prefill batch
+//! ([`Workload`]: 4 requests × 512 tokens) under the serial and the overlapped schedule, then
+//! decode steps (one token per request) replayed from one captured graph of the overlapped
+//! layer, each step checked against the serial layer run eagerly. It reports load and composition time, op time per stage, the
 //! overlapped schedule's speedup and hidden vector fraction, prefill tokens/s, decode step
 //! latency, an output checksum (the f64 sum of every output element of the prefill and the
-//! decode steps, in order), and whether the capture was valid and the sanitizer silent.
+//! decode steps, in order), and whether the capture was valid and the sanitizer silent. The op
+//! times per stage and the hidden vector fraction come from the reference backend's op
+//! timeline; on other backends the report says they were not measured.
 
 use std::time::{Duration, Instant};
 
@@ -17,20 +19,20 @@ use kda_core::config::QkvFormat;
 use kda_core::layer::{KdaLayer, LayerOptions, StateCache};
 use kda_core::schedule::{MatrixOverlap, ProjectionSchedule, labels};
 use kda_core::timeline::{Span, Timeline};
-use kda_core::{DType, Device, Resources, Tensor};
-use kda_reference::{ReferenceBackend, ReferenceOptions, WaitStrategy};
-use kda_testkit::workload::Workload;
+use kda_core::{Backend, DType, Device, Tensor};
+use kda_synth::workload::Workload;
 
+use super::backend::{BackendArg, CliBackend, Settings, on_backend};
 use super::model::{self, ModelArgs, ScheduleArg};
 use super::ms;
 use crate::error::CliError;
-
-type Ref = ReferenceBackend;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: BackendArg,
     /// The schedule under test; `overlapped` also runs `serial` to compare with.
     #[arg(long, value_enum, default_value_t = ScheduleArg::Overlapped)]
     pub schedule: ScheduleArg,
@@ -79,18 +81,18 @@ fn is_projection_gemm(s: &Span) -> bool {
 }
 
 /// One layer with its own cache and buffers.
-struct Path {
-    layer: KdaLayer<Ref>,
-    cache: StateCache<Ref>,
-    out: Tensor<Ref>,
-    x_decode: Tensor<Ref>,
-    out_decode: Tensor<Ref>,
+struct Path<B: Backend> {
+    layer: KdaLayer<B>,
+    cache: StateCache<B>,
+    out: Tensor<B>,
+    x_decode: Tensor<B>,
+    out_decode: Tensor<B>,
 }
 
-impl Path {
+impl<B: Backend> Path<B> {
     fn new(
-        b: &Device<Ref>,
-        s: &<Ref as Resources>::Stream,
+        b: &Device<B>,
+        s: &B::Stream,
         loaded: &model::Loaded,
         schedule: ProjectionSchedule,
         w: &Workload,
@@ -110,9 +112,9 @@ impl Path {
     /// The prefill, timed from launch to completion.
     fn prefill(
         &mut self,
-        b: &Device<Ref>,
-        s: &<Ref as Resources>::Stream,
-        x: &Tensor<Ref>,
+        b: &Device<B>,
+        s: &B::Stream,
+        x: &Tensor<B>,
         w: &Workload,
     ) -> Result<Duration, CliError> {
         b.synchronize(s)?;
@@ -143,13 +145,11 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     let w = model::workload(&args.model, args.requests, args.tokens, args.decode_steps)?;
     // Checked mode: every launch is analysed for stream hazards (cheap next to the GEMMs); the
     // timeline gives each op's own time.
-    let options = ReferenceOptions {
-        checked: true,
-        timeline: true,
-        wait: WaitStrategy::Forecast,
-        ..ReferenceOptions::default()
-    };
-    let b = ReferenceBackend::with_options(options)?;
+    let settings = Settings { checked: Some(true), timeline: true, ..Settings::default() };
+    on_backend!(args.device.backend, &settings, |b| run_on(args, w, b))
+}
+
+fn run_on<B: CliBackend>(args: &RunArgs, w: Workload, b: Device<B>) -> Result<(), CliError> {
     let info = b.info();
     let main = b.new_stream()?;
 
@@ -175,9 +175,9 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         Some(p) => Some(p.prefill(&b, &main, &x, &w)?),
         None => None,
     };
-    b.raw().clear_timeline();
+    B::clear_timeline(&b);
     let prefill_time = path.prefill(&b, &main, &x, &w)?;
-    let timeline = b.raw().timeline();
+    let timeline = B::timeline(&b);
     let prefill_out: Vec<f32> = b.download(&main, &path.out)?;
     if let Some(p) = &serial {
         check_same("prefill output".into(), &b.download::<f32>(&main, &p.out)?, &prefill_out)?;
@@ -264,14 +264,23 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         }
         None => println!("    serial      {:>10.2} ms", ms(prefill_time)),
     }
-    if let Some(f) = timeline.hidden_fraction(is_hidden_vector, is_projection_gemm) {
+    if let Some(f) =
+        timeline.as_ref().and_then(|t| t.hidden_fraction(is_hidden_vector, is_projection_gemm))
+    {
         println!(
             "    hidden vector fraction {f:.3} (dynamic_quant and postprocess_bfg time under a \
              GEMM on the other stream)"
         );
     }
     println!("    prefill throughput {:.1} tokens/s", n as f64 / prefill_time.as_secs_f64());
-    println!("    op time by stage: {}", stage_times(&timeline));
+    match &timeline {
+        Some(timeline) => println!("    op time by stage: {}", stage_times(timeline)),
+        None => println!(
+            "    op time by stage, hidden vector fraction: not measured (the {} backend records \
+             no op timeline; --backend reference does)",
+            info.name
+        ),
+    }
     let median = |mut v: Vec<Duration>| {
         v.sort();
         v.get(v.len() / 2).copied()

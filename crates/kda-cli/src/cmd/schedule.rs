@@ -1,6 +1,6 @@
 //! `kda bench schedule`: the QKV/BFG projection schedules at Kimi K3 TP8 shapes on the reference
 //! backend, one core per stream, with every op's start and end taken from the backend's
-//! timeline.
+//! timeline (so `--backend` must name a backend that records one: the reference).
 //!
 //! For each token count it times, round-robin after a warm-up round, six configurations: serial,
 //! overlapped with the GEMMs serialised (the seeds' order,
@@ -27,15 +27,13 @@ use kda_core::schedule::{
     ProjectionWeights, QkvBfgProjection, QkvWeight, labels,
 };
 use kda_core::timeline::{Span, Timeline};
-use kda_core::{DType, Device, Op, Resources, ScaleAlg, Tensor};
-use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions, WaitStrategy};
-use kda_testkit::Gen;
+use kda_core::{Backend, DType, Device, Op, ScaleAlg, Tensor};
+use kda_synth::Gen;
 use rand::seq::SliceRandom;
 
+use super::backend::{self, BackendArg, CliBackend, Settings, on_backend};
 use super::ms;
 use crate::error::CliError;
-
-type Ref = ReferenceBackend;
 
 #[derive(Debug, Args)]
 pub struct ScheduleBenchArgs {
@@ -55,6 +53,8 @@ pub struct ScheduleBenchArgs {
     /// Also write every figure as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub device: BackendArg,
 }
 
 /// Time the timed rounds of one token count aim for, when `--repeats` is not given.
@@ -130,13 +130,13 @@ fn median_duration(mut v: Vec<Duration>) -> Duration {
 }
 
 /// Upload seeded uniform bf16 values in `[-scale, scale)`.
-fn random_bf16(
-    b: &Device<Ref>,
-    s: &<Ref as Resources>::Stream,
+fn random_bf16<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
     rng: &mut Gen,
     shape: &[usize],
     scale: f32,
-) -> Result<Tensor<Ref>, CliError> {
+) -> Result<Tensor<B>, CliError> {
     let t = b.alloc(DType::BF16, shape)?;
     b.upload(s, &t, &rng.uniform_bf16(t.numel(), -scale, scale))?;
     Ok(t)
@@ -144,12 +144,12 @@ fn random_bf16(
 
 /// The K3 TP8 rank-0 weights: MXFP8 QKV (quantized on the device with `alg`), and the BFG
 /// linear both composed and staged.
-fn weights(
-    b: &Device<Ref>,
-    s: &<Ref as Resources>::Stream,
+fn weights<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
     rng: &mut Gen,
     alg: ScaleAlg,
-) -> Result<[ProjectionWeights<Ref>; 2], CliError> {
+) -> Result<[ProjectionWeights<B>; 2], CliError> {
     let dims = ProjectionDims::K3_TP8;
     let (hd, lh, lp, d) = (dims.hidden, dims.heads, dims.local_projection(), dims.head_dim);
     let dense = random_bf16(b, s, rng, &[dims.qkv_width(), hd], 0.05)?;
@@ -176,10 +176,10 @@ fn weights(
 /// agree.
 type Bits = (Vec<bf16>, Vec<bf16>, Vec<u32>);
 
-fn output_bits(
-    b: &Device<Ref>,
-    s: &<Ref as Resources>::Stream,
-    bufs: &ProjectionBuffers<Ref>,
+fn output_bits<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    bufs: &ProjectionBuffers<B>,
 ) -> Result<Bits, CliError> {
     let beta: Vec<f32> = b.download(s, &bufs.beta)?;
     Ok((
@@ -309,14 +309,17 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
             reason: "needs one or more counts, each at least 1".into(),
         });
     }
-    let options = ReferenceOptions {
-        mode: ExecutionMode::PerStream,
-        checked: false,
-        timeline: true,
-        wait: WaitStrategy::Forecast,
-        ..ReferenceOptions::default()
-    };
-    let b = ReferenceBackend::with_options(options)?;
+    // One core per stream, unchecked, every op timed.
+    let settings = Settings { checked: Some(false), timeline: true, threads: 1 };
+    on_backend!(args.device.backend, &settings, |b| bench_on(args, alg, b))
+}
+
+fn bench_on<B: CliBackend>(
+    args: &ScheduleBenchArgs,
+    alg: ScaleAlg,
+    b: Device<B>,
+) -> Result<(), CliError> {
+    backend::require_timeline(&b, "kda bench schedule")?;
     let main = b.new_stream()?;
     let mut rng = Gen::new(args.seed);
     eprintln!("kda bench schedule: generating K3 TP8 weights ...");
@@ -346,11 +349,11 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
             projections.iter().map(|p| p.alloc_buffers(&x)).collect::<Result<Vec<_>, _>>()?;
         b.synchronize(&main)?;
         let run = |i: usize| -> Result<Run, CliError> {
-            b.raw().clear_timeline();
+            B::clear_timeline(&b);
             let start = Instant::now();
             projections[i].forward_into(&main, &x, &bufs[i])?;
             b.synchronize(&main)?;
-            Ok(Run { wall: start.elapsed(), timeline: b.raw().timeline() })
+            Ok(Run { wall: start.elapsed(), timeline: B::timeline(&b).unwrap_or_default() })
         };
         progress.inc_length(CONFIGS.len() as u64);
         progress.set_message(format!("T={t}: warm-up"));

@@ -1,15 +1,18 @@
 //! `kda trace`: one layer forward with every op timed, drawn as an SVG timeline (a lane per
 //! stream, a box per op, an arrow per cross-stream wait) and written as a Chrome/Perfetto
 //! trace. The forward is a fresh prefill batch, or with `--decode` one decode step after it.
+//! The op times are the reference backend's timeline: on other backends `kda trace` says so and
+//! stops before loading anything.
 
 use std::path::PathBuf;
 
 use clap::Args;
 use kda_core::layer::{KdaLayer, LayerOptions};
 use kda_core::timeline::SvgOptions;
-use kda_core::{DType, StreamHandle};
-use kda_reference::{ReferenceBackend, ReferenceOptions, WaitStrategy};
+use kda_core::{DType, Device, StreamHandle};
+use kda_synth::workload::Workload;
 
+use super::backend::{self, BackendArg, CliBackend, Settings, on_backend};
 use super::model::{self, ModelArgs, ScheduleArg};
 use crate::error::CliError;
 
@@ -17,6 +20,8 @@ use crate::error::CliError;
 pub struct TraceArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: BackendArg,
     /// Write the SVG timeline here.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
@@ -52,12 +57,12 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
         });
     }
     let w = model::workload(&args.model, args.requests, args.tokens, 1)?;
-    let options = ReferenceOptions {
-        timeline: true,
-        wait: WaitStrategy::Forecast,
-        ..ReferenceOptions::default()
-    };
-    let b = ReferenceBackend::with_options(options)?;
+    let settings = Settings { timeline: true, ..Settings::default() };
+    on_backend!(args.device.backend, &settings, |b| trace_on(args, w, b))
+}
+
+fn trace_on<B: CliBackend>(args: &TraceArgs, w: Workload, b: Device<B>) -> Result<(), CliError> {
+    backend::require_timeline(&b, "kda trace")?;
     let main = b.new_stream()?;
     let loaded = model::load(&args.model)?;
     let options = LayerOptions { schedule: Some(args.schedule.into()), ..LayerOptions::default() };
@@ -80,10 +85,10 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
     b.upload(&main, &x, &input)?;
     let mut out = b.alloc(DType::F32, &[rows, hidden])?;
     b.synchronize(&main)?;
-    b.raw().clear_timeline();
+    B::clear_timeline(&b);
     layer.forward(&main, &x, &meta, &mut cache, &mut out)?;
     b.synchronize(&main)?;
-    let timeline = b.raw().timeline();
+    let timeline = B::timeline(&b).unwrap_or_default();
 
     let mut lanes = vec![(main.id(), "main".to_string())];
     if args.schedule == ScheduleArg::Overlapped {

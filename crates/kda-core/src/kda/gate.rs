@@ -126,3 +126,30 @@ fn check_params<B: Resources>(
     }
     Ok(())
 }
+
+/// The gate forms and the sigmoid in exact (f64) arithmetic, as the formulas read: the
+/// definition the fp32 kernels are measured against, by the f64 oracles and by `kda precision`.
+/// Kept here, next to [`GateForm`], so that there is one definition of each formula.
+pub mod exact {
+    use super::SOFTPLUS_THRESHOLD;
+
+    /// `1 / (1 + e^-z)`.
+    pub fn sigmoid(z: f64) -> f64 {
+        1.0 / (1.0 + (-z).exp())
+    }
+
+    /// `ln(1 + e^a)`, or `a` above [`SOFTPLUS_THRESHOLD`].
+    pub fn softplus(a: f64) -> f64 {
+        if a > f64::from(SOFTPLUS_THRESHOLD) { a } else { (1.0 + a.exp()).ln() }
+    }
+
+    /// Softplus-form gate: `-exp(A_log) · softplus(a)`.
+    pub fn gate_softplus(a_log: f64, a: f64) -> f64 {
+        -a_log.exp() * softplus(a)
+    }
+
+    /// Lower-bound-form gate: `lower_bound · sigmoid(exp(A_log) · a)`.
+    pub fn gate_lower_bound(lower_bound: f64, a_log: f64, a: f64) -> f64 {
+        lower_bound * sigmoid(a_log.exp() * a)
+    }
+}

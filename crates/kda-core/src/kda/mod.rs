@@ -13,7 +13,8 @@
 //! Each descriptor checks its own shapes and dtypes (`validate`, called by
 //! [`crate::Op::validate`]); per-request metadata (offsets, slots, counts) is device data and is
 //! checked by the kernels when they run. The reference kernels live in `kda-reference`
-//! (`kernels/kda/`), the f64 oracles in `kda-testkit` (`oracle_kda`).
+//! (`kernels/kda/`), the f64 oracles in `kda-testkit` (`oracle_kda`); the gate formulas
+//! themselves in f64 are here ([`gate::exact`]), the one definition both use.
 
 mod check;
 pub mod conv;

@@ -1,8 +1,9 @@
-//! Seeded, reproducible test inputs.
+//! Seeded, reproducible values: synthetic weights, workloads and test inputs.
 //!
 //! Every sample is derived from raw ChaCha8 output with arithmetic written here, not from `rand`'s
-//! distributions, whose algorithms may change between releases: a failing seed must reproduce the
-//! same tensor on every machine and after every dependency bump.
+//! distributions, whose algorithms may change between releases: a seed (a failing test's, or a
+//! `kda run --seed`) must reproduce the same tensor on every machine and after every dependency
+//! bump.
 
 use std::f64::consts::TAU;
 
@@ -10,7 +11,7 @@ use half::{bf16, f16};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// A reproducible source of test data: the same seed yields the same values on every platform.
+/// A reproducible source of data: the same seed yields the same values on every platform.
 #[derive(Clone, Debug)]
 pub struct Gen {
     rng: ChaCha8Rng,
