@@ -1,4 +1,4 @@
-//! How a HAL graph ([`kda_core::sanitize::Graph`]) becomes one CUDA graph: the host-side plan
+//! How a HAL graph ([`kda_core::graph::Graph`]) becomes one CUDA graph: the host-side plan
 //! the backend replays into a `cuStreamBeginCapture` on the origin stream, instantiates once and
 //! then launches with one `cuGraphLaunch`.
 //!
