@@ -25,6 +25,11 @@ pub enum ViewError {
     RankMismatch { op: &'static str, shape: Vec<usize>, strides: Vec<usize> },
     #[error("{op}: element offsets overflow")]
     Overflow { op: &'static str },
+    #[error(
+        "shape {shape:?} of {dtype} is too large: its element count or byte size does not fit \
+         the address space (at most isize::MAX bytes)"
+    )]
+    TooLarge { shape: Vec<usize>, dtype: DType },
 }
 
 /// Everything a HAL call can report.

@@ -222,10 +222,7 @@ pub trait Backend: Clone + Send + Sync + fmt::Debug + Sized + 'static {
     /// Allocate a dense tensor of `dtype` and `shape`.
     fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<Self>> {
         let layout = Layout::contiguous(dtype, shape);
-        let bytes = layout
-            .numel()
-            .checked_mul(dtype.size_bytes())
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+        let bytes = layout.size_bytes()?;
         Tensor::new(self.alloc_buffer(bytes)?, layout)
     }
 

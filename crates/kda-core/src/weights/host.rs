@@ -32,7 +32,7 @@ enum HostData {
 
 /// Elements of `shape`, or an error naming `param`.
 pub(crate) fn numel(param: &str, shape: &[usize]) -> Result<usize, WeightError> {
-    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+    crate::layout::checked_numel(shape).ok_or_else(|| {
         WeightError::shape(param, "a shape whose element count fits in memory", shape)
     })
 }
