@@ -331,13 +331,14 @@ impl Checkpoint {
         Ok(Checkpoint { origin: origin.to_string(), index: None, shards, entries })
     }
 
-    /// The files this checkpoint read: its shard index (if opened from one) and its shards.
+    /// The safetensors files this checkpoint reads.
     pub fn files(&self) -> Vec<&str> {
-        self.index
-            .iter()
-            .map(String::as_str)
-            .chain(self.shards.iter().map(|s| s.path.as_str()))
-            .collect()
+        self.shards.iter().map(|s| s.path.as_str()).collect()
+    }
+
+    /// The shard index file, when the checkpoint was opened from one on disk.
+    pub fn index_file(&self) -> Option<&str> {
+        self.index.as_deref()
     }
 
     /// The shards that are memory-mapped (at least [`COPY_BELOW_BYTES`]): the files that must

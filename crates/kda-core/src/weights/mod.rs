@@ -59,6 +59,11 @@ pub enum WeightError {
     Value { param: String, reason: String },
     #[error("{param}: {source}")]
     Mx { param: String, source: MxError },
+    #[error(
+        "{param}: element {index} (flat, row-major) is {value}; a weight must be finite \
+         (the checkpoint is corrupt or was saved from a diverged model)"
+    )]
+    NonFinite { param: String, index: usize, value: String },
     #[error("{param}: cannot allocate {bytes} bytes")]
     Alloc { param: String, bytes: u128 },
     #[error("layer {layer}: {} tensor(s) missing: {}", names.len(), names.join(", "))]
@@ -91,6 +96,9 @@ impl WeightError {
             }
             WeightError::Mx { param, source } => WeightError::Mx { param: full(param), source },
             WeightError::Alloc { param, bytes } => WeightError::Alloc { param: full(param), bytes },
+            WeightError::NonFinite { param, index, value } => {
+                WeightError::NonFinite { param: full(param), index, value }
+            }
             other => other,
         }
     }
