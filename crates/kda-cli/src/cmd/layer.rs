@@ -148,20 +148,8 @@ fn read_input(args: &LayerArgs, hidden_size: usize) -> Result<LayerInput, CliErr
         let why = "expected [B + 1]".to_string();
         return Err(shape_error("query_start_loc", "i32".into(), qsl_view.shape(), why));
     }
-    let offsets =
-        qsl.iter().map(|&o| usize::try_from(o)).collect::<Result<Vec<usize>, _>>().map_err(
-            |_| {
-                let why = format!("offsets must be non-negative, got {qsl:?}");
-                shape_error("query_start_loc", "i32".into(), qsl_view.shape(), why)
-            },
-        )?;
-    let requests = offsets.len().saturating_sub(1);
-    let meta = BatchMeta {
-        num_actual_tokens: offsets.last().copied().unwrap_or(0),
-        query_start_loc: offsets,
-        num_computed_tokens: vec![0; requests],
-        slots: (0..requests).map(kda_core::layer::RequestSlots::Single).collect(),
-    };
+    // Checked against the rows before anything (the state cache) is sized by it.
+    let meta = BatchMeta::fresh_prefills(&qsl, rows).map_err(kda_core::Error::from)?;
     Ok(LayerInput { dtype, rows, hidden, meta })
 }
 
