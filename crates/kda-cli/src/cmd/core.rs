@@ -92,6 +92,7 @@ pub struct Tensor32 {
 }
 
 pub fn run(args: &CoreArgs) -> Result<(), CliError> {
+    crate::fsio::check_outputs(&[("--output", &args.output)], &[&args.input])?;
     let file = tensor_file::read(&args.input)?;
     let inputs = read_inputs(&args.input, &file)?;
     let CoreDims { batch, tokens, heads, k, v } = inputs.dims;
@@ -233,7 +234,8 @@ fn check_head_dim(
     if size <= MAX_HEAD_DIM {
         return Ok(());
     }
-    let why = format!("{dim} = {size}, expected at most {MAX_HEAD_DIM} (kda's bound on a head dim)");
+    let why =
+        format!("{dim} = {size}, expected at most {MAX_HEAD_DIM} (kda's bound on a head dim)");
     Err(shape_error(name, t.dtype, shape, why))
 }
 

@@ -9,7 +9,7 @@
 //! and `mixed_qkv` `[N, 3 lp]`, all f32 (padding rows zero).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use half::bf16;
@@ -64,6 +64,11 @@ pub fn run(args: &LayerArgs) -> Result<(), CliError> {
         .map_err(kda_core::weights::WeightError::from)?;
     let tp = Tp::new(args.tp_size, args.tp_rank).map_err(kda_core::weights::WeightError::from)?;
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
+    crate::signals::name_mapped_files(&checkpoint.mapped_files());
+    let config_path = args.checkpoint.join("config.json");
+    let mut inputs: Vec<&Path> = vec![&args.input, &config_path];
+    inputs.extend(checkpoint.files().into_iter().chain(checkpoint.index_file()).map(Path::new));
+    crate::fsio::check_outputs(&[("--output", &args.output)], &inputs)?;
     let input = read_input(args, config.hidden_size)?;
 
     let backend = super::bench::reference_with_threads(args.threads)?;

@@ -64,6 +64,7 @@ impl ScaleLayoutArg {
 }
 
 pub fn run(args: &QuantArgs) -> Result<(), CliError> {
+    crate::fsio::check_outputs(&[("--output", &args.output)], &[&args.input])?;
     let input = display(&args.input);
     let file = tensor_file::read(&args.input)?;
     let tensors = tensor_file::parse(&args.input, &file)?;

@@ -17,13 +17,9 @@ pub struct OutTensor {
     pub bytes: Vec<u8>,
 }
 
-/// The bytes of the file at `path`.
+/// The bytes of the regular file at `path`.
 pub fn read(path: &Path) -> Result<Vec<u8>, CliError> {
-    std::fs::read(path).map_err(|source| CliError::Io {
-        action: "read",
-        path: path.display().to_string(),
-        source,
-    })
+    crate::fsio::read_input(path)
 }
 
 /// `bytes` (read from `path`) as safetensors.
@@ -31,7 +27,8 @@ pub fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, CliErr
     SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, e))
 }
 
-/// Write `tensors` and `metadata` to `path` as one safetensors file.
+/// Write `tensors` and `metadata` to `path` as one safetensors file (atomically: the previous
+/// file stays whole if anything fails).
 pub fn write(
     path: &Path,
     tensors: &[OutTensor],
@@ -44,11 +41,7 @@ pub fn write(
         .map_err(|e| safetensors_error(path, e))?;
     let bytes =
         safetensors::serialize(views, Some(metadata)).map_err(|e| safetensors_error(path, e))?;
-    std::fs::write(path, bytes).map_err(|source| CliError::Io {
-        action: "write",
-        path: path.display().to_string(),
-        source,
-    })
+    crate::fsio::write_atomic(path, &bytes)
 }
 
 fn safetensors_error(path: &Path, e: safetensors::SafeTensorError) -> CliError {
