@@ -154,6 +154,7 @@ pub fn read_inputs(path: &Path, file: &[u8]) -> Result<CoreInputs, CliError> {
         let Ok(view) = tensors.tensor(name) else { return Ok(None) };
         let shape = view.shape().to_vec();
         let values = decode(name, &view)?;
+        tensor_file::warn_non_finite(path, name, values.values.iter().copied());
         Ok(Some((shape, values)))
     };
     let need = |name: &'static str| {

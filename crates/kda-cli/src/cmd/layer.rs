@@ -137,6 +137,7 @@ fn read_input(args: &LayerArgs, hidden_size: usize) -> Result<LayerInput, CliErr
     };
     let view = get("hidden_states")?;
     let (dtype, hidden) = tensor_file::floats("hidden_states", &view)?;
+    tensor_file::warn_non_finite(path, "hidden_states", hidden.iter().copied());
     let shape_error = |name: &str, dtype: String, shape: &[usize], reason: String| {
         CliError::Tensor { name: name.into(), dtype, shape: shape.to_vec(), reason }
     };

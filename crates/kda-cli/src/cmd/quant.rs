@@ -75,7 +75,7 @@ pub fn run(args: &QuantArgs) -> Result<(), CliError> {
         let view = tensors
             .tensor(name)
             .map_err(|e| CliError::Safetensors { path: input.clone(), message: e.to_string() })?;
-        let (data, scale) = quantize_tensor(name, &view, args.scale_alg, args.layout)?;
+        let (data, scale) = quantize_tensor(&args.input, name, &view, args.scale_alg, args.layout)?;
         println!(
             "{name} {:?} {} -> {}.data {:?} u8, {}.scale {:?} u8",
             view.shape(),
@@ -120,6 +120,7 @@ fn dtype_name(dtype: Dtype) -> String {
 
 /// Quantize one tensor into its `.data` and `.scale` outputs.
 fn quantize_tensor(
+    path: &Path,
     name: &str,
     view: &TensorView<'_>,
     alg: ScaleAlg,
@@ -145,6 +146,7 @@ fn quantize_tensor(
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
+            tensor_file::warn_non_finite(path, name, values.iter().copied());
             mx::quantize(&values, rows, k, alg)?
         }
         Dtype::BF16 => {
@@ -152,6 +154,7 @@ fn quantize_tensor(
                 .chunks_exact(2)
                 .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
                 .collect();
+            tensor_file::warn_non_finite(path, name, values.iter().map(|v| v.to_f32()));
             mx::quantize(&values, rows, k, alg)?
         }
         _ => return Err(error("only f32 and bf16 tensors can be quantized")),

@@ -81,6 +81,19 @@ pub fn i32s(name: &str, view: &TensorView<'_>) -> Result<Vec<i32>, CliError> {
     }
 }
 
+/// Warn on stderr when input tensor `name` of `path` holds a NaN or an infinity. kda computes
+/// with inputs as given (non-finite in, non-finite out, as the library does), but never
+/// silently: the warning names the tensor and its first non-finite element.
+pub fn warn_non_finite(path: &Path, name: &str, values: impl IntoIterator<Item = f32>) {
+    if let Some((index, value)) = values.into_iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        tracing::warn!(
+            "{}: input tensor {name:?} holds non-finite values (the first: element {index} = \
+             {value}); what is computed from them will not be finite either",
+            path.display()
+        );
+    }
+}
+
 /// f32 values as an output tensor.
 pub fn f32_tensor(name: &str, shape: &[usize], values: &[f32]) -> OutTensor {
     OutTensor {
