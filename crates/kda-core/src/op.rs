@@ -264,7 +264,7 @@ impl<B: Backend> Op<B> {
             }
             Op::Fill { dst, value } => check_fill_value(dst.dtype(), *value),
             Op::Upload { dst, data } => {
-                let expected = dst.numel() * dst.dtype().size_bytes();
+                let expected = dst.layout().size_bytes()?;
                 if data.len() != expected {
                     return Err(Error::HostSize {
                         op,
