@@ -1,7 +1,7 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so it needs nothing but cargo.
 //!
-//! - `test`: formatting check, clippy with `-D warnings`, the whole test suite (release), docs
-//!   with warnings denied. What CI runs.
+//! - `test`: formatting check, design references (`doc_refs.rs`), clippy with `-D warnings`,
+//!   the whole test suite (release), docs with warnings denied. What CI runs.
 //! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports.
 //! - `kernels`, `test --backend ascend`: the AscendC kernels and the NPU run (see `ascend.rs`).
 //! - `gpu-check`: the CUDA backend on a real GPU: build, conformance, capture, benchmarks,
@@ -12,6 +12,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
 mod ascend;
+mod doc_refs;
 mod gpu_check;
 
 fn main() -> ExitCode {
@@ -21,12 +22,13 @@ fn main() -> ExitCode {
             ascend::test_backend(args.get(2).map(String::as_str))
         }
         Some("test") => test(),
+        Some("doc-refs") => doc_refs::check(&doc_refs::repo_root()),
         Some("kernels") => ascend::kernels().map(|_| ()),
         Some("bench") => bench(),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <test [--backend ascend]|bench|kernels|gpu-check [--out PATH] [--quick]>"
+                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels|gpu-check [--out PATH] [--quick]>"
             );
             return ExitCode::from(2);
         }
@@ -60,6 +62,7 @@ fn cargo() -> String {
 fn test() -> Result<(), String> {
     let cargo = cargo();
     step("fmt", &cargo, &["fmt", "--all", "--", "--check"], &[])?;
+    doc_refs::check(&doc_refs::repo_root())?;
     step(
         "clippy",
         &cargo,

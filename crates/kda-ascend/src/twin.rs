@@ -4,10 +4,10 @@
 
 use std::convert::Infallible;
 
-use kda_core::sanitize::Instrumentation;
+use kda_core::hal::Allocation;
 use kda_core::{
-    Backend, BackendInfo, BufferHandle, BufferId, EventHandle, EventId, InstanceId, Op, Result,
-    StreamHandle, StreamId,
+    Backend, BackendInfo, BufferHandle, BufferId, Device, EventHandle, EventId, InstanceId,
+    Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use crate::error::AscendError;
@@ -26,11 +26,11 @@ pub struct AscendEvent(Infallible);
 pub struct AscendBuffer(Infallible);
 
 impl AscendBackend {
-    pub fn new() -> std::result::Result<Self, AscendError> {
+    pub fn new() -> std::result::Result<Device<Self>, AscendError> {
         Err(AscendError::NotCompiledWithAscend)
     }
 
-    pub fn with_options(_options: AscendOptions) -> std::result::Result<Self, AscendError> {
+    pub fn with_options(_options: AscendOptions) -> std::result::Result<Device<Self>, AscendError> {
         Err(AscendError::NotCompiledWithAscend)
     }
 }
@@ -57,20 +57,18 @@ impl BufferHandle for AscendBuffer {
     }
 }
 
-impl Backend for AscendBackend {
+impl Resources for AscendBackend {
     type Stream = AscendStream;
     type Event = AscendEvent;
     type Buffer = AscendBuffer;
+}
 
+impl Backend for AscendBackend {
     fn info(&self) -> BackendInfo {
         match self.0 {}
     }
 
     fn instance(&self) -> InstanceId {
-        match self.0 {}
-    }
-
-    fn instrumentation(&self) -> &Instrumentation<Self> {
         match self.0 {}
     }
 
@@ -82,23 +80,23 @@ impl Backend for AscendBackend {
         match self.0 {}
     }
 
-    fn raw_record(&self, _: &AscendEvent, _: &AscendStream) -> Result<()> {
+    fn record(&self, _: &AscendEvent, _: &AscendStream) -> Result<()> {
         match self.0 {}
     }
 
-    fn raw_wait(&self, _: &AscendStream, _: &AscendEvent) -> Result<()> {
+    fn wait(&self, _: &AscendStream, _: &AscendEvent) -> Result<()> {
         match self.0 {}
     }
 
-    fn raw_synchronize(&self, _: &AscendStream) -> Result<()> {
+    fn synchronize(&self, _: &AscendStream) -> Result<()> {
         match self.0 {}
     }
 
-    fn raw_alloc(&self, _: usize) -> Result<AscendBuffer> {
+    fn alloc(&self, _: usize) -> Result<Allocation<AscendBuffer>> {
         match self.0 {}
     }
 
-    fn submit(&self, _: &AscendStream, _: &str, _: Op<Self>) -> Result<()> {
+    fn submit(&self, _: &AscendStream, _: &str, _: Validated<Self>) -> Result<()> {
         match self.0 {}
     }
 }

@@ -15,32 +15,33 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions, MxGemmPath, sys};
 use kda_core::config::Tp;
+use kda_core::graph::Graph;
 use kda_core::layer::{LayerOptions, RequestSlots};
 use kda_core::mx::{self, ScaleAlg, num_blocks};
-use kda_core::sanitize::{CaptureError, Graph, HazardKind};
+use kda_core::sanitize::HazardKind;
 use kda_core::schedule::{
     BfgWeight, MatrixOverlap, Projected, ProjectionDims, ProjectionSchedule, ProjectionWeights,
     QkvBfgProjection, QkvWeight,
 };
 use kda_core::{
-    Backend, BatchMeta, DType, E8M0, Error, F8E4M3, HostFn, KdaLayer, Op, StateCache, StreamHandle,
-    Tensor,
+    BatchMeta, CaptureError, DType, Device, E8M0, Error, F8E4M3, HostFn, KdaLayer, Op, Resources,
+    StateCache, StreamHandle, Tensor,
 };
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 use kda_testkit::{Gen, Tolerance};
 
 const DIMS: ProjectionDims = ProjectionDims { hidden: 64, heads: 2, head_dim: 8 };
 
-type Stream = <AscendBackend as Backend>::Stream;
+type Stream = <AscendBackend as Resources>::Stream;
 
-fn backend(mx_gemm: MxGemmPath) -> AscendBackend {
+fn backend(mx_gemm: MxGemmPath) -> Device<AscendBackend> {
     let options = AscendOptions { checked: false, mx_gemm, ..AscendOptions::default() };
     AscendBackend::with_options(options).expect("backend over the emulated runtime")
 }
 
 fn upload_bf16(
-    b: &AscendBackend,
-    s: &<AscendBackend as Backend>::Stream,
+    b: &Device<AscendBackend>,
+    s: &<AscendBackend as Resources>::Stream,
     shape: &[usize],
     v: &[f32],
 ) -> Tensor<AscendBackend> {
@@ -52,8 +53,8 @@ fn upload_bf16(
 
 /// MXFP8 QKV and composed BFG weights for [`DIMS`], and an activation of `tokens` rows.
 fn projection(
-    b: &AscendBackend,
-    main: &<AscendBackend as Backend>::Stream,
+    b: &Device<AscendBackend>,
+    main: &<AscendBackend as Resources>::Stream,
     tokens: usize,
 ) -> (QkvBfgProjection<AscendBackend>, Tensor<AscendBackend>) {
     let mut rng = Gen::new(5);
@@ -87,7 +88,7 @@ fn projection(
 
 /// The bits of a projection's outputs: mixed QKV, beta, g1, g2.
 fn projected_bits(
-    b: &AscendBackend,
+    b: &Device<AscendBackend>,
     main: &Stream,
     out: &Projected<AscendBackend>,
 ) -> (Vec<u16>, Vec<u32>, Vec<u16>, Vec<u16>) {
@@ -105,7 +106,7 @@ fn overlapped_projection_calls_the_runtime_in_the_seeds_order() {
     let main = b.new_stream().unwrap();
     let start = kda_acl_emu::calls_of_this_thread().len();
     let (p, x) = projection(&b, &main, 5);
-    b.aux_stream().unwrap();
+    p.aux_stream().get(&b).unwrap();
     let from = kda_acl_emu::calls_of_this_thread().len();
     let out = p.forward(&main, &x).unwrap();
     let mut calls = kda_acl_emu::calls_of_this_thread().split_off(start);
@@ -171,7 +172,7 @@ fn overlapped_schedule_runs_as_an_acl_model_equal_to_eager() {
     b.begin_capture(&main).unwrap();
     let out = p.forward_into(&main, &x, &bufs).unwrap();
     let graph = b.end_capture(&main).unwrap();
-    let model = b.instantiate(&graph, &main).unwrap();
+    let model = b.raw().instantiate(&graph, &main).unwrap();
     let from = kda_acl_emu::calls_of_this_thread().len();
     for _ in 0..2 {
         b.launch(&main, Op::Fill { dst: out.mixed_qkv.clone(), value: f64::NAN }).unwrap();
@@ -200,7 +201,7 @@ fn runtime_calls_of(f: impl FnOnce()) -> Vec<String> {
 /// before the capture, none inside it) and executes it; every later launch is exactly one
 /// `aclmdlRIExecuteAsync` — no op is issued from the host again.
 fn launch_as_acl_model(
-    b: &AscendBackend,
+    b: &Device<AscendBackend>,
     main: &Stream,
     graph: &Graph<AscendBackend>,
     first: bool,
@@ -252,7 +253,11 @@ fn hal_captured_projection_schedule_runs_as_one_acl_model_equal_to_eager() {
     }
 }
 
-fn cache_bits(b: &AscendBackend, s: &Stream, cache: &StateCache<AscendBackend>) -> Vec<u32> {
+fn cache_bits(
+    b: &Device<AscendBackend>,
+    s: &Stream,
+    cache: &StateCache<AscendBackend>,
+) -> Vec<u32> {
     let mut bits = Vec::new();
     for t in [cache.recurrent(), cache.conv()] {
         bits.extend(b.download::<f32>(s, t).unwrap().into_iter().map(f32::to_bits));
@@ -599,12 +604,12 @@ fn capture_end_without_the_final_join_fails_with_the_acl_error() {
 #[test]
 fn mx_emulation_path_matches_the_native_ops() {
     let (native, emulated) = (backend(MxGemmPath::Native), backend(MxGemmPath::Emulated));
-    assert!(native.native_mx() && !emulated.native_mx());
+    assert!(native.raw().native_mx() && !emulated.raw().native_mx());
     let (m, n, k) = (6, 5, 96);
     let mut rng = Gen::new(3);
     let xs: Vec<bf16> = rng.normal_f32(m * k, 0.0, 2.0).into_iter().map(bf16::from_f32).collect();
     let ws: Vec<bf16> = rng.normal_f32(n * k, 0.0, 0.1).into_iter().map(bf16::from_f32).collect();
-    let run = |b: &AscendBackend| -> (Vec<u8>, Vec<u8>, Vec<f32>) {
+    let run = |b: &Device<AscendBackend>| -> (Vec<u8>, Vec<u8>, Vec<f32>) {
         let s = b.new_stream().unwrap();
         let quant = |v: &[bf16], rows: usize| {
             let x = b.alloc(DType::BF16, &[rows, k]).unwrap();

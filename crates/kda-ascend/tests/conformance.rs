@@ -5,10 +5,11 @@
 #![allow(clippy::expect_used, reason = "test setup")]
 
 use kda_ascend::{AscendBackend, AscendOptions};
+use kda_core::Device;
 use kda_core::sanitize::checked_from_env;
 
 /// Checked mode is on unless `KDA_SANITIZE=0` says otherwise, as for the reference.
-fn backend(checked: bool) -> AscendBackend {
+fn backend(checked: bool) -> Device<AscendBackend> {
     let options = AscendOptions { checked, ..AscendOptions::default() };
     AscendBackend::with_options(options).expect("ascend backend over the emulated runtime")
 }

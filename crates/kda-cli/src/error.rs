@@ -15,6 +15,8 @@ pub enum CliError {
     #[error("{what}: results differ between {a} and {b}")]
     Mismatch { what: String, a: &'static str, b: &'static str },
     #[error(transparent)]
+    Layer(#[from] kda_core::layer::LayerError),
+    #[error(transparent)]
     Mx(#[from] kda_core::MxError),
     #[error(transparent)]
     Weights(#[from] kda_core::weights::WeightError),

@@ -11,7 +11,7 @@ mod common;
 use common::{Input, TempDir, kda, stderr, write_inputs, write_safetensors};
 use half::bf16;
 use kda_core::kda::{KdaChunk, KdaRecurrent};
-use kda_core::{Backend, DType, Layout, Op, Tensor};
+use kda_core::{DType, Layout, Op, Tensor};
 use kda_reference::ReferenceBackend;
 use kda_testkit::oracle_kda::{KdaSequence, kda_recurrence, max_abs, recurrence_tolerance};
 use kda_testkit::{Gen, Tolerance};

@@ -6,11 +6,11 @@ mod common;
 
 use common::{kda, stderr, stdout};
 use half::bf16;
+use kda_core::DType;
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::layer::{KdaLayer, LayerOptions};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::weights::{LoadOptions, load_layer};
-use kda_core::{Backend, DType};
 use kda_reference::ReferenceBackend;
 use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
 use kda_testkit::workload::Workload;

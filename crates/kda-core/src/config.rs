@@ -116,7 +116,8 @@ pub enum QkvFormat {
 pub struct KdaConfig {
     /// Hidden size `Hd`.
     pub hidden_size: usize,
-    /// Epsilon of the gated output norm (the checkpoint's, never a default: behaviour 3).
+    /// Epsilon of the gated output norm (the checkpoint's, never a default:
+    /// `docs/design/kda.md#behaviour-3`).
     pub rms_norm_eps: f64,
     pub linear_attn_config: LinearAttnConfig,
     /// Full-rank output gate `g_proj` (K3) instead of the low-rank `g_a_proj`/`g_b_proj`.
@@ -149,7 +150,7 @@ impl Tp {
     }
 }
 
-/// The sizes of one TP rank's share of a KDA layer (`KDA.md` notation).
+/// The sizes of one TP rank's share of a KDA layer (`docs/design/kda.md#notation`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct LayerDims {
     /// `Hd`.

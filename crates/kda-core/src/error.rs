@@ -4,39 +4,14 @@
 use thiserror::Error;
 
 use crate::dtype::DType;
-use crate::hal::{InstanceId, StreamId};
-
-/// A view (narrow, split, reshape) that does not fit the tensor it is taken of.
-#[derive(Clone, Debug, Error, PartialEq, Eq)]
-pub enum ViewError {
-    #[error("{op}: dimension {dim} is out of range for a rank-{rank} tensor")]
-    DimOutOfRange { op: &'static str, dim: usize, rank: usize },
-    #[error("{op}: range {start}..{start}+{len} along dimension {dim} exceeds its size {size}")]
-    RangeOutOfBounds { op: &'static str, dim: usize, start: usize, len: usize, size: usize },
-    #[error("split: sizes {sizes:?} along dimension {dim} do not add up to its size {size}")]
-    SplitSizes { dim: usize, sizes: Vec<usize>, size: usize },
-    #[error("reshape: {from:?} has a different element count than {to:?}")]
-    ReshapeNumel { from: Vec<usize>, to: Vec<usize> },
-    #[error("reshape: {from:?} with strides {strides:?} cannot be viewed as {to:?} without a copy")]
-    ReshapeIncompatible { from: Vec<usize>, strides: Vec<usize>, to: Vec<usize> },
-    #[error("split_heads: dimension {dim} of size {size} is not divisible into {heads} heads")]
-    HeadsDoNotDivide { dim: usize, size: usize, heads: usize },
-    #[error("{op}: shape {shape:?} and strides {strides:?} have different ranks")]
-    RankMismatch { op: &'static str, shape: Vec<usize>, strides: Vec<usize> },
-    #[error("{op}: element offsets overflow")]
-    Overflow { op: &'static str },
-    #[error(
-        "shape {shape:?} of {dtype} is too large: its element count or byte size does not fit \
-         the address space (at most isize::MAX bytes)"
-    )]
-    TooLarge { shape: Vec<usize>, dtype: DType },
-}
+pub use crate::layout::ViewError;
+use crate::resource::{EventId, InstanceId, StreamId};
 
 /// Everything a HAL call can report.
 ///
 /// Argument errors (shapes, dtypes, foreign handles) are returned by the call that was given the
 /// bad argument. Failures while an op executes on a stream are returned by the next
-/// [`synchronize`](crate::Backend::synchronize) of that stream (see [`crate::hal`]).
+/// [`synchronize`](crate::Device::synchronize) of that stream (see [`crate::device`]).
 #[derive(Clone, Debug, Error, PartialEq)]
 pub enum Error {
     #[error(transparent)]
@@ -85,19 +60,48 @@ pub enum Error {
     Hazard(Box<crate::sanitize::Hazard>),
 
     #[error(transparent)]
-    Capture(#[from] crate::sanitize::CaptureError),
+    Capture(#[from] CaptureError),
 
     #[error(transparent)]
     Mx(#[from] crate::mx::MxError),
 
-    #[error(transparent)]
-    Weights(#[from] crate::weights::WeightError),
-
-    #[error(transparent)]
-    Batch(#[from] crate::layer::BatchError),
-
     #[error("{backend} backend: {message}")]
     Backend { backend: &'static str, message: String },
+}
+
+/// Why a capture could not begin, continue or end, or a graph could not be launched.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum CaptureError {
+    #[error("end_capture on stream {stream}: no capture was begun on it")]
+    NotCapturing { stream: StreamId },
+    #[error("begin_capture on stream {stream}: a capture from stream {origin} is already open")]
+    AlreadyCapturing { stream: StreamId, origin: StreamId },
+    #[error(
+        "capture from stream {origin}: stream {stream} was forked into the capture but its last \
+         work was never joined back to the origin (record an event on it and wait on that event \
+         from the origin)"
+    )]
+    NotJoined { stream: StreamId, origin: StreamId },
+    #[error(
+        "capture from stream {origin}: stream {stream} received `{label}` after it was joined \
+         back; join it again after its last work"
+    )]
+    WorkAfterJoin { stream: StreamId, origin: StreamId, label: String },
+    #[error(
+        "capture from stream {origin}: {call} of captured stream {stream} blocks the host inside the capture"
+    )]
+    HostSyncInCapture { stream: StreamId, origin: StreamId, call: &'static str },
+    #[error(
+        "capture from stream {origin}: captured stream {stream} waits on event {event}, which was \
+         not recorded inside the capture"
+    )]
+    ExternalEvent { stream: StreamId, origin: StreamId, event: EventId },
+    #[error(
+        "capture from stream {origin}: captured stream {stream} frees a buffer inside the capture"
+    )]
+    FreeInCapture { stream: StreamId, origin: StreamId },
+    #[error("graph captured on backend instance {graph} cannot be launched on instance {backend}")]
+    ForeignGraph { graph: InstanceId, backend: InstanceId },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

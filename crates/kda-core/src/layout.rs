@@ -13,7 +13,33 @@
 use std::ops::Range;
 
 use crate::dtype::DType;
-use crate::error::ViewError;
+use thiserror::Error;
+
+/// A view (narrow, split, reshape) that does not fit the tensor it is taken of.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum ViewError {
+    #[error("{op}: dimension {dim} is out of range for a rank-{rank} tensor")]
+    DimOutOfRange { op: &'static str, dim: usize, rank: usize },
+    #[error("{op}: range {start}..{start}+{len} along dimension {dim} exceeds its size {size}")]
+    RangeOutOfBounds { op: &'static str, dim: usize, start: usize, len: usize, size: usize },
+    #[error("split: sizes {sizes:?} along dimension {dim} do not add up to its size {size}")]
+    SplitSizes { dim: usize, sizes: Vec<usize>, size: usize },
+    #[error("reshape: {from:?} has a different element count than {to:?}")]
+    ReshapeNumel { from: Vec<usize>, to: Vec<usize> },
+    #[error("reshape: {from:?} with strides {strides:?} cannot be viewed as {to:?} without a copy")]
+    ReshapeIncompatible { from: Vec<usize>, strides: Vec<usize>, to: Vec<usize> },
+    #[error("split_heads: dimension {dim} of size {size} is not divisible into {heads} heads")]
+    HeadsDoNotDivide { dim: usize, size: usize, heads: usize },
+    #[error("{op}: shape {shape:?} and strides {strides:?} have different ranks")]
+    RankMismatch { op: &'static str, shape: Vec<usize>, strides: Vec<usize> },
+    #[error("{op}: element offsets overflow")]
+    Overflow { op: &'static str },
+    #[error(
+        "shape {shape:?} of {dtype} is too large: its element count or byte size does not fit \
+         the address space (at most isize::MAX bytes)"
+    )]
+    TooLarge { shape: Vec<usize>, dtype: DType },
+}
 
 /// Shape, strides and offset of a strided view over one buffer.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -19,28 +19,34 @@
 //!   a caller-owned [`StateCache`], gated norm and `o_proj`, generic over the HAL.
 
 pub mod config;
+pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod graph;
 pub mod hal;
 pub mod kda;
 pub mod layer;
 pub mod layout;
 pub mod mx;
 pub mod op;
+pub mod resource;
 pub mod sanitize;
 pub mod schedule;
 pub mod tensor;
 pub mod timeline;
 pub mod weights;
 
+pub use device::Device;
 pub use dtype::{DType, E8M0, Element, F8E4M3};
-pub use error::{Error, Result, ViewError};
-pub use hal::{
-    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, EventHandle, EventId, InstanceId,
-    StreamHandle, StreamId,
-};
+pub use error::{CaptureError, Error, Result, ViewError};
+pub use graph::Graph;
+pub use hal::{Backend, Validated};
 pub use layer::{BatchMeta, KdaLayer, StateCache};
 pub use layout::Layout;
 pub use mx::{MxError, MxFloat, ScaleAlg, ScaleLayout};
-pub use op::{ComputeUnit, DownloadSlot, GemmDims, HostFn, Op};
+pub use op::{ComputeUnit, DownloadSlot, GemmDims, HostFn, Op, OpDims};
+pub use resource::{
+    BackendInfo, BufferHandle, BufferId, Capabilities, EventHandle, EventId, InstanceId, Resources,
+    StreamHandle, StreamId,
+};
 pub use tensor::Tensor;

@@ -1,5 +1,5 @@
 //! Device ops described as data. Every op is a value of [`Op`] launched through
-//! [`Backend::launch`]; the one chokepoint gives validation, tracing, and
+//! [`Device::launch`](crate::Device::launch); the one chokepoint gives validation, tracing, and
 //! later recording, capture and replay without per-op wrappers.
 
 use std::fmt;
@@ -7,74 +7,191 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::hal::{Backend, BufferHandle, InstanceId};
 use crate::kda::{
-    CausalConv, CausalConvUpdate, GatedRmsNorm, KdaChunk, KdaGate, KdaRecurrent, L2Norm,
-    ZeroPadding,
+    CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, GateDims, GatedRmsNorm, KdaChunk,
+    KdaGate, KdaRecurrent, L2Norm, PaddingDims, RecurrenceDims, RowDims, ZeroPadding,
 };
 use crate::mx::{ScaleAlg, num_blocks};
+pub use crate::resource::ComputeUnit;
+use crate::resource::{BufferHandle, InstanceId, Resources};
 use crate::tensor::Tensor;
 
-/// One device op with its input and output views. Cloning shares the views (and staged
-/// data), as replaying a captured graph does.
-#[derive(Clone)]
-pub enum Op<B: Backend> {
+/// Every op, each described once: its fields, its name, the execution unit it occupies, the
+/// views it reads and writes, and the check that validates it and computes its sizes. The enum
+/// [`Op`] and its `name`, `unit`, `inputs`, `outputs` and per-op validation are generated from
+/// this table; an op with a descriptor type of its own (the KDA ops, in [`crate::kda`]) is
+/// listed with that type, which carries the same description. Adding an op is one entry here
+/// (with its check), its kernel in each backend, and nothing else in kda-core.
+macro_rules! ops {
+    (
+        $(
+            $(#[$doc:meta])*
+            op $var:ident { $($field:ident: $fty:ty),* $(,)? } =>
+                name $name:expr, unit $unit:expr,
+                reads [$($read:ident),*], writes [$($write:ident),*],
+                check $check:expr;
+        )*
+        descriptors {
+            $( $(#[$ddoc:meta])* $dvar:ident($dty:ident) => unit $dunit:expr, dims $dims:ident; )*
+        }
+    ) => {
+        /// One device op with its input and output views. Cloning shares the views (and staged
+        /// data), as replaying a captured graph does.
+        #[derive(Clone)]
+        pub enum Op<B: Resources> {
+            $( $(#[$doc])* $var { $($field: $fty),* }, )*
+            $( $(#[$ddoc])* $dvar($dty<B>), )*
+        }
+
+        impl<B: Resources> Op<B> {
+            /// The op's name, used in spans, traces and diagnostics.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $( #[allow(unused_variables)] Op::$var { $($field),* } => $name, )*
+                    $( Op::$dvar(_) => $dty::<B>::NAME, )*
+                }
+            }
+
+            /// The execution unit the op occupies: matrix for the GEMMs, vector for element-wise
+            /// and reduction kernels, none for memory movement and host functions. The chunked
+            /// recurrence uses both kinds and claims neither.
+            pub fn unit(&self) -> Option<ComputeUnit> {
+                match self {
+                    $( Op::$var { .. } => $unit, )*
+                    $( Op::$dvar(_) => $dunit, )*
+                }
+            }
+
+            /// Views the op reads, with their parameter names.
+            pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
+                match self {
+                    $( #[allow(unused_variables)] Op::$var { $($field),* } => vec![$((stringify!($read), $read)),*], )*
+                    $( Op::$dvar(op) => op.inputs(), )*
+                }
+            }
+
+            /// Views the op writes, with their parameter names.
+            pub fn outputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
+                match self {
+                    $( #[allow(unused_variables)] Op::$var { $($field),* } => vec![$((stringify!($write), $write)),*], )*
+                    $( Op::$dvar(op) => op.outputs(), )*
+                }
+            }
+
+            /// The op's own checks (shapes, dtypes, parameters) and the sizes they compute.
+            fn check(&self) -> Result<OpDims> {
+                match self {
+                    $( #[allow(unused_variables)] Op::$var { $($field),* } => $check, )*
+                    $( Op::$dvar(op) => Ok(OpDims::$dims(op.validate()?)), )*
+                }
+            }
+        }
+    };
+}
+
+ops! {
     /// Dense Linear-layout GEMM `y[M, N] = x[M, K] · w[N, K]^T`, fp32 accumulation.
     /// `x`, `w`: bf16, f16 or f32 (mixed allowed); `y`: bf16, f16 or f32.
-    Gemm { x: Tensor<B>, w: Tensor<B>, y: Tensor<B> },
+    op Gemm { x: Tensor<B>, w: Tensor<B>, y: Tensor<B> } =>
+        name "gemm", unit Some(ComputeUnit::Matrix), reads [x, w], writes [y],
+        check gemm_dims(x, w, y).map(OpDims::Gemm);
     /// Element-wise copy between two views of the same dtype and shape.
-    Copy { src: Tensor<B>, dst: Tensor<B> },
+    op Copy { src: Tensor<B>, dst: Tensor<B> } =>
+        name "copy", unit None, reads [src], writes [dst],
+        check check_copy(src, dst);
     /// Set every element of `dst` to `value`. For floats the value is rounded to the dtype; for
     /// `i32` it must be an integer in range; for `u8`, `e4m3` and `e8m0` it is the raw byte.
-    Fill { dst: Tensor<B>, value: f64 },
+    op Fill { dst: Tensor<B>, value: f64 } =>
+        name "fill", unit None, reads [], writes [dst],
+        check check_fill_value(dst.dtype(), *value);
     /// Write staged host bytes (row-major, `dst.numel()` elements) into `dst`.
-    Upload { dst: Tensor<B>, data: Arc<[u8]> },
+    op Upload { dst: Tensor<B>, data: Arc<[u8]> } =>
+        name "upload", unit None, reads [], writes [dst],
+        check check_upload(dst, data);
     /// Read `src` (row-major) into a host slot, in stream order.
-    Download { src: Tensor<B>, slot: DownloadSlot },
+    op Download { src: Tensor<B>, slot: DownloadSlot } =>
+        name "download", unit None, reads [src], writes [],
+        check Ok(OpDims::None);
     /// Run a host function in stream order (CUDA's `cudaLaunchHostFunc`, ACL's
     /// `aclrtLaunchCallback`). An `Err` fails the stream like any op failure.
-    Host { name: &'static str, f: HostFn },
+    op Host { name: &'static str, f: HostFn } =>
+        name name, unit None, reads [], writes [],
+        check Ok(OpDims::None);
     /// MXFP8 dynamic quantization (Ascend's `aclnnDynamicMxQuant`): `x[M, K]` (bf16 or f32) to
     /// E4M3 `data[M, K]` and E8M0 `scale[M, ceil(K/32)]` (plain layout), blocks of 32 along K,
     /// bit for bit as [`crate::mx::quantize`].
-    DynamicQuant { x: Tensor<B>, data: Tensor<B>, scale: Tensor<B>, alg: ScaleAlg },
+    op DynamicQuant { x: Tensor<B>, data: Tensor<B>, scale: Tensor<B>, alg: ScaleAlg } =>
+        name "dynamic_quant", unit Some(ComputeUnit::Vector), reads [x], writes [data, scale],
+        check mx_quant_dims(x, data, scale).map(OpDims::Mx);
     /// MXFP8 dequantization: E4M3 `data[M, K]` with E8M0 `scale[M, ceil(K/32)]` to `y[M, K]`
     /// (bf16 or f32), each value rounded once ([`crate::mx::dequantize_value`]).
-    MxDequant { data: Tensor<B>, scale: Tensor<B>, y: Tensor<B> },
+    op MxDequant { data: Tensor<B>, scale: Tensor<B>, y: Tensor<B> } =>
+        name "mx_dequant", unit Some(ComputeUnit::Vector), reads [data, scale], writes [y],
+        check mx_dequant_dims(data, scale, y).map(OpDims::Mx);
     /// MXFP8 GEMM `y[M, N] = a[M, K] · w[N, K]^T` (`aclnnQuantMatmulV5` in MX mode): E4M3 `a` and
     /// `w`, E8M0 `a_scale[M, ceil(K/32)]` and `w_scale[N, ceil(K/32)]`, `y` bf16 or f32, summed
     /// as [`crate::mx::gemm`] defines (exact block sums, fp32 accumulation over blocks).
-    MxGemm { a: Tensor<B>, a_scale: Tensor<B>, w: Tensor<B>, w_scale: Tensor<B>, y: Tensor<B> },
-    /// Depthwise causal conv1d + SiLU over a flat batch of prefill requests ([`crate::kda::conv`]).
-    CausalConv(CausalConv<B>),
-    /// Causal conv1d + SiLU for decode and speculative decode ([`crate::kda::conv`]).
-    CausalConvUpdate(CausalConvUpdate<B>),
-    /// Row-wise L2 norm with a scale (the q/k norm).
-    L2Norm(L2Norm<B>),
-    /// The forget gate's log decay, softplus or lower-bound form.
-    KdaGate(KdaGate<B>),
-    /// The KDA recurrence token by token (decode, speculative decode).
-    KdaRecurrent(KdaRecurrent<B>),
-    /// The KDA recurrence in chunks of 64 (prefill).
-    KdaChunk(KdaChunk<B>),
-    /// Gated RMSNorm of the core output.
-    GatedRmsNorm(GatedRmsNorm<B>),
-    /// Zero the rows past the live tokens.
-    ZeroPadding(ZeroPadding<B>),
+    op MxGemm { a: Tensor<B>, a_scale: Tensor<B>, w: Tensor<B>, w_scale: Tensor<B>, y: Tensor<B> } =>
+        name "mx_gemm", unit Some(ComputeUnit::Matrix), reads [a, a_scale, w, w_scale], writes [y],
+        check mx_gemm_dims(a, a_scale, w, w_scale, y).map(OpDims::Gemm);
     /// Element-wise logistic sigmoid computed in fp32: `y = 1 / (1 + e^-x)` with `x` (bf16, f16
     /// or f32, any view) widened exactly to f32 and `y` f32 of the same shape. The mixed
-    /// projection path's "preprocessed" beta (KDA.md).
-    Sigmoid { x: Tensor<B>, y: Tensor<B> },
+    /// projection path's "preprocessed" beta (`docs/design/schedule.md#the-beta-contract`).
+    op Sigmoid { x: Tensor<B>, y: Tensor<B> } =>
+        name "sigmoid", unit Some(ComputeUnit::Vector), reads [x], writes [y],
+        check check_sigmoid(x, y);
+    descriptors {
+        /// Depthwise causal conv1d + SiLU over a flat batch of prefill requests
+        /// ([`crate::kda::conv`]).
+        CausalConv(CausalConv) => unit Some(ComputeUnit::Vector), dims Conv;
+        /// Causal conv1d + SiLU for decode and speculative decode ([`crate::kda::conv`]).
+        CausalConvUpdate(CausalConvUpdate) => unit Some(ComputeUnit::Vector), dims ConvUpdate;
+        /// Row-wise L2 norm with a scale (the q/k norm).
+        L2Norm(L2Norm) => unit Some(ComputeUnit::Vector), dims Rows;
+        /// The forget gate's log decay, softplus or lower-bound form.
+        KdaGate(KdaGate) => unit Some(ComputeUnit::Vector), dims Gate;
+        /// The KDA recurrence token by token (decode, speculative decode).
+        KdaRecurrent(KdaRecurrent) => unit Some(ComputeUnit::Vector), dims Recurrence;
+        /// The KDA recurrence in chunks of 64 (prefill): it uses both kinds of unit and claims
+        /// neither.
+        KdaChunk(KdaChunk) => unit None, dims Recurrence;
+        /// Gated RMSNorm of the core output.
+        GatedRmsNorm(GatedRmsNorm) => unit Some(ComputeUnit::Vector), dims Rows;
+        /// Zero the rows past the live tokens.
+        ZeroPadding(ZeroPadding) => unit Some(ComputeUnit::Vector), dims Padding;
+    }
 }
 
-/// The kind of execution unit an op keeps busy, for the sanitizer's optional exclusive-unit
-/// rules (see [`crate::sanitize::ExclusiveUnits`]).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ComputeUnit {
-    /// Matrix multiply units (Ascend's Cube, tensor cores): the GEMMs.
-    Matrix,
-    /// Vector units: element-wise and reduction kernels.
-    Vector,
+/// An op the façade has validated for one backend instance, with the sizes validation computed.
+/// Only kda-core can make one (the façade validates every op it hands a backend).
+#[derive(Clone, Debug)]
+pub struct Validated<B: Resources> {
+    op: Op<B>,
+    dims: OpDims,
+}
+
+impl<B: Resources> Validated<B> {
+    /// Called by `Op::validate_for` only.
+    pub(crate) fn new(op: Op<B>, dims: OpDims) -> Self {
+        Self { op, dims }
+    }
+
+    pub fn op(&self) -> &Op<B> {
+        &self.op
+    }
+
+    /// The sizes validation computed (which variant matches the op's kind).
+    pub fn dims(&self) -> OpDims {
+        self.dims
+    }
+
+    pub fn into_op(self) -> Op<B> {
+        self.op
+    }
+
+    pub fn into_parts(self) -> (Op<B>, OpDims) {
+        (self.op, self.dims)
+    }
 }
 
 /// A host function queued on a stream.
@@ -111,7 +228,7 @@ impl DownloadSlot {
     }
 }
 
-impl<B: Backend> fmt::Debug for Op<B> {
+impl<B: Resources> fmt::Debug for Op<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct(self.name());
         for (name, t) in self.inputs().into_iter().chain(self.outputs()) {
@@ -129,103 +246,17 @@ pub struct GemmDims {
     pub k: usize,
 }
 
-impl<B: Backend> Op<B> {
-    /// The op's name, used in spans, traces and diagnostics.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Op::Gemm { .. } => "gemm",
-            Op::Copy { .. } => "copy",
-            Op::Fill { .. } => "fill",
-            Op::Upload { .. } => "upload",
-            Op::Download { .. } => "download",
-            Op::Host { name, .. } => name,
-            Op::CausalConv(_) => CausalConv::<B>::NAME,
-            Op::CausalConvUpdate(_) => CausalConvUpdate::<B>::NAME,
-            Op::L2Norm(_) => L2Norm::<B>::NAME,
-            Op::KdaGate(_) => KdaGate::<B>::NAME,
-            Op::KdaRecurrent(_) => KdaRecurrent::<B>::NAME,
-            Op::KdaChunk(_) => KdaChunk::<B>::NAME,
-            Op::GatedRmsNorm(_) => GatedRmsNorm::<B>::NAME,
-            Op::ZeroPadding(_) => ZeroPadding::<B>::NAME,
-            Op::DynamicQuant { .. } => "dynamic_quant",
-            Op::MxDequant { .. } => "mx_dequant",
-            Op::MxGemm { .. } => "mx_gemm",
-            Op::Sigmoid { .. } => "sigmoid",
-        }
-    }
-
-    /// The execution unit the op occupies: matrix for the GEMMs, vector for element-wise and
-    /// reduction kernels, none for memory movement and host functions. The chunked recurrence
-    /// uses both kinds and claims neither.
-    pub fn unit(&self) -> Option<ComputeUnit> {
-        match self {
-            Op::Gemm { .. } | Op::MxGemm { .. } => Some(ComputeUnit::Matrix),
-            Op::DynamicQuant { .. }
-            | Op::MxDequant { .. }
-            | Op::Sigmoid { .. }
-            | Op::CausalConv(_)
-            | Op::CausalConvUpdate(_)
-            | Op::L2Norm(_)
-            | Op::KdaGate(_)
-            | Op::KdaRecurrent(_)
-            | Op::GatedRmsNorm(_)
-            | Op::ZeroPadding(_) => Some(ComputeUnit::Vector),
-            Op::Copy { .. }
-            | Op::Fill { .. }
-            | Op::Upload { .. }
-            | Op::Download { .. }
-            | Op::Host { .. }
-            | Op::KdaChunk(_) => None,
-        }
-    }
-
-    /// Views the op reads, with their parameter names.
-    pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
-        match self {
-            Op::Gemm { x, w, .. } => vec![("x", x), ("w", w)],
-            Op::Sigmoid { x, .. } => vec![("x", x)],
-            Op::Copy { src, .. } | Op::Download { src, .. } => vec![("src", src)],
-            Op::Fill { .. } | Op::Upload { .. } | Op::Host { .. } => vec![],
-            Op::CausalConv(op) => op.inputs(),
-            Op::CausalConvUpdate(op) => op.inputs(),
-            Op::L2Norm(op) => op.inputs(),
-            Op::KdaGate(op) => op.inputs(),
-            Op::KdaRecurrent(op) => op.inputs(),
-            Op::KdaChunk(op) => op.inputs(),
-            Op::GatedRmsNorm(op) => op.inputs(),
-            Op::ZeroPadding(op) => op.inputs(),
-            Op::DynamicQuant { x, .. } => vec![("x", x)],
-            Op::MxDequant { data, scale, .. } => vec![("data", data), ("scale", scale)],
-            Op::MxGemm { a, a_scale, w, w_scale, .. } => {
-                vec![("a", a), ("a_scale", a_scale), ("w", w), ("w_scale", w_scale)]
-            }
-        }
-    }
-
-    /// Views the op writes, with their parameter names.
-    pub fn outputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
-        match self {
-            Op::Gemm { y, .. } | Op::Sigmoid { y, .. } => vec![("y", y)],
-            Op::Copy { dst, .. } | Op::Fill { dst, .. } | Op::Upload { dst, .. } => {
-                vec![("dst", dst)]
-            }
-            Op::Download { .. } | Op::Host { .. } => vec![],
-            Op::CausalConv(op) => op.outputs(),
-            Op::CausalConvUpdate(op) => op.outputs(),
-            Op::L2Norm(op) => op.outputs(),
-            Op::KdaGate(op) => op.outputs(),
-            Op::KdaRecurrent(op) => op.outputs(),
-            Op::KdaChunk(op) => op.outputs(),
-            Op::GatedRmsNorm(op) => op.outputs(),
-            Op::ZeroPadding(op) => op.outputs(),
-            Op::DynamicQuant { data, scale, .. } => vec![("data", data), ("scale", scale)],
-            Op::MxDequant { y, .. } | Op::MxGemm { y, .. } => vec![("y", y)],
-        }
+impl<B: Resources> Op<B> {
+    /// Validate for the façade, which alone hands ops to a backend.
+    pub(crate) fn validate_for(self, instance: InstanceId) -> Result<Validated<B>> {
+        let dims = self.validate(instance)?;
+        Ok(Validated::new(self, dims))
     }
 
     /// Check everything that can be checked before running: handles belong to `instance`,
     /// shapes and dtypes agree, outputs overlap neither themselves, nor each other, nor any input.
-    pub fn validate(&self, instance: InstanceId) -> Result<()> {
+    /// Returns the sizes the checks computed.
+    pub fn validate(&self, instance: InstanceId) -> Result<OpDims> {
         let op = self.name();
         let (inputs, outputs) = (self.inputs(), self.outputs());
         for (_, t) in inputs.iter().chain(&outputs) {
@@ -256,46 +287,28 @@ impl<B: Backend> Op<B> {
                 }
             }
         }
-        match self {
-            Op::Gemm { x, w, y } => gemm_dims(x, w, y).map(|_| ()),
-            Op::Copy { src, dst } => {
-                expect_dtype(op, "dst", dst.dtype(), src.dtype(), src.dtype().name())?;
-                expect_shape(op, "dst", dst.shape(), src.shape())
-            }
-            Op::Fill { dst, value } => check_fill_value(dst.dtype(), *value),
-            Op::Upload { dst, data } => {
-                let expected = dst.layout().size_bytes()?;
-                if data.len() != expected {
-                    return Err(Error::HostSize {
-                        op,
-                        param: "data",
-                        expected,
-                        actual: data.len(),
-                    });
-                }
-                Ok(())
-            }
-            Op::Download { .. } | Op::Host { .. } => Ok(()),
-            Op::CausalConv(op) => op.validate().map(|_| ()),
-            Op::CausalConvUpdate(op) => op.validate().map(|_| ()),
-            Op::L2Norm(op) => op.validate().map(|_| ()),
-            Op::KdaGate(op) => op.validate().map(|_| ()),
-            Op::KdaRecurrent(op) => op.validate().map(|_| ()),
-            Op::KdaChunk(op) => op.validate().map(|_| ()),
-            Op::GatedRmsNorm(op) => op.validate().map(|_| ()),
-            Op::ZeroPadding(op) => op.validate().map(|_| ()),
-            Op::DynamicQuant { x, data, scale, .. } => mx_quant_dims(x, data, scale).map(|_| ()),
-            Op::MxDequant { data, scale, y } => mx_dequant_dims(data, scale, y).map(|_| ()),
-            Op::MxGemm { a, a_scale, w, w_scale, y } => {
-                mx_gemm_dims(a, a_scale, w, w_scale, y).map(|_| ())
-            }
-            Op::Sigmoid { x, y } => {
-                expect_float(op, "x", x.dtype())?;
-                expect_dtype(op, "y", y.dtype(), DType::F32, "f32")?;
-                expect_shape(op, "y", y.shape(), x.shape())
-            }
-        }
+        self.check()
     }
+}
+
+/// The sizes an op's validation computed, handed to the backend with the op
+/// ([`Validated::dims`]) so that no backend derives them again.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum OpDims {
+    /// Ops whose sizes are their operands' shapes (copies, fills, transfers, host functions).
+    None,
+    /// The dense and the MXFP8 GEMM.
+    Gemm(GemmDims),
+    /// MXFP8 quantization and dequantization.
+    Mx(MxDims),
+    Conv(ConvDims),
+    ConvUpdate(ConvUpdateDims),
+    /// L2 norm and gated RMSNorm.
+    Rows(RowDims),
+    Gate(GateDims),
+    /// The recurrence, token by token or chunked.
+    Recurrence(RecurrenceDims),
+    Padding(PaddingDims),
 }
 
 fn expect_dtype(
@@ -333,8 +346,29 @@ fn expect_float(op: &'static str, param: &'static str, dtype: DType) -> Result<(
     }
 }
 
+fn check_copy<B: Resources>(src: &Tensor<B>, dst: &Tensor<B>) -> Result<OpDims> {
+    expect_dtype("copy", "dst", dst.dtype(), src.dtype(), src.dtype().name())?;
+    expect_shape("copy", "dst", dst.shape(), src.shape())?;
+    Ok(OpDims::None)
+}
+
+fn check_upload<B: Resources>(dst: &Tensor<B>, data: &[u8]) -> Result<OpDims> {
+    let expected = dst.layout().size_bytes()?;
+    if data.len() != expected {
+        return Err(Error::HostSize { op: "upload", param: "data", expected, actual: data.len() });
+    }
+    Ok(OpDims::None)
+}
+
+fn check_sigmoid<B: Resources>(x: &Tensor<B>, y: &Tensor<B>) -> Result<OpDims> {
+    expect_float("sigmoid", "x", x.dtype())?;
+    expect_dtype("sigmoid", "y", y.dtype(), DType::F32, "f32")?;
+    expect_shape("sigmoid", "y", y.shape(), x.shape())?;
+    Ok(OpDims::None)
+}
+
 /// Validate the operands of `y = x · w^T` and return its sizes.
-pub fn gemm_dims<B: Backend>(x: &Tensor<B>, w: &Tensor<B>, y: &Tensor<B>) -> Result<GemmDims> {
+pub fn gemm_dims<B: Resources>(x: &Tensor<B>, w: &Tensor<B>, y: &Tensor<B>) -> Result<GemmDims> {
     const OP: &str = "gemm";
     for (param, t) in [("x", x), ("w", w), ("y", y)] {
         expect_float(OP, param, t.dtype())?;
@@ -366,7 +400,7 @@ pub fn gemm_dims<B: Backend>(x: &Tensor<B>, w: &Tensor<B>, y: &Tensor<B>) -> Res
     Ok(GemmDims { m, n, k })
 }
 
-fn check_fill_value(dtype: DType, value: f64) -> Result<()> {
+fn check_fill_value(dtype: DType, value: f64) -> Result<OpDims> {
     let ok = match dtype {
         DType::F32 => !value.is_finite() || value.abs() <= f32::MAX as f64,
         DType::BF16 => !value.is_finite() || value.abs() <= half::bf16::MAX.to_f64(),
@@ -377,7 +411,7 @@ fn check_fill_value(dtype: DType, value: f64) -> Result<()> {
         }
     };
     if ok {
-        Ok(())
+        Ok(OpDims::None)
     } else {
         Err(Error::Value { op: "fill", param: "value", value: value.to_string(), dtype })
     }
@@ -393,7 +427,7 @@ pub struct MxDims {
 }
 
 /// Require a rank-2 tensor; `expected` names its shape in the error.
-fn expect_matrix<B: Backend>(
+fn expect_matrix<B: Resources>(
     op: &'static str,
     param: &'static str,
     t: &Tensor<B>,
@@ -415,7 +449,7 @@ fn expect_mx_float(op: &'static str, param: &'static str, dtype: DType) -> Resul
 
 /// Check the E4M3 `data[M, K]` and E8M0 `scale[M, ceil(K/32)]` of a quantized matrix whose
 /// size is given by `(m, k)`.
-fn expect_quantized<B: Backend>(
+fn expect_quantized<B: Resources>(
     op: &'static str,
     (data_param, data): (&'static str, &Tensor<B>),
     (scale_param, scale): (&'static str, &Tensor<B>),
@@ -437,7 +471,7 @@ fn expect_quantized<B: Backend>(
 }
 
 /// Validate the operands of [`Op::DynamicQuant`] and return its sizes.
-pub fn mx_quant_dims<B: Backend>(
+pub fn mx_quant_dims<B: Resources>(
     x: &Tensor<B>,
     data: &Tensor<B>,
     scale: &Tensor<B>,
@@ -450,7 +484,7 @@ pub fn mx_quant_dims<B: Backend>(
 }
 
 /// Validate the operands of [`Op::MxDequant`] and return its sizes.
-pub fn mx_dequant_dims<B: Backend>(
+pub fn mx_dequant_dims<B: Resources>(
     data: &Tensor<B>,
     scale: &Tensor<B>,
     y: &Tensor<B>,
@@ -464,7 +498,7 @@ pub fn mx_dequant_dims<B: Backend>(
 }
 
 /// Validate the operands of [`Op::MxGemm`] and return its sizes.
-pub fn mx_gemm_dims<B: Backend>(
+pub fn mx_gemm_dims<B: Resources>(
     a: &Tensor<B>,
     a_scale: &Tensor<B>,
     w: &Tensor<B>,
@@ -487,4 +521,86 @@ pub fn mx_gemm_dims<B: Backend>(
     expect_mx_float(OP, "y", y.dtype())?;
     expect_shape(OP, "y", y.shape(), &[m, n])?;
     Ok(GemmDims { m, n, k })
+}
+
+#[cfg(test)]
+mod table_tests {
+    #![allow(clippy::unwrap_used, reason = "test setup")]
+
+    use super::*;
+    use crate::layout::Layout;
+    use crate::resource::{BufferId, EventHandle, EventId, StreamHandle, StreamId};
+
+    #[derive(Clone, Debug)]
+    struct Res;
+    #[derive(Clone, Debug)]
+    struct Handle(u64);
+    impl StreamHandle for Handle {
+        fn id(&self) -> StreamId {
+            StreamId { instance: instance(), index: self.0 }
+        }
+    }
+    impl EventHandle for Handle {
+        fn id(&self) -> EventId {
+            EventId { instance: instance(), index: self.0 }
+        }
+    }
+    impl BufferHandle for Handle {
+        fn id(&self) -> BufferId {
+            BufferId { instance: instance(), index: self.0 }
+        }
+        fn len_bytes(&self) -> usize {
+            1 << 20
+        }
+    }
+    impl Resources for Res {
+        type Stream = Handle;
+        type Event = Handle;
+        type Buffer = Handle;
+    }
+
+    fn instance() -> InstanceId {
+        static ID: std::sync::OnceLock<InstanceId> = std::sync::OnceLock::new();
+        *ID.get_or_init(InstanceId::fresh)
+    }
+
+    fn t(buffer: u64, dtype: DType, shape: &[usize]) -> Tensor<Res> {
+        Tensor::new(Handle(buffer), Layout::contiguous(dtype, shape)).unwrap()
+    }
+
+    /// The generated `name`, `unit`, `inputs`, `outputs` and checks are the table's.
+    #[test]
+    fn names_units_operands_and_checks_come_from_the_table() {
+        let gemm: Op<Res> = Op::Gemm {
+            x: t(0, DType::BF16, &[2, 8]),
+            w: t(1, DType::BF16, &[3, 8]),
+            y: t(2, DType::F32, &[2, 3]),
+        };
+        assert_eq!((gemm.name(), gemm.unit()), ("gemm", Some(ComputeUnit::Matrix)));
+        let names = |v: Vec<(&'static str, &Tensor<Res>)>| {
+            v.into_iter().map(|(n, _)| n).collect::<Vec<_>>()
+        };
+        assert_eq!(names(gemm.inputs()), vec!["x", "w"]);
+        assert_eq!(names(gemm.outputs()), vec!["y"]);
+        assert_eq!(gemm.validate(instance()).unwrap(), OpDims::Gemm(GemmDims { m: 2, n: 3, k: 8 }));
+
+        let host: Op<Res> = Op::Host { name: "my_callback", f: HostFn::new(|| Ok(())) };
+        assert_eq!((host.name(), host.unit()), ("my_callback", None));
+        assert!(host.inputs().is_empty() && host.outputs().is_empty());
+
+        let quant: Op<Res> = Op::DynamicQuant {
+            x: t(0, DType::BF16, &[2, 40]),
+            data: t(1, DType::E4M3, &[2, 40]),
+            scale: t(2, DType::E8M0, &[2, 2]),
+            alg: ScaleAlg::default(),
+        };
+        assert_eq!(names(quant.outputs()), vec!["data", "scale"]);
+        let dims = quant.validate(instance()).unwrap();
+        assert_eq!(dims, OpDims::Mx(MxDims { m: 2, k: 40, blocks: 2 }));
+
+        let bad_copy: Op<Res> =
+            Op::Copy { src: t(0, DType::F32, &[4]), dst: t(1, DType::F32, &[5]) };
+        let e = bad_copy.validate(instance()).unwrap_err();
+        assert!(matches!(e, Error::Shape { op: "copy", param: "dst", .. }), "{e}");
+    }
 }

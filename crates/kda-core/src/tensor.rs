@@ -5,22 +5,22 @@ use std::ops::Range;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::hal::{Backend, BufferHandle};
 use crate::layout::Layout;
+use crate::resource::{BufferHandle, Resources};
 
 /// A strided view of (part of) one device buffer.
-pub struct Tensor<B: Backend> {
+pub struct Tensor<B: Resources> {
     buffer: B::Buffer,
     layout: Layout,
 }
 
-impl<B: Backend> Clone for Tensor<B> {
+impl<B: Resources> Clone for Tensor<B> {
     fn clone(&self) -> Self {
         Self { buffer: self.buffer.clone(), layout: self.layout.clone() }
     }
 }
 
-impl<B: Backend> fmt::Debug for Tensor<B> {
+impl<B: Resources> fmt::Debug for Tensor<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tensor")
             .field("buffer", &self.buffer.id())
@@ -32,7 +32,7 @@ impl<B: Backend> fmt::Debug for Tensor<B> {
     }
 }
 
-impl<B: Backend> Tensor<B> {
+impl<B: Resources> Tensor<B> {
     /// Wrap `buffer` with `layout`; fails if the view reaches past the end of the buffer, or
     /// if its element count or byte span does not fit the address space (so `numel` and
     /// `byte_span` of every tensor are exact).

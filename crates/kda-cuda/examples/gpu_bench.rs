@@ -17,7 +17,7 @@ use kda_core::schedule::{
     BfgWeight, MatrixOverlap, ProjectionDims, ProjectionSchedule, ProjectionWeights,
     QkvBfgProjection, QkvWeight,
 };
-use kda_core::{Backend, DType, Op, Result, Tensor};
+use kda_core::{DType, Device, Op, Result, Tensor};
 use kda_cuda::{CudaBackend, CudaOptions, CudaStream};
 use serde_json::{Value, json};
 
@@ -44,7 +44,7 @@ impl Rng {
 }
 
 fn bf16_tensor(
-    b: &B,
+    b: &Device<B>,
     s: &CudaStream,
     rng: &mut Rng,
     shape: &[usize],
@@ -58,13 +58,13 @@ fn bf16_tensor(
     Ok(t)
 }
 
-fn f32_tensor(b: &B, s: &CudaStream, data: &[f32], shape: &[usize]) -> Result<Tensor<B>> {
+fn f32_tensor(b: &Device<B>, s: &CudaStream, data: &[f32], shape: &[usize]) -> Result<Tensor<B>> {
     let t = b.alloc(DType::F32, shape)?;
     b.upload(s, &t, data)?;
     Ok(t)
 }
 
-fn i32_tensor(b: &B, s: &CudaStream, data: &[i32]) -> Result<Tensor<B>> {
+fn i32_tensor(b: &Device<B>, s: &CudaStream, data: &[i32]) -> Result<Tensor<B>> {
     let t = b.alloc(DType::I32, &[data.len()])?;
     b.upload(s, &t, data)?;
     Ok(t)
@@ -73,7 +73,7 @@ fn i32_tensor(b: &B, s: &CudaStream, data: &[i32]) -> Result<Tensor<B>> {
 /// Mean milliseconds per call of `work` over `iters` calls, timed with CUDA events after
 /// `warmup` untimed calls.
 fn time_ms(
-    b: &B,
+    b: &Device<B>,
     s: &CudaStream,
     warmup: usize,
     iters: usize,
@@ -83,13 +83,13 @@ fn time_ms(
         work()?;
     }
     b.synchronize(s)?;
-    let total = b.elapsed_ms(s, || (0..iters).try_for_each(|_| work()))?;
+    let total = b.raw().elapsed_ms(s, || (0..iters).try_for_each(|_| work()))?;
     b.synchronize(s)?;
     Ok(f64::from(total) / iters as f64)
 }
 
 fn projection_weights(
-    b: &B,
+    b: &Device<B>,
     s: &CudaStream,
     rng: &mut Rng,
     mxfp8: bool,
@@ -113,7 +113,7 @@ fn projection_weights(
 
 /// The outputs' bits, to compare schedules.
 fn output_bits(
-    b: &B,
+    b: &Device<B>,
     s: &CudaStream,
     out: &kda_core::schedule::ProjectionBuffers<B>,
 ) -> Result<(Vec<u16>, Vec<u16>, Vec<f32>)> {
@@ -165,7 +165,7 @@ fn capture_check(mxfp8: bool) -> Result<Value> {
 }
 
 fn projection_bench(
-    b: &B,
+    b: &Device<B>,
     s: &CudaStream,
     tokens: &[usize],
     mxfp8: bool,
@@ -221,7 +221,7 @@ struct Operands {
 }
 
 fn operands(
-    b: &B,
+    b: &Device<B>,
     s: &CudaStream,
     rng: &mut Rng,
     lead: &[usize],
@@ -240,7 +240,7 @@ fn operands(
 }
 
 fn prefill_bench(
-    b: &B,
+    b: &Device<B>,
     s: &CudaStream,
     t: usize,
     h: usize,
@@ -277,7 +277,7 @@ fn prefill_bench(
 }
 
 fn decode_bench(
-    b: &B,
+    b: &Device<B>,
     s: &CudaStream,
     batch: usize,
     h: usize,
@@ -387,7 +387,7 @@ fn run(quick: bool) -> Result<Value> {
         decode.push(decode_bench(&b, &s, batch, h, 128, iters)?);
     }
     Ok(json!({
-        "device": b.device_name(),
+        "device": b.raw().device_name(),
         "peaks": { "bf16_flops": PEAK_BF16_FLOPS, "bytes_per_s": PEAK_BYTES_PER_S },
         "capture": capture,
         "projection": projection,

@@ -1,6 +1,7 @@
-// MXFP8 (kda_core::mx, MXFP8.md): dynamic quantization bit for bit as the codec, dequantization,
-// and the MX GEMM in the order kda_core::mx::gemm defines. Hopper has no MX hardware, so the
-// GEMM sums exact block products in f64 (exact in any order) and accumulates blocks in f32.
+// MXFP8 (kda_core::mx, docs/design/mxfp8.md): dynamic quantization bit for bit as the codec,
+// dequantization, and the MX GEMM in the order kda_core::mx::gemm defines. Hopper has no MX
+// hardware, so the GEMM sums exact block products in f64 (exact in any order) and accumulates
+// blocks in f32.
 
 #define E4M3_NAN 0x7F
 #define E8M0_NAN 0xFF

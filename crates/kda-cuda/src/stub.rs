@@ -4,10 +4,10 @@
 
 use std::convert::Infallible;
 
-use kda_core::sanitize::Instrumentation;
+use kda_core::hal::Allocation;
 use kda_core::{
-    Backend, BackendInfo, BufferHandle, BufferId, EventHandle, EventId, InstanceId, Op, Result,
-    StreamHandle, StreamId,
+    Backend, BackendInfo, BufferHandle, BufferId, Device, EventHandle, EventId, InstanceId,
+    Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use crate::{CudaError, CudaOptions};
@@ -38,12 +38,12 @@ pub struct CudaBuffer {
 
 impl CudaBackend {
     /// Always [`CudaError::NotCompiledWithCuda`].
-    pub fn new() -> std::result::Result<Self, CudaError> {
+    pub fn new() -> std::result::Result<Device<Self>, CudaError> {
         Self::with_options(CudaOptions::default())
     }
 
     /// Always [`CudaError::NotCompiledWithCuda`].
-    pub fn with_options(_options: CudaOptions) -> std::result::Result<Self, CudaError> {
+    pub fn with_options(_options: CudaOptions) -> std::result::Result<Device<Self>, CudaError> {
         Err(CudaError::NotCompiledWithCuda)
     }
 
@@ -84,20 +84,18 @@ impl BufferHandle for CudaBuffer {
     }
 }
 
-impl Backend for CudaBackend {
+impl Resources for CudaBackend {
     type Stream = CudaStream;
     type Event = CudaEvent;
     type Buffer = CudaBuffer;
+}
 
+impl Backend for CudaBackend {
     fn info(&self) -> BackendInfo {
         match self.never {}
     }
 
     fn instance(&self) -> InstanceId {
-        match self.never {}
-    }
-
-    fn instrumentation(&self) -> &Instrumentation<Self> {
         match self.never {}
     }
 
@@ -109,23 +107,23 @@ impl Backend for CudaBackend {
         match self.never {}
     }
 
-    fn raw_record(&self, _event: &CudaEvent, _stream: &CudaStream) -> Result<()> {
+    fn record(&self, _event: &CudaEvent, _stream: &CudaStream) -> Result<()> {
         match self.never {}
     }
 
-    fn raw_wait(&self, _stream: &CudaStream, _event: &CudaEvent) -> Result<()> {
+    fn wait(&self, _stream: &CudaStream, _event: &CudaEvent) -> Result<()> {
         match self.never {}
     }
 
-    fn raw_synchronize(&self, _stream: &CudaStream) -> Result<()> {
+    fn synchronize(&self, _stream: &CudaStream) -> Result<()> {
         match self.never {}
     }
 
-    fn raw_alloc(&self, _bytes: usize) -> Result<CudaBuffer> {
+    fn alloc(&self, _bytes: usize) -> Result<Allocation<CudaBuffer>> {
         match self.never {}
     }
 
-    fn submit(&self, _stream: &CudaStream, _label: &str, _op: Op<Self>) -> Result<()> {
+    fn submit(&self, _stream: &CudaStream, _label: &str, _op: Validated<Self>) -> Result<()> {
         match self.never {}
     }
 }

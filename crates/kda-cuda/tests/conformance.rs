@@ -6,6 +6,7 @@
 //! passed; `--include-ignored` runs them anyway and each fails with the reason.
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "test setup")]
 
+use kda_core::Device;
 use kda_core::sanitize::checked_from_env;
 use kda_cuda::{CudaBackend, CudaOptions};
 use libtest_mimic::{Arguments, Trial};
@@ -20,13 +21,13 @@ pub struct Registered {
 inventory::collect!(Registered);
 
 /// Checked mode is on unless `KDA_SANITIZE=0` says otherwise (as on the reference).
-fn plain() -> CudaBackend {
+fn plain() -> Device<CudaBackend> {
     let options = CudaOptions { checked: checked_from_env(true), ..CudaOptions::default() };
     CudaBackend::with_options(options).expect("CUDA backend")
 }
 
 /// Always checked: the sanitizer's own tests.
-fn checked() -> CudaBackend {
+fn checked() -> Device<CudaBackend> {
     CudaBackend::with_options(CudaOptions { checked: true, ..CudaOptions::default() })
         .expect("CUDA backend")
 }

@@ -1,10 +1,10 @@
 //! Host memory shared by every stream worker of a backend instance.
 //!
-//! A buffer is plain heap memory that several worker threads may touch at once. That is sound
-//! only under the stream contract: two ops that touch overlapping bytes, at least one writing,
-//! are ordered by stream order or events. `kda-core`'s checked mode verifies that contract at
-//! run time; the kernels here rely on it, and on [`kda_core::Op::validate`] having rejected
-//! outputs that overlap their own inputs or themselves.
+//! A buffer is plain heap memory that several worker threads may touch at once. Two ops that
+//! touch overlapping bytes, at least one writing, never run at the same time: the caller orders
+//! them (the stream contract, which checked mode verifies), and where it does not,
+//! [`crate::exclusion`] makes the later one wait. The kernels also rely on the façade's
+//! validation having rejected outputs that overlap their own inputs or themselves.
 
 use std::alloc::{self, Layout as AllocLayout};
 use std::fmt;

@@ -1,7 +1,7 @@
 //! `kda-reference`: the CPU backend, and the numerical oracle every other backend is compared
 //! with.
 //!
-//! Streams are real: each is a worker thread with a FIFO queue, [`Backend::launch`] returns as
+//! Streams are real: each is a worker thread with a FIFO queue, [`Device::launch`](kda_core::Device::launch) returns as
 //! soon as the op is queued, and events are snapshots of a stream's completion counter (see
 //! [`stream`]). So overlap is real, ordering bugs are real, and the sanitizer has something to
 //! catch. Two execution modes ([`ExecutionMode`]): one core per stream (each op runs on its
@@ -17,6 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod buffer;
+mod exclusion;
 mod kernels;
 mod progress;
 pub mod stream;
@@ -25,11 +26,12 @@ mod timeline;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kda_core::sanitize::{Instrumentation, checked_from_env};
+use kda_core::hal::Allocation;
+use kda_core::sanitize::checked_from_env;
 use kda_core::timeline::Timeline;
 use kda_core::{
-    Backend, BackendInfo, BufferId, Capabilities, DType, Error, EventId, InstanceId, Op, Result,
-    StreamId,
+    Backend, BackendInfo, BufferId, Capabilities, DType, Device, Error, EventId, InstanceId,
+    Resources, Result, StreamId, Validated,
 };
 
 pub use buffer::RefBuffer;
@@ -93,27 +95,25 @@ struct Inner {
     instance: InstanceId,
     options: ReferenceOptions,
     exec: Exec,
-    instrumentation: Instrumentation<ReferenceBackend>,
     timeline: Option<Arc<timeline::Recorder>>,
     next_stream: AtomicU64,
     next_event: AtomicU64,
     next_buffer: AtomicU64,
 }
 
-impl Default for ReferenceBackend {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl ReferenceBackend {
-    /// One core per stream, no jitter.
-    pub fn new() -> Self {
-        let inner = Inner::new(ReferenceOptions::default(), Exec::serial());
-        Self { inner: Arc::new(inner) }
+    /// A device over a new reference backend: one core per stream, no jitter, checked mode as
+    /// `KDA_SANITIZE` says.
+    #[allow(clippy::new_ret_no_self, reason = "the backend is used through its façade")]
+    pub fn new() -> Device<Self> {
+        let options = ReferenceOptions::default();
+        let checked = options.checked;
+        let inner = Inner::new(options, Exec::serial());
+        Device::with_checked(Self { inner: Arc::new(inner) }, checked)
     }
 
-    pub fn with_options(options: ReferenceOptions) -> Result<Self> {
+    /// A device over a new reference backend with `options`.
+    pub fn with_options(options: ReferenceOptions) -> Result<Device<Self>> {
         let exec = match options.mode {
             ExecutionMode::PerStream => Exec::serial(),
             ExecutionMode::SharedPool { threads } => {
@@ -136,7 +136,8 @@ impl ReferenceBackend {
                 Exec::pooled(pool)
             }
         };
-        Ok(Self { inner: Arc::new(Inner::new(options, exec)) })
+        let checked = options.checked;
+        Ok(Device::with_checked(Self { inner: Arc::new(Inner::new(options, exec)) }, checked))
     }
 
     pub fn options(&self) -> &ReferenceOptions {
@@ -160,7 +161,6 @@ impl Inner {
     fn new(options: ReferenceOptions, exec: Exec) -> Self {
         Self {
             instance: InstanceId::fresh(),
-            instrumentation: Instrumentation::new(options.checked),
             timeline: options.timeline.then(|| Arc::new(timeline::Recorder::new())),
             options,
             exec,
@@ -175,11 +175,13 @@ impl Inner {
     }
 }
 
-impl Backend for ReferenceBackend {
+impl Resources for ReferenceBackend {
     type Stream = RefStream;
     type Event = RefEvent;
     type Buffer = RefBuffer;
+}
 
+impl Backend for ReferenceBackend {
     fn info(&self) -> BackendInfo {
         let execution = match self.inner.options.mode {
             ExecutionMode::PerStream => "one core per stream".to_string(),
@@ -202,10 +204,6 @@ impl Backend for ReferenceBackend {
         self.inner.instance
     }
 
-    fn instrumentation(&self) -> &Instrumentation<Self> {
-        &self.inner.instrumentation
-    }
-
     fn new_stream(&self) -> Result<RefStream> {
         let inner = &self.inner;
         let id = StreamId { instance: inner.instance, index: inner.next(&inner.next_stream) };
@@ -224,32 +222,31 @@ impl Backend for ReferenceBackend {
         }))
     }
 
-    fn raw_record(&self, event: &RefEvent, stream: &RefStream) -> Result<()> {
+    fn record(&self, event: &RefEvent, stream: &RefStream) -> Result<()> {
         event.set(stream.snapshot());
         Ok(())
     }
 
-    fn raw_wait(&self, stream: &RefStream, event: &RefEvent) -> Result<()> {
+    fn wait(&self, stream: &RefStream, event: &RefEvent) -> Result<()> {
         if let Some(snapshot) = event.get() {
             stream.wait_for(&snapshot);
         }
         Ok(())
     }
 
-    fn raw_synchronize(&self, stream: &RefStream) -> Result<()> {
+    fn synchronize(&self, stream: &RefStream) -> Result<()> {
         stream.synchronize()
     }
 
-    fn raw_alloc(&self, bytes: usize) -> Result<RefBuffer> {
+    fn alloc(&self, bytes: usize) -> Result<Allocation<RefBuffer>> {
         let inner = &self.inner;
         let id = BufferId { instance: inner.instance, index: inner.next(&inner.next_buffer) };
-        RefBuffer::new(id, bytes)
+        RefBuffer::new(id, bytes).map(Allocation::fresh)
     }
 
-    fn submit(&self, stream: &RefStream, label: &str, op: Op<Self>) -> Result<()> {
-        // `launch` has validated already; checking again here keeps the kernels' unsafe
-        // preconditions (no aliasing, shapes agree) true even for a direct caller.
-        op.validate(self.inner.instance)?;
+    fn submit(&self, stream: &RefStream, label: &str, op: Validated<Self>) -> Result<()> {
+        // Only the façade makes a `Validated` op: the kernels' unsafe preconditions (no aliasing,
+        // shapes agree) hold for every op that reaches here.
         stream.submit(op, self.inner.timeline.is_some().then_some(label));
         Ok(())
     }

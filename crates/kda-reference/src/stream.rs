@@ -24,7 +24,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kda_core::{Error, EventHandle, EventId, Op, Result, StreamHandle, StreamId};
+use kda_core::{Error, EventHandle, EventId, Op, Result, StreamHandle, StreamId, Validated};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -42,7 +42,7 @@ pub struct Jitter {
 
 enum Item {
     /// An op, with its label when the backend records a timeline.
-    Op(Box<Op<ReferenceBackend>>, Option<Box<str>>),
+    Op(Box<Validated<ReferenceBackend>>, Option<Box<str>>),
     Wait {
         upstream: Arc<Shared>,
         target: u64,
@@ -307,7 +307,7 @@ impl RefStream {
     }
 
     /// Queue `op`; `label` is kept only when the timeline records it.
-    pub(crate) fn submit(&self, op: Op<ReferenceBackend>, label: Option<&str>) {
+    pub(crate) fn submit(&self, op: Validated<ReferenceBackend>, label: Option<&str>) {
         self.push(Item::Op(Box::new(op), label.map(Box::from)));
     }
 
@@ -398,7 +398,7 @@ fn run_worker(
             // Published with the pop, so a waiter never sees this op running without its
             // forecast (and polls through it).
             let signature = match &item {
-                Item::Op(op, _) if wait != WaitPolicy::Block => Some(Forecast::signature(op)),
+                Item::Op(op, _) if wait != WaitPolicy::Block => Some(Forecast::signature(op.op())),
                 _ => None,
             };
             shared.progress.reset();
@@ -465,7 +465,7 @@ fn run_item(
         // After a failure, ops are skipped until `synchronize` reports it.
         Item::Op(..) if shared.lock().error.is_some() => None,
         Item::Op(op, label) => {
-            let name = op.name();
+            let name = op.op().name();
             let _span = tracing::debug_span!("op", name, stream = %shared.id, seq).entered();
             let start = Instant::now();
             let outcome = catch_unwind(AssertUnwindSafe(|| kernels::execute(&op, exec)))
@@ -494,11 +494,11 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "test setup")]
 
-    use kda_core::{Backend, DType};
+    use kda_core::{DType, Device};
 
     use super::*;
 
-    fn gemm(b: &ReferenceBackend, m: usize) -> Op<ReferenceBackend> {
+    fn gemm(b: &Device<ReferenceBackend>, m: usize) -> Op<ReferenceBackend> {
         let x = b.alloc(DType::BF16, &[m, 8]).unwrap();
         let w = b.alloc(DType::BF16, &[4, 8]).unwrap();
         let y = b.alloc(DType::F32, &[m, 4]).unwrap();

@@ -3,18 +3,19 @@
 
 use std::time::Duration;
 
+use kda_core::Device;
 use kda_core::sanitize::checked_from_env;
 use kda_reference::{ExecutionMode, Jitter, ReferenceBackend, ReferenceOptions};
 
 /// Checked mode is on in these tests unless `KDA_SANITIZE=0` says otherwise.
-fn backend(mode: ExecutionMode, jitter: Option<Jitter>) -> ReferenceBackend {
+fn backend(mode: ExecutionMode, jitter: Option<Jitter>) -> Device<ReferenceBackend> {
     let options =
         ReferenceOptions { mode, jitter, checked: checked_from_env(true), timeline: false };
     ReferenceBackend::with_options(options).expect("reference backend")
 }
 
 /// Always checked: the sanitizer's own tests.
-fn checked(mode: ExecutionMode) -> ReferenceBackend {
+fn checked(mode: ExecutionMode) -> Device<ReferenceBackend> {
     let options = ReferenceOptions { mode, jitter: None, checked: true, timeline: false };
     ReferenceBackend::with_options(options).expect("reference backend")
 }

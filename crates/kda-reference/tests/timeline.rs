@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use kda_core::{Backend, HostFn, Op, StreamHandle};
+use kda_core::{HostFn, Op, StreamHandle};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 
 fn sleep_op(name: &'static str, ms: u64) -> Op<ReferenceBackend> {
@@ -34,7 +34,7 @@ fn spans_and_wait_edges_follow_the_event_order() {
     b.synchronize(&main).expect("sync");
     b.synchronize(&aux).expect("sync");
 
-    let t = b.timeline();
+    let t = b.raw().timeline();
     let labels: Vec<&str> = t.spans.iter().map(|s| s.label.as_str()).collect();
     assert_eq!(labels, ["producer", "consumer", "unlabelled"]);
     assert_eq!(t.streams(), [aux.id(), main.id()]);
@@ -49,8 +49,8 @@ fn spans_and_wait_edges_follow_the_event_order() {
     assert!(edge.satisfied <= edge.resumed, "{edge:?}");
     assert!(edge.resumed <= consumer.start, "{edge:?} before {consumer:?}");
 
-    b.clear_timeline();
-    assert!(b.timeline().is_empty() && b.timeline().waits.is_empty());
+    b.raw().clear_timeline();
+    assert!(b.raw().timeline().is_empty() && b.raw().timeline().waits.is_empty());
 }
 
 #[test]
@@ -64,6 +64,6 @@ fn a_wait_on_the_same_stream_or_before_any_record_draws_no_edge() {
     b.wait(&s, &own).expect("wait");
     b.wait(&s, &unrecorded).expect("wait");
     b.synchronize(&s).expect("sync");
-    assert_eq!(b.timeline().spans.len(), 1);
-    assert!(b.timeline().waits.is_empty(), "{:?}", b.timeline().waits);
+    assert_eq!(b.raw().timeline().spans.len(), 1);
+    assert!(b.raw().timeline().waits.is_empty(), "{:?}", b.raw().timeline().waits);
 }

@@ -6,7 +6,7 @@ use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::schedule::{BfgWeight, ProjectionWeights, QkvWeight};
 use kda_core::weights::{BfgMode, LoadOptions, QkvWeights, load_layer};
-use kda_core::{Backend, E8M0, Error, F8E4M3};
+use kda_core::{E8M0, Error, F8E4M3};
 use kda_reference::ReferenceBackend;
 use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
 

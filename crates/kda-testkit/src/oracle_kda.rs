@@ -1,5 +1,5 @@
-//! f64 oracles of the KDA core (KDA.md "Inside KDA"): each formula as a plain loop, in the
-//! formulas' own layout (the state is K-first `[K, V]` here, whatever the cache does), so that
+//! f64 oracles of the KDA core (`docs/design/kda.md#inside-kda`): each formula as a plain loop, in
+//! the formulas' own layout (the state is K-first `[K, V]` here, whatever the cache does), so that
 //! code this simple can be checked by reading it against the document.
 
 /// `x · sigmoid(x)`.
@@ -96,10 +96,10 @@ pub struct KdaSequence<'a> {
     pub vd: usize,
 }
 
-/// The KDA recurrence token by token, KDA.md's four lines per head, from `initial` (`[H, K, V]`
-/// K-first; zero when `None`). `q` is optionally L2-normalised, then multiplied by `scale`; `k`
-/// L2-normalised with the same flag. Returns the outputs `[T, H, V]` and the final state
-/// `[H, K, V]`.
+/// The KDA recurrence token by token, the four lines of `docs/design/kda.md#recurrence` per head,
+/// from `initial` (`[H, K, V]` K-first; zero when `None`). `q` is optionally L2-normalised, then
+/// multiplied by `scale`; `k` L2-normalised with the same flag. Returns the outputs `[T, H, V]` and
+/// the final state `[H, K, V]`.
 ///
 /// # Panics
 /// When the slices do not have the sizes above.

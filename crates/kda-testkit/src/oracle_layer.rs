@@ -1,4 +1,4 @@
-//! An f64 oracle of the whole KDA layer on one TP rank (KDA.md "Forward, mixed-precision path"),
+//! An f64 oracle of the whole KDA layer on one TP rank (`docs/design/kda.md#the-layer-forward`),
 //! from the host weights a loader produced, one request at a time, token by token.
 //!
 //! Built from the formula oracles of [`crate::oracle_kda`] and nothing of the backends': the

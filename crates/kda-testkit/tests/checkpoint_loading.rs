@@ -268,7 +268,7 @@ fn stored_mxfp8_qkv_equals_quantized_at_load() {
 }
 
 /// What `kda run` needs: Kimi K3 TP8 rank 0 at full size, generated lazily (only the rank's
-/// regions are materialised), with the shapes of KDA.md.
+/// regions are materialised), with the shapes of `docs/design/kda.md#checkpoint-names`.
 #[test]
 fn kimi_k3_tp8_rank0_loads_lazily_at_full_size() {
     let config = KdaConfig::kimi_k3();

@@ -35,8 +35,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{CString, c_char};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
-use kda_core::sanitize::Graph;
-use kda_core::{Backend, BufferHandle, DType, Layout, Op, Tensor};
+use kda_core::Device;
+use kda_core::graph::Graph;
+use kda_core::{BufferHandle, DType, Layout, Op, Tensor};
 use kda_reference::{RefBuffer, RefEvent, RefStream, ReferenceBackend, ReferenceOptions};
 
 use types::*;
@@ -65,7 +66,7 @@ struct Executor {
 /// The whole emulated device (one device, one context, as kda uses it).
 struct Emu {
     initialized: bool,
-    backend: Ref,
+    backend: Device<Ref>,
     soc: CString,
     /// Device (and host-pinned) allocations by base address.
     memory: BTreeMap<usize, RefBuffer>,
@@ -104,7 +105,8 @@ impl Emu {
 
 static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
     let options = ReferenceOptions { checked: false, ..ReferenceOptions::default() };
-    let backend = ReferenceBackend::with_options(options).unwrap_or_default();
+    let backend =
+        ReferenceBackend::with_options(options).unwrap_or_else(|_| ReferenceBackend::new());
     Mutex::new(Emu {
         initialized: false,
         backend,

@@ -4,8 +4,8 @@ use std::ffi::{CString, c_char, c_int, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use kda_core::sanitize::CaptureError;
-use kda_core::{Backend, DownloadSlot, Error, HostFn, Op};
+use kda_core::CaptureError;
+use kda_core::{DownloadSlot, Error, HostFn, Op};
 
 use crate::types::*;
 use crate::{EmuEvent, Res, array, call, emu, invalid, put};

@@ -1,29 +1,28 @@
 //! Captured HAL graphs as ACL model runtime instances (`aclmdlRI`).
 //!
-//! [`Backend::begin_capture`]/[`Backend::end_capture`] record and validate the graph in
+//! [`Device::begin_capture`]/[`Device::end_capture`] record and validate the graph in
 //! kda-core (the ACL join rule, no host blocking, no frees). [`AscendBackend::instantiate`] then
 //! replays it into `aclmdlRICaptureBegin` … `aclmdlRICaptureEnd` on the ACL streams — every
 //! aclnn executor prepared and made repeatable *before* the capture begins — and
 //! [`AclGraph::launch`] runs the instance with `aclmdlRIExecuteAsync`. The runtime checks the
 //! join rule again at `aclmdlRICaptureEnd`.
 //!
-//! [`Backend::launch_graph`] runs a graph of this instance the same way: instantiated at its
-//! first launch, cached by [`Graph::id`] and executed with `aclmdlRIExecuteAsync` on every
-//! launch. The one exception, decided per graph at its first launch: a graph with host
+//! [`Device::launch_graph`] runs a graph of this instance the same way (through
+//! [`Backend::prepare_graph`] and [`Backend::launch_native_graph`]): instantiated at its first
+//! launch, cached by [`Graph::id`] and executed with `aclmdlRIExecuteAsync` on every launch. The one exception, decided per graph at its first launch: a graph with host
 //! functions (`Host`, and `Download`, which uses one) cannot be captured by ACL, so it is
 //! replayed op by op, as kda-core's default `launch_graph` does.
 //!
-//! [`Backend::begin_capture`]: kda_core::Backend::begin_capture
-//! [`Backend::end_capture`]: kda_core::Backend::end_capture
-//! [`Backend::launch_graph`]: kda_core::Backend::launch_graph
+//! [`Device::begin_capture`]: kda_core::Device::begin_capture
+//! [`Device::end_capture`]: kda_core::Device::end_capture
+//! [`Device::launch_graph`]: kda_core::Device::launch_graph
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kda_core::hal::check_instance;
-use kda_core::sanitize::{CaptureError, Graph, Node};
-use kda_core::{Backend, Op, Result, StreamHandle};
+use kda_core::graph::{Graph, Node};
+use kda_core::hal::GraphReplay;
+use kda_core::{Backend, Op, Result};
 
 use super::acl::{self, check};
 use super::ops::{self, Step};
@@ -97,7 +96,7 @@ impl AclGraph {
     }
 }
 
-/// How [`Backend::launch_graph`] runs each graph of one instance, decided and built at the
+/// How [`Device::launch_graph`](kda_core::Device::launch_graph) runs each graph of one instance, decided and built at the
 /// graph's first launch and kept, keyed by [`Graph::id`], until
 /// [`AscendBackend::release_graph`] or the instance is dropped.
 #[derive(Debug, Default)]
@@ -118,7 +117,7 @@ fn capturable(op: &Op<AscendBackend>) -> bool {
 }
 
 impl AscendBackend {
-    /// Capture `graph` (from [`Backend::end_capture`]) into an ACL model runtime instance whose
+    /// Capture `graph` (from [`Device::end_capture`](kda_core::Device::end_capture)) into an ACL model runtime instance whose
     /// origin is `origin`. Host functions (and downloads, which use them) cannot be captured by
     /// ACL and are rejected.
     pub fn instantiate(&self, graph: &Graph<Self>, origin: &AscendStream) -> Result<AclGraph> {
@@ -158,7 +157,7 @@ impl AscendBackend {
         Ok(AclGraph { model: Arc::new(model) })
     }
 
-    /// Drop what [`Backend::launch_graph`] built for `graph` (its ACL model, or its replay
+    /// Drop what [`Device::launch_graph`](kda_core::Device::launch_graph) built for `graph` (its ACL model, or its replay
     /// streams and events) once the launches already queued have run; a later launch builds it
     /// again. Returns whether anything was cached. Dropping the backend (every clone) releases
     /// all of them.
@@ -192,96 +191,50 @@ impl AscendBackend {
         Ok(replay)
     }
 
-    /// Walk `graph`'s nodes with `origin` as stream 0. `eager`: through the HAL, op by op, as
-    /// kda-core's default `launch_graph` does. Otherwise only through the instrumentation (the
-    /// sanitizer's log, or a capture open on `origin`), the ACL model doing the work; returns
-    /// whether the model is to run (not when an open capture took the nodes instead).
-    fn walk(
+    /// [`Backend::prepare_graph`]: the graph's ACL model (built on its first launch, with
+    /// `origin` as the capture's origin) and its streams and events, or, for a graph with host
+    /// functions, streams and events to replay it op by op on.
+    pub(crate) fn prepare_graph_impl(
         &self,
         graph: &Graph<Self>,
         origin: &AscendStream,
-        handles: &Handles,
-        eager: bool,
-    ) -> Result<bool> {
-        let instrumentation = self.instrumentation();
-        if !eager && !instrumentation.is_active() {
-            return Ok(true);
-        }
-        let run = Cell::new(eager);
-        let mark = || -> Result<()> {
-            run.set(true);
-            Ok(())
-        };
-        for node in graph.nodes() {
-            match node {
-                Node::Launch { stream, label, op } => {
-                    let s = handles.stream(origin, *stream);
-                    if eager {
-                        self.launch_labeled(s, label, Op::clone(op))?;
-                    } else {
-                        instrumentation.launch(s.id(), label, Op::clone(op), |_| mark())?;
-                    }
-                }
-                Node::Record { stream, event } => {
-                    let (s, e) = (handles.stream(origin, *stream), &handles.events[*event]);
-                    if eager {
-                        self.record(e, s)?;
-                    } else {
-                        instrumentation.record(e.id, s.id(), mark)?;
-                    }
-                }
-                Node::Wait { stream, event } => {
-                    let (s, e) = (handles.stream(origin, *stream), &handles.events[*event]);
-                    if eager {
-                        self.wait(s, e)?;
-                    } else {
-                        instrumentation.wait(s.id(), e.id, mark)?;
-                    }
-                }
+    ) -> Result<GraphReplay<Self>> {
+        self.enter()?;
+        Ok(match self.replay_of(graph, origin)? {
+            Replay::Eager(h) => GraphReplay { forks: h.forks, events: h.events, native: false },
+            Replay::Model(m) => {
+                let h = &m.model.handles;
+                GraphReplay { forks: h.forks.clone(), events: h.events.clone(), native: true }
             }
-        }
-        Ok(run.get())
+        })
     }
 
-    /// [`Backend::launch_graph`]: the graph's ACL model (built on its first launch) executed on
-    /// `stream`, or, for a graph with host functions, its ops replayed one by one.
-    pub(crate) fn launch_graph_impl(
+    /// [`Backend::launch_native_graph`]: one `aclmdlRIExecuteAsync` of the graph's model.
+    pub(crate) fn launch_native_graph_impl(
         &self,
         graph: &Graph<Self>,
         stream: &AscendStream,
     ) -> Result<()> {
-        check_instance(self, "stream", stream.id().instance)?;
-        if graph.instance() != self.instance() {
-            return Err(CaptureError::ForeignGraph {
-                graph: graph.instance(),
-                backend: self.instance(),
+        self.enter()?;
+        let Replay::Model(model) = self.replay_of(graph, stream)? else {
+            return Err(AscendError::Unsupported {
+                op: "aclmdlRIExecuteAsync",
+                message: "a graph with host functions is replayed op by op".into(),
             }
             .into());
-        }
-        let _span = tracing::trace_span!("launch_graph", graph = graph.id(), stream = %stream.id())
-            .entered();
-        self.enter()?;
-        match self.replay_of(graph, stream)? {
-            Replay::Eager(handles) => {
-                self.walk(graph, stream, &handles, true)?;
-            }
-            Replay::Model(model) => {
-                if self.walk(graph, stream, &model.model.handles, false)? {
-                    model.launch(stream)?;
-                    // The ops' views keep their buffers alive until the stream has run the
-                    // model, even if the caller drops the graph at once.
-                    let ops: Vec<Op<Self>> = graph
-                        .nodes()
-                        .iter()
-                        .filter_map(|n| match n {
-                            Node::Launch { op, .. } => Some(Op::clone(op)),
-                            _ => None,
-                        })
-                        .collect();
-                    stream.inner.keep(ops);
-                }
-            }
-        }
+        };
+        model.launch(stream)?;
+        // The ops' views keep their buffers alive until the stream has run the model, even if
+        // the caller drops the graph at once.
+        let ops: Vec<Op<Self>> = graph
+            .nodes()
+            .iter()
+            .filter_map(|n| match n {
+                Node::Launch { op, .. } => Some(Op::clone(op)),
+                _ => None,
+            })
+            .collect();
+        stream.inner.keep(ops);
         Ok(())
     }
 }

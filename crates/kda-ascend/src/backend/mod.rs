@@ -12,10 +12,11 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use kda_core::sanitize::{Graph, Instrumentation};
+use kda_core::graph::Graph;
+use kda_core::hal::{Allocation, GraphReplay};
 use kda_core::{
-    Backend, BackendInfo, BufferId, Capabilities, DType, Error, EventHandle, EventId, InstanceId,
-    Op, Result, StreamHandle, StreamId,
+    Backend, BackendInfo, BufferId, Capabilities, DType, Device, Error, EventHandle, EventId,
+    InstanceId, Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use self::acl::{HostMemory, RawEvent, RawStream};
@@ -38,7 +39,6 @@ struct Inner {
     chip: Chip,
     /// Whether the MX ops use aclnn (`true`) or the emulation path.
     native_mx: bool,
-    instrumentation: Instrumentation<AscendBackend>,
     pool: Arc<memory::Pool>,
     kernels: kernel::Kernels,
     /// What `launch_graph` built for each graph (its ACL model), by graph id.
@@ -130,12 +130,20 @@ impl EventHandle for AscendEvent {
 }
 
 impl AscendBackend {
-    /// Device 0 with default options.
-    pub fn new() -> std::result::Result<Self, AscendError> {
+    /// A device over device 0 with default options.
+    #[allow(clippy::new_ret_no_self, reason = "the backend is used through its façade")]
+    pub fn new() -> std::result::Result<Device<Self>, AscendError> {
         Self::with_options(AscendOptions::default())
     }
 
-    pub fn with_options(options: AscendOptions) -> std::result::Result<Self, AscendError> {
+    /// A device over the NPU `options.device`, checked as `options.checked` says.
+    pub fn with_options(options: AscendOptions) -> std::result::Result<Device<Self>, AscendError> {
+        let checked = options.checked;
+        Ok(Device::with_checked(Self::raw_with_options(options)?, checked))
+    }
+
+    /// The backend without its façade (for the backend's own tests of raw verbs).
+    fn raw_with_options(options: AscendOptions) -> std::result::Result<Self, AscendError> {
         acl::bind(options.device)?;
         let chip = Chip::from_soc(&acl::soc_name());
         let native_mx = match options.mx_gemm {
@@ -145,7 +153,6 @@ impl AscendBackend {
         };
         let inner = Inner {
             instance: InstanceId::fresh(),
-            instrumentation: Instrumentation::new(options.checked),
             chip,
             native_mx,
             options,
@@ -182,11 +189,13 @@ impl AscendBackend {
     }
 }
 
-impl Backend for AscendBackend {
+impl Resources for AscendBackend {
     type Stream = AscendStream;
     type Event = AscendEvent;
     type Buffer = AscendBuffer;
+}
 
+impl Backend for AscendBackend {
     fn info(&self) -> BackendInfo {
         let chip = &self.inner.chip;
         let mx = if self.inner.native_mx {
@@ -212,10 +221,6 @@ impl Backend for AscendBackend {
         self.inner.instance
     }
 
-    fn instrumentation(&self) -> &Instrumentation<Self> {
-        &self.inner.instrumentation
-    }
-
     fn new_stream(&self) -> Result<AscendStream> {
         self.enter()?;
         let inner = &self.inner;
@@ -235,7 +240,7 @@ impl Backend for AscendBackend {
         Ok(AscendEvent { id, inner: Arc::new(event) })
     }
 
-    fn raw_record(&self, event: &AscendEvent, stream: &AscendStream) -> Result<()> {
+    fn record(&self, event: &AscendEvent, stream: &AscendStream) -> Result<()> {
         self.enter()?;
         event.inner.raw.record(stream.raw())?;
         *event.inner.recorded_on.lock().unwrap_or_else(PoisonError::into_inner) =
@@ -245,7 +250,7 @@ impl Backend for AscendBackend {
         Ok(())
     }
 
-    fn raw_wait(&self, stream: &AscendStream, event: &AscendEvent) -> Result<()> {
+    fn wait(&self, stream: &AscendStream, event: &AscendEvent) -> Result<()> {
         self.enter()?;
         let upstream =
             event.inner.recorded_on.lock().unwrap_or_else(PoisonError::into_inner).clone();
@@ -259,25 +264,20 @@ impl Backend for AscendBackend {
         Ok(())
     }
 
-    fn raw_synchronize(&self, stream: &AscendStream) -> Result<()> {
+    fn synchronize(&self, stream: &AscendStream) -> Result<()> {
         self.enter()?;
         host::synchronize(stream)
     }
 
-    fn raw_alloc(&self, bytes: usize) -> Result<AscendBuffer> {
+    fn alloc(&self, bytes: usize) -> Result<Allocation<AscendBuffer>> {
         self.enter()?;
         let inner = &self.inner;
         let id = BufferId { instance: inner.instance, index: Self::next(&inner.next_buffer) };
-        let (buffer, previous) = inner.pool.alloc(id, bytes)?;
-        if let Some(previous) = previous {
-            if inner.instrumentation.is_checked() {
-                inner.instrumentation.reuse(id, previous)?;
-            }
-        }
-        Ok(buffer)
+        let (buffer, reuses) = inner.pool.alloc(id, bytes)?;
+        Ok(Allocation { buffer, reuses })
     }
 
-    fn raw_free(&self, stream: &AscendStream, buffer: AscendBuffer) -> Result<()> {
+    fn free(&self, stream: &AscendStream, buffer: AscendBuffer) -> Result<()> {
         self.enter()?;
         let event = RawEvent::create()?;
         event.record(stream.raw())?;
@@ -285,9 +285,9 @@ impl Backend for AscendBackend {
         Ok(())
     }
 
-    fn submit(&self, stream: &AscendStream, label: &str, op: Op<Self>) -> Result<()> {
+    fn submit(&self, stream: &AscendStream, label: &str, op: Validated<Self>) -> Result<()> {
         self.enter()?;
-        op.validate(self.inner.instance)?;
+        let op = op.into_op();
         let _span = tracing::trace_span!("ascend", op = label, stream = %stream.id()).entered();
         let steps = ops::prepare(self, stream, &op, false)?;
         {
@@ -303,12 +303,19 @@ impl Backend for AscendBackend {
         ops::issue(stream, steps)
     }
 
-    /// Run `graph` on `stream` as an ACL model (`aclmdlRIExecuteAsync`), instantiated at the
-    /// graph's first launch and reused after; a graph with host functions, which ACL cannot
-    /// capture, is replayed op by op instead. Same checks as kda-core's default: a stream of
-    /// another instance, a graph captured on another instance (`CaptureError::ForeignGraph`).
-    fn launch_graph(&self, graph: &Graph<Self>, stream: &AscendStream) -> Result<()> {
-        self.launch_graph_impl(graph, stream)
+    /// A graph runs as an ACL model (`aclmdlRIExecuteAsync`), instantiated at its first launch
+    /// and reused after; a graph with host functions, which ACL cannot capture, is replayed op
+    /// by op instead.
+    fn prepare_graph(
+        &self,
+        graph: &Graph<Self>,
+        origin: &AscendStream,
+    ) -> Result<GraphReplay<Self>> {
+        self.prepare_graph_impl(graph, origin)
+    }
+
+    fn launch_native_graph(&self, graph: &Graph<Self>, origin: &AscendStream) -> Result<()> {
+        self.launch_native_graph_impl(graph, origin)
     }
 }
 
@@ -317,11 +324,11 @@ impl Backend for AscendBackend {
 mod tests {
     use std::sync::{Condvar, Mutex};
 
-    use kda_core::HostFn;
+    use kda_core::{HostFn, Op};
 
     use super::*;
 
-    fn backend() -> AscendBackend {
+    fn backend() -> Device<AscendBackend> {
         let options = AscendOptions { checked: false, ..AscendOptions::default() };
         AscendBackend::with_options(options).expect("backend")
     }
@@ -331,7 +338,7 @@ mod tests {
     fn a_freed_block_is_reused_only_after_its_stream_passes_the_free() {
         let b = backend();
         let s = b.new_stream().expect("stream");
-        let x = b.raw_alloc(1000).expect("alloc");
+        let x = b.raw().alloc(1000).expect("alloc").buffer;
         let addr = x.addr();
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let held = Arc::clone(&gate);
@@ -343,7 +350,7 @@ mod tests {
         });
         b.launch(&s, Op::Host { name: "hold", f: wait }).expect("launch");
         b.free(&s, x).expect("free");
-        let early = b.raw_alloc(1000).expect("alloc");
+        let early = b.raw().alloc(1000).expect("alloc").buffer;
         assert_ne!(early.addr(), addr, "the stream has not passed the free yet");
         {
             let (open, cv) = &*gate;
@@ -351,11 +358,12 @@ mod tests {
             cv.notify_all();
         }
         b.synchronize(&s).expect("synchronize");
-        let later: Vec<AscendBuffer> = (0..2).map(|_| b.raw_alloc(1000).expect("alloc")).collect();
+        let later: Vec<AscendBuffer> =
+            (0..2).map(|_| b.raw().alloc(1000).expect("alloc").buffer).collect();
         assert!(later.iter().any(|l| l.addr() == addr), "the freed block is reused once passed");
         // Another size class does not take it.
         drop(later);
-        let other = b.raw_alloc(5000).expect("alloc");
+        let other = b.raw().alloc(5000).expect("alloc").buffer;
         assert_ne!(other.addr(), addr);
     }
 

@@ -1,7 +1,7 @@
 //! `kda bench`: benchmarks. Each prints medians over repeats; tests never time anything.
 
 use clap::{Args, Subcommand, ValueEnum};
-use kda_core::{Backend, DType, Op, ScaleAlg};
+use kda_core::{DType, Device, Op, ScaleAlg};
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 
 use super::{median_time, ms};
@@ -91,7 +91,7 @@ pub fn run(args: &BenchArgs) -> Result<(), CliError> {
 }
 
 /// A reference backend using `threads` threads per op.
-pub fn reference_with_threads(threads: usize) -> Result<ReferenceBackend, CliError> {
+pub fn reference_with_threads(threads: usize) -> Result<Device<ReferenceBackend>, CliError> {
     let mode = match threads {
         0 => {
             return Err(CliError::Argument {

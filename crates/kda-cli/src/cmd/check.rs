@@ -5,9 +5,10 @@
 //! replay matches.
 
 use clap::Args;
+use kda_core::DType;
+use kda_core::layer::LayerError;
 use kda_core::layer::{KdaLayer, LayerOptions};
 use kda_core::schedule::{Mutation, ScheduleEvent};
-use kda_core::{Backend, DType};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 
 use super::model::{self, ModelArgs, ScheduleArg};
@@ -62,7 +63,7 @@ pub fn run(args: &CheckArgs) -> Result<(), CliError> {
     );
     b.begin_capture(&main)?;
     let queued = layer.forward(&main, &x, &w.prefill_meta(), &mut cache, &mut out);
-    let captured = b.end_capture(&main);
+    let captured = b.end_capture(&main).map_err(LayerError::from);
     let graph = match (queued, captured) {
         (Ok(()), Ok(graph)) => {
             println!(

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use half::bf16;
 use kda_core::kda::{KdaChunk, KdaRecurrent, MAX_HEAD_DIM};
-use kda_core::{Backend, DType, Layout, Op, Tensor};
+use kda_core::{Backend, DType, Device, Layout, Op, Tensor};
 use kda_reference::ReferenceBackend;
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -279,7 +279,7 @@ fn decode(name: &str, view: &TensorView<'_>) -> Result<Tensor32, CliError> {
 
 /// Upload `t` in its own dtype with `shape`.
 fn upload<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     t: &Tensor32,
     shape: &[usize],
@@ -296,7 +296,7 @@ fn upload<B: Backend>(
 }
 
 fn upload_i32<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     shape: &[usize],
     values: &[i32],
@@ -309,7 +309,7 @@ fn upload_i32<B: Backend>(
 /// Run the problem on `backend`: returns `o` (`[B, T, H, V]`) and the final state
 /// (`[B, H, K, V]`), both f32.
 pub fn compute(
-    backend: &ReferenceBackend,
+    backend: &Device<ReferenceBackend>,
     inputs: &CoreInputs,
     algo: Algo,
     scale: f32,
@@ -514,7 +514,7 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
 
 /// An f32 tensor holding `values`.
 fn upload_f32<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     shape: &[usize],
     values: &[f32],

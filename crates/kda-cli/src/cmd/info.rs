@@ -1,6 +1,5 @@
 //! `kda info`: what this build can run on.
 
-use kda_core::Backend;
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 
 use crate::error::CliError;

@@ -16,7 +16,7 @@ use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, LayerTrace};
 use kda_core::weights::Checkpoint;
-use kda_core::{Backend, DType, Tensor};
+use kda_core::{Backend, DType, Device, Tensor};
 
 use super::model::ScheduleArg;
 use super::tensor_file::{self, OutTensor, f32_tensor};
@@ -155,13 +155,13 @@ fn read_input(args: &LayerArgs, hidden_size: usize) -> Result<LayerInput, CliErr
         return Err(shape_error("query_start_loc", "i32".into(), qsl_view.shape(), why));
     }
     // Checked against the rows before anything (the state cache) is sized by it.
-    let meta = BatchMeta::fresh_prefills(&qsl, rows).map_err(kda_core::Error::from)?;
+    let meta = BatchMeta::fresh_prefills(&qsl, rows).map_err(kda_core::layer::LayerError::from)?;
     Ok(LayerInput { dtype, rows, hidden, meta })
 }
 
 /// The intermediates as f32 `[N, ..]`, padding rows zero.
 fn dump<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     trace: Option<&LayerTrace<B>>,
     n: usize,
@@ -189,7 +189,11 @@ fn dump<B: Backend>(
 }
 
 /// A float tensor's values as f32.
-fn download_f32<B: Backend>(b: &B, s: &B::Stream, t: &Tensor<B>) -> Result<Vec<f32>, CliError> {
+fn download_f32<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    t: &Tensor<B>,
+) -> Result<Vec<f32>, CliError> {
     Ok(match t.dtype() {
         DType::BF16 => b.download::<bf16>(s, t)?.into_iter().map(f32::from).collect(),
         _ => b.download::<f32>(s, t)?,

@@ -10,7 +10,7 @@ use clap::Args;
 use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots, StateCache};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::timeline::Timeline;
-use kda_core::{Backend, DType, Tensor};
+use kda_core::{DType, Tensor};
 use kda_reference::ReferenceBackend;
 
 use super::model::{ModelArgs, load};
@@ -66,7 +66,7 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
         loaded.load_time.as_secs_f64()
     );
     // Timed with the op timeline on, for the per-op breakdown of one extra step.
-    let mut options = super::bench::reference_with_threads(args.threads)?.options().clone();
+    let mut options = super::bench::reference_with_threads(args.threads)?.raw().options().clone();
     options.timeline = true;
     let b = ReferenceBackend::with_options(options)?;
     let s = b.new_stream()?;
@@ -90,18 +90,18 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
         let step = |x: &Tensor<_>, meta: &BatchMeta, cache: &mut StateCache<_>| {
             let mut out = b.alloc(DType::F32, &[x.shape()[0], d.hidden])?;
             layer.forward(&s, x, meta, cache, &mut out)?;
-            b.synchronize(&s)
+            Ok::<_, CliError>(b.synchronize(&s)?)
         };
         let prefill_time = median_time(args.repeats, || step(&prefill_x, &prefill, &mut cache))?;
         let decode_time =
             median_time(args.decode_repeats, || step(&decode_x, &decode, &mut cache))?;
         let name = format!("{schedule:?}").to_lowercase();
-        b.clear_timeline();
+        b.raw().clear_timeline();
         step(&prefill_x, &prefill, &mut cache)?;
-        let prefill_ops = breakdown(&b.timeline());
-        b.clear_timeline();
+        let prefill_ops = breakdown(&b.raw().timeline());
+        b.raw().clear_timeline();
         step(&decode_x, &decode, &mut cache)?;
-        let decode_ops = breakdown(&b.timeline());
+        let decode_ops = breakdown(&b.raw().timeline());
         println!(
             "{name:>10}: prefill {requests} x {len} tokens {:.1} ms ({:.0} tokens/s); decode \
              {decodes} x 1 token {:.2} ms",

@@ -16,14 +16,14 @@ pub mod trace;
 
 use std::time::{Duration, Instant};
 
-use kda_core::{Backend, DType, Tensor};
+use kda_core::{Backend, DType, Device, Tensor};
 use kda_testkit::Gen;
 
 use crate::error::CliError;
 
 /// Allocate a tensor and fill it with seeded uniform values in [-1, 1).
 pub fn random_tensor<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     rng: &mut Gen,
     dtype: DType,

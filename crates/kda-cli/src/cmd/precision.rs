@@ -17,7 +17,7 @@ use kda_core::weights::source::read_all;
 use kda_core::weights::{
     BfgBlock, BfgMode, FusedBfgLinear, TensorRead, TensorSource, WeightError, layer_prefix,
 };
-use kda_core::{Backend, DType, Op};
+use kda_core::{DType, Device, Op};
 use kda_reference::ReferenceBackend;
 use kda_testkit::Gen;
 use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec};
@@ -116,7 +116,7 @@ fn row(quantity: &'static str, paths: [&[f64]; 3], oracle: &[f64]) -> Row {
 
 /// `y = x · w^T` on the reference backend: bf16 in, fp32 accumulation, bf16 out.
 fn gemm_bf16(
-    backend: &ReferenceBackend,
+    backend: &Device<ReferenceBackend>,
     x: &[bf16],
     w: &[bf16],
     m: usize,
@@ -156,7 +156,7 @@ struct LowRankRun {
 }
 
 fn low_rank_run(
-    backend: &ReferenceBackend,
+    backend: &Device<ReferenceBackend>,
     config: &KdaConfig,
     seed: u64,
     tokens: usize,

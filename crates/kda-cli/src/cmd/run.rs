@@ -17,7 +17,7 @@ use kda_core::config::QkvFormat;
 use kda_core::layer::{KdaLayer, LayerOptions, StateCache};
 use kda_core::schedule::{MatrixOverlap, ProjectionSchedule, labels};
 use kda_core::timeline::{Span, Timeline};
-use kda_core::{Backend, DType, Tensor};
+use kda_core::{DType, Device, Resources, Tensor};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 use kda_testkit::workload::Workload;
 
@@ -89,8 +89,8 @@ struct Path {
 
 impl Path {
     fn new(
-        b: &Ref,
-        s: &<Ref as Backend>::Stream,
+        b: &Device<Ref>,
+        s: &<Ref as Resources>::Stream,
         loaded: &model::Loaded,
         schedule: ProjectionSchedule,
         w: &Workload,
@@ -110,8 +110,8 @@ impl Path {
     /// The prefill, timed from launch to completion.
     fn prefill(
         &mut self,
-        b: &Ref,
-        s: &<Ref as Backend>::Stream,
+        b: &Device<Ref>,
+        s: &<Ref as Resources>::Stream,
         x: &Tensor<Ref>,
         w: &Workload,
     ) -> Result<Duration, CliError> {
@@ -170,9 +170,9 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         Some(p) => Some(p.prefill(&b, &main, &x, &w)?),
         None => None,
     };
-    b.clear_timeline();
+    b.raw().clear_timeline();
     let prefill_time = path.prefill(&b, &main, &x, &w)?;
-    let timeline = b.timeline();
+    let timeline = b.raw().timeline();
     let prefill_out: Vec<f32> = b.download(&main, &path.out)?;
     if let Some(p) = &serial {
         check_same("prefill output".into(), &b.download::<f32>(&main, &p.out)?, &prefill_out)?;

@@ -3,7 +3,8 @@
 //! timeline.
 //!
 //! For each token count it times, round-robin after a warm-up round, six configurations: serial,
-//! overlapped with the GEMMs serialised (the seeds' order), overlapped with the GEMMs concurrent,
+//! overlapped with the GEMMs serialised (the seeds' order,
+//! `docs/design/schedule.md#matrix-overlap`), overlapped with the GEMMs concurrent,
 //! each with the composed and with the staged F. From the timelines: each op alone (the serial
 //! runs, where nothing else runs), the hidden vector fraction of the serialised policy (the share
 //! of DynamicQuant and post-process time during which a GEMM ran on the other stream), and the
@@ -26,7 +27,7 @@ use kda_core::schedule::{
     ProjectionWeights, QkvBfgProjection, QkvWeight, labels,
 };
 use kda_core::timeline::{Span, Timeline};
-use kda_core::{Backend, DType, Op, ScaleAlg, Tensor};
+use kda_core::{DType, Device, Op, Resources, ScaleAlg, Tensor};
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 use kda_testkit::Gen;
 use rand::seq::SliceRandom;
@@ -130,8 +131,8 @@ fn median_duration(mut v: Vec<Duration>) -> Duration {
 
 /// Upload seeded uniform bf16 values in `[-scale, scale)`.
 fn random_bf16(
-    b: &Ref,
-    s: &<Ref as Backend>::Stream,
+    b: &Device<Ref>,
+    s: &<Ref as Resources>::Stream,
     rng: &mut Gen,
     shape: &[usize],
     scale: f32,
@@ -144,8 +145,8 @@ fn random_bf16(
 /// The K3 TP8 rank-0 weights: MXFP8 QKV (quantized on the device with `alg`), and the BFG
 /// linear both composed and staged.
 fn weights(
-    b: &Ref,
-    s: &<Ref as Backend>::Stream,
+    b: &Device<Ref>,
+    s: &<Ref as Resources>::Stream,
     rng: &mut Gen,
     alg: ScaleAlg,
 ) -> Result<[ProjectionWeights<Ref>; 2], CliError> {
@@ -176,8 +177,8 @@ fn weights(
 type Bits = (Vec<bf16>, Vec<bf16>, Vec<u32>);
 
 fn output_bits(
-    b: &Ref,
-    s: &<Ref as Backend>::Stream,
+    b: &Device<Ref>,
+    s: &<Ref as Resources>::Stream,
     bufs: &ProjectionBuffers<Ref>,
 ) -> Result<Bits, CliError> {
     let beta: Vec<f32> = b.download(s, &bufs.beta)?;
@@ -347,11 +348,11 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
             projections.iter().map(|p| p.alloc_buffers(&x)).collect::<Result<Vec<_>, _>>()?;
         b.synchronize(&main)?;
         let run = |i: usize| -> Result<Run, CliError> {
-            b.clear_timeline();
+            b.raw().clear_timeline();
             let start = Instant::now();
             projections[i].forward_into(&main, &x, &bufs[i])?;
             b.synchronize(&main)?;
-            Ok(Run { wall: start.elapsed(), timeline: b.timeline() })
+            Ok(Run { wall: start.elapsed(), timeline: b.raw().timeline() })
         };
         progress.inc_length(CONFIGS.len() as u64);
         progress.set_message(format!("T={t}: warm-up"));

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 use kda_core::layer::{KdaLayer, LayerOptions};
 use kda_core::timeline::SvgOptions;
-use kda_core::{Backend, DType, StreamHandle};
+use kda_core::{DType, StreamHandle};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 
 use super::model::{self, ModelArgs, ScheduleArg};
@@ -83,14 +83,14 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
     b.upload(&main, &x, &input)?;
     let mut out = b.alloc(DType::F32, &[rows, hidden])?;
     b.synchronize(&main)?;
-    b.clear_timeline();
+    b.raw().clear_timeline();
     layer.forward(&main, &x, &meta, &mut cache, &mut out)?;
     b.synchronize(&main)?;
-    let timeline = b.timeline();
+    let timeline = b.raw().timeline();
 
     let mut lanes = vec![(main.id(), "main".to_string())];
     if args.schedule == ScheduleArg::Overlapped {
-        lanes.push((b.aux_stream()?.id(), "aux".to_string()));
+        lanes.push((layer.projection().aux_stream().get(&b)?.id(), "aux".to_string()));
     }
     let schedule = format!("{:?}", layer.schedule()).to_lowercase();
     let title = format!(

@@ -3,11 +3,11 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::hal::Backend;
+use crate::resource::Resources;
 use crate::tensor::Tensor;
 
 /// Require a float dtype (bf16, f16 or f32).
-pub(crate) fn float<B: Backend>(
+pub(crate) fn float<B: Resources>(
     op: &'static str,
     param: &'static str,
     t: &Tensor<B>,
@@ -20,7 +20,7 @@ pub(crate) fn float<B: Backend>(
 }
 
 /// Require exactly `dtype`.
-pub(crate) fn dtype<B: Backend>(
+pub(crate) fn dtype<B: Resources>(
     op: &'static str,
     param: &'static str,
     t: &Tensor<B>,
@@ -34,7 +34,7 @@ pub(crate) fn dtype<B: Backend>(
 }
 
 /// Require rank `N` and return the sizes; `names` spells the expected shape (e.g. `"[T, H, K]"`).
-pub(crate) fn dims<B: Backend, const N: usize>(
+pub(crate) fn dims<B: Resources, const N: usize>(
     op: &'static str,
     param: &'static str,
     t: &Tensor<B>,
@@ -49,7 +49,7 @@ pub(crate) fn dims<B: Backend, const N: usize>(
 }
 
 /// Require `t`'s shape to be `want`; `why` says where the sizes come from (e.g. `"T, H, K of q"`).
-pub(crate) fn shape<B: Backend>(
+pub(crate) fn shape<B: Resources>(
     op: &'static str,
     param: &'static str,
     t: &Tensor<B>,
@@ -69,7 +69,7 @@ pub(crate) fn shape<B: Backend>(
 }
 
 /// Require an i32 tensor of shape `want` (per-request metadata).
-pub(crate) fn meta<B: Backend>(
+pub(crate) fn meta<B: Resources>(
     op: &'static str,
     param: &'static str,
     t: &Tensor<B>,

@@ -1,5 +1,5 @@
-//! The short convolution (KDA.md "Inside KDA", step 1): depthwise causal conv1d of width `W`, no
-//! bias, then SiLU, `y_t[c] = silu(Σ_j w[c, j] · x_{t-W+1+j}[c])`, with the inputs before a
+//! The short convolution (`docs/design/kda.md#short-conv`): depthwise causal conv1d of width `W`,
+//! no bias, then SiLU, `y_t[c] = silu(Σ_j w[c, j] · x_{t-W+1+j}[c])`, with the inputs before a
 //! request's first new token taken from its conv state.
 //!
 //! # Conv state
@@ -20,7 +20,7 @@
 //! A speculative deployment therefore sizes `L = W - 1 + num_spec`.
 
 use crate::error::Result;
-use crate::hal::Backend;
+use crate::resource::Resources;
 use crate::tensor::Tensor;
 
 use super::check;
@@ -50,7 +50,7 @@ pub struct ConvDims {
 /// Offsets and slots are device data, checked when the op runs (an execution error names the
 /// request).
 #[derive(Clone, Debug)]
-pub struct CausalConv<B: Backend> {
+pub struct CausalConv<B: Resources> {
     /// Inputs `[T, C]`: the requests' tokens back to back (bf16, f16 or f32).
     pub x: Tensor<B>,
     /// Weights `[C, W]` (any float; fp32 in checkpoints).
@@ -67,7 +67,7 @@ pub struct CausalConv<B: Backend> {
     pub y: Tensor<B>,
 }
 
-impl<B: Backend> CausalConv<B> {
+impl<B: Resources> CausalConv<B> {
     pub const NAME: &'static str = "causal_conv";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
@@ -135,7 +135,7 @@ pub struct ConvUpdateDims {
 /// docs). A negative slot marks a padding request: its outputs are zeroed and no state is
 /// touched. Slots and counts are checked when the op runs.
 #[derive(Clone, Debug)]
-pub struct CausalConvUpdate<B: Backend> {
+pub struct CausalConvUpdate<B: Resources> {
     /// Inputs `[B, n, C]` (bf16, f16 or f32).
     pub x: Tensor<B>,
     /// Weights `[C, W]` (any float).
@@ -150,7 +150,7 @@ pub struct CausalConvUpdate<B: Backend> {
     pub y: Tensor<B>,
 }
 
-impl<B: Backend> CausalConvUpdate<B> {
+impl<B: Resources> CausalConvUpdate<B> {
     pub const NAME: &'static str = "causal_conv_update";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
@@ -186,7 +186,7 @@ impl<B: Backend> CausalConvUpdate<B> {
 }
 
 /// The weight `[C, W]` with `W >= 1`; returns `W`.
-fn check_weight<B: Backend>(
+fn check_weight<B: Resources>(
     op: &'static str,
     weight: &Tensor<B>,
     channels: usize,
@@ -205,7 +205,7 @@ fn check_weight<B: Backend>(
 }
 
 /// The state `[N, L, C]` f32 with `L >= min_len`; returns `(N, L)`.
-fn check_state<B: Backend>(
+fn check_state<B: Resources>(
     op: &'static str,
     state: &Tensor<B>,
     channels: usize,

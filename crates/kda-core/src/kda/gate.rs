@@ -1,11 +1,11 @@
-//! The forget gate (KDA.md "Inside KDA", step 3): per-channel log decay from the raw logits
+//! The forget gate (`docs/design/kda.md#gate`): per-channel log decay from the raw logits
 //! `a = g1 + dt_bias`, computed in fp32, in one of two forms.
 
 use std::fmt;
 
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::hal::Backend;
+use crate::resource::Resources;
 use crate::tensor::Tensor;
 
 use super::check;
@@ -42,7 +42,7 @@ pub struct GateDims {
 
 /// `g[t, h, c] = gate(form, A_log[h], g1[t, h, c] + dt_bias[h, c])`, fp32.
 #[derive(Clone, Debug)]
-pub struct KdaGate<B: Backend> {
+pub struct KdaGate<B: Resources> {
     /// Raw forget-gate logits `[T, H, D]` (bf16, f16 or f32).
     pub g1: Tensor<B>,
     /// `[H]` (any float; fp32 in checkpoints).
@@ -54,7 +54,7 @@ pub struct KdaGate<B: Backend> {
     pub g: Tensor<B>,
 }
 
-impl<B: Backend> KdaGate<B> {
+impl<B: Resources> KdaGate<B> {
     pub const NAME: &'static str = "kda_gate";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
@@ -81,7 +81,7 @@ impl<B: Backend> KdaGate<B> {
 /// ([`KdaChunk::gate`](super::KdaChunk::gate)): it computes exactly what [`KdaGate`] computes
 /// from them, element for element, before it uses the log decay.
 #[derive(Clone, Debug)]
-pub struct ChunkGate<B: Backend> {
+pub struct ChunkGate<B: Resources> {
     /// `[H]` (any float; fp32 in checkpoints).
     pub a_log: Tensor<B>,
     /// `[H, D]` (any float; fp32 in checkpoints).
@@ -89,7 +89,7 @@ pub struct ChunkGate<B: Backend> {
     pub form: GateForm,
 }
 
-impl<B: Backend> ChunkGate<B> {
+impl<B: Resources> ChunkGate<B> {
     /// The parameters as inputs, for hazard analysis.
     pub fn inputs(&self) -> [(&'static str, &Tensor<B>); 2] {
         [("a_log", &self.a_log), ("dt_bias", &self.dt_bias)]
@@ -109,7 +109,7 @@ impl<B: Backend> ChunkGate<B> {
 
 /// `a_log` `[H]` and `dt_bias` `[H, D]` floats for logits of `[heads, dim]` (the sizes of the
 /// parameter `of`), and a finite, negative lower bound.
-fn check_params<B: Backend>(
+fn check_params<B: Resources>(
     op: &'static str,
     a_log: &Tensor<B>,
     dt_bias: &Tensor<B>,

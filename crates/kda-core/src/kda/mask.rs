@@ -1,9 +1,9 @@
-//! The zero-padding mask of the dispatch boundary (KDA.md "Batches and dispatch"): rows past the
-//! live tokens of a graph-padded buffer are set to zero, whatever a kernel left there (NaN
-//! included, which no multiplicative mask could clear).
+//! The zero-padding mask of the dispatch boundary (`docs/design/kda.md#padding-and-empty-batches`):
+//! rows past the live tokens of a graph-padded buffer are set to zero, whatever a kernel left there
+//! (NaN included, which no multiplicative mask could clear).
 
 use crate::error::Result;
-use crate::hal::Backend;
+use crate::resource::Resources;
 use crate::tensor::Tensor;
 
 use super::check;
@@ -19,14 +19,14 @@ pub struct PaddingDims {
 /// device data (so a captured graph can be replayed with another batch) and is checked when the
 /// op runs: it must lie in `0 ..= T`.
 #[derive(Clone, Debug)]
-pub struct ZeroPadding<B: Backend> {
+pub struct ZeroPadding<B: Resources> {
     /// `[T, ...]`, any dtype (zero is all-zero bits in every dtype kda has), read and written.
     pub x: Tensor<B>,
     /// `[1]` i32: the live rows.
     pub num_actual_tokens: Tensor<B>,
 }
 
-impl<B: Backend> ZeroPadding<B> {
+impl<B: Resources> ZeroPadding<B> {
     pub const NAME: &'static str = "zero_padding";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {

@@ -1,5 +1,5 @@
-//! The KDA math's descriptors: the ops of the layer's core (KDA.md "Inside KDA") as values that
-//! [`crate::Op`] carries, the gate forms, and the constants the math fixes.
+//! The KDA math's descriptors: the ops of the layer's core (`docs/design/kda.md#inside-kda`) as
+//! values that [`crate::Op`] carries, the gate forms, and the constants the math fixes.
 //!
 //! | op | formula | file |
 //! |---|---|---|

@@ -1,8 +1,9 @@
-//! The two normalisations of the layer: the q/k L2 norm with the `D^-0.5` scale (KDA.md "Inside
-//! KDA", step 2) and the gated RMSNorm of the output (`RMSNormGated`), both in fp32.
+//! The two normalisations of the layer: the q/k L2 norm with the `D^-0.5` scale
+//! (`docs/design/kda.md#qk-norm`) and the gated RMSNorm of the output (`RMSNormGated`,
+//! `docs/design/kda.md#gated-output-norm`), both in fp32.
 
 use crate::error::Result;
-use crate::hal::Backend;
+use crate::resource::Resources;
 use crate::tensor::Tensor;
 
 use super::check;
@@ -18,9 +19,9 @@ pub struct RowDims {
 }
 
 /// `y = x / sqrt(Σ x² + 1e-6) · scale` along the last dimension, in fp32 (the scale is applied
-/// after the norm, as KDA.md orders it; `scale = D^-0.5` for q, 1 for k).
+/// after the norm, as `docs/design/kda.md#qk-norm` orders it; `scale = D^-0.5` for q, 1 for k).
 #[derive(Clone, Debug)]
-pub struct L2Norm<B: Backend> {
+pub struct L2Norm<B: Resources> {
     /// Input `[..., D]` (bf16, f16 or f32; rank at least 1).
     pub x: Tensor<B>,
     /// Output, the shape of `x` (bf16, f16 or f32; rounded once).
@@ -28,7 +29,7 @@ pub struct L2Norm<B: Backend> {
     pub scale: f32,
 }
 
-impl<B: Backend> L2Norm<B> {
+impl<B: Resources> L2Norm<B> {
     pub const NAME: &'static str = "l2norm";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
@@ -54,7 +55,7 @@ impl<B: Backend> L2Norm<B> {
 
 /// `y = x · rsqrt(mean(x²) + eps) · weight · sigmoid(gate)` per head (rows of `D`), in fp32.
 #[derive(Clone, Debug)]
-pub struct GatedRmsNorm<B: Backend> {
+pub struct GatedRmsNorm<B: Resources> {
     /// Input `[..., D]` (bf16, f16 or f32), e.g. the core output `[T, H, D]`.
     pub x: Tensor<B>,
     /// Output-gate logits, the shape of `x` (bf16, f16 or f32).
@@ -67,7 +68,7 @@ pub struct GatedRmsNorm<B: Backend> {
     pub eps: f32,
 }
 
-impl<B: Backend> GatedRmsNorm<B> {
+impl<B: Resources> GatedRmsNorm<B> {
     pub const NAME: &'static str = "gated_rms_norm";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
@@ -97,7 +98,7 @@ impl<B: Backend> GatedRmsNorm<B> {
 }
 
 /// The last dimension of a tensor of rank at least 1.
-fn row_len<B: Backend>(
+fn row_len<B: Resources>(
     op: &'static str,
     param: &'static str,
     t: &Tensor<B>,

@@ -1,4 +1,4 @@
-//! The delta-rule recurrence (KDA.md "Inside KDA", steps 4 and 5), token by token for decode and
+//! The delta-rule recurrence (`docs/design/kda.md#recurrence`), token by token for decode and
 //! speculative decode ([`KdaRecurrent`]) and chunked for prefill ([`KdaChunk`]).
 //!
 //! Per head, with state `S` (`[K, V]` in the formulas), for each token:
@@ -17,7 +17,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::hal::Backend;
+use crate::resource::Resources;
 use crate::tensor::Tensor;
 
 use super::check;
@@ -54,7 +54,7 @@ pub struct RecurrenceDims {
 /// Slots and counts are device data, checked when the op runs. NaN in the operands propagates
 /// to exactly the outputs and states that depend on it.
 #[derive(Clone, Debug)]
-pub struct KdaRecurrent<B: Backend> {
+pub struct KdaRecurrent<B: Resources> {
     /// `[B, n, H, K]` (bf16, f16 or f32).
     pub q: Tensor<B>,
     /// `[B, n, H, K]`.
@@ -79,7 +79,7 @@ pub struct KdaRecurrent<B: Backend> {
     pub qk_l2norm: bool,
 }
 
-impl<B: Backend> KdaRecurrent<B> {
+impl<B: Resources> KdaRecurrent<B> {
     pub const NAME: &'static str = "kda_recurrent";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
@@ -129,8 +129,8 @@ impl<B: Backend> KdaRecurrent<B> {
 /// slots are device data, checked when the op runs.
 ///
 /// With [`gate`](Self::gate) the op takes the raw forget-gate logits in `g` and applies the
-/// gate itself (KDA.md "Inside KDA", step 3; SCHEDULE.md behaviour 11): every log decay it uses
-/// is exactly, bit for bit, what [`KdaGate`](super::KdaGate) computes from the same logits and
+/// gate itself (`docs/design/kda.md#gate`, `docs/design/kda.md#behaviour-11`): every log decay it
+/// uses is exactly, bit for bit, what [`KdaGate`](super::KdaGate) computes from the same logits and
 /// parameters, so the result equals `KdaGate` followed by this op without the gate, while the
 /// activated gate never goes through memory.
 ///
@@ -139,7 +139,7 @@ impl<B: Backend> KdaRecurrent<B> {
 /// 64-token chunk (the chunked products multiply it by zeros); other heads and requests are
 /// unaffected.
 #[derive(Clone, Debug)]
-pub struct KdaChunk<B: Backend> {
+pub struct KdaChunk<B: Resources> {
     /// `[T, H, K]` (bf16, f16 or f32).
     pub q: Tensor<B>,
     /// `[T, H, K]`.
@@ -170,7 +170,7 @@ pub struct KdaChunk<B: Backend> {
     pub qk_l2norm: bool,
 }
 
-impl<B: Backend> KdaChunk<B> {
+impl<B: Resources> KdaChunk<B> {
     pub const NAME: &'static str = "kda_chunk";
 
     pub fn inputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
@@ -221,7 +221,7 @@ impl<B: Backend> KdaChunk<B> {
 }
 
 /// The per-token operands of either form.
-struct Operands<'a, B: Backend> {
+struct Operands<'a, B: Resources> {
     q: &'a Tensor<B>,
     k: &'a Tensor<B>,
     v: &'a Tensor<B>,
@@ -230,13 +230,13 @@ struct Operands<'a, B: Backend> {
     o: &'a Tensor<B>,
 }
 
-impl<'a, B: Backend> From<&'a KdaRecurrent<B>> for Operands<'a, B> {
+impl<'a, B: Resources> From<&'a KdaRecurrent<B>> for Operands<'a, B> {
     fn from(op: &'a KdaRecurrent<B>) -> Self {
         Self { q: &op.q, k: &op.k, v: &op.v, g: &op.g, beta: &op.beta, o: &op.o }
     }
 }
 
-impl<'a, B: Backend> From<&'a KdaChunk<B>> for Operands<'a, B> {
+impl<'a, B: Resources> From<&'a KdaChunk<B>> for Operands<'a, B> {
     fn from(op: &'a KdaChunk<B>) -> Self {
         Self { q: &op.q, k: &op.k, v: &op.v, g: &op.g, beta: &op.beta, o: &op.o }
     }
@@ -244,7 +244,7 @@ impl<'a, B: Backend> From<&'a KdaChunk<B>> for Operands<'a, B> {
 
 /// q, k, g `[lead.., H, K]`, v and o `[lead.., H, V]`, beta `[lead.., H]`, all floats, where
 /// `lead` are the leading sizes of q (already checked for rank); returns `V`.
-fn check_operands<B: Backend>(
+fn check_operands<B: Resources>(
     op: &'static str,
     t: Operands<'_, B>,
     lead: &[usize],
@@ -276,7 +276,7 @@ fn check_operands<B: Backend>(
 }
 
 /// The v-first state cache `[N, H, V, K]` f32; returns `N`.
-fn check_state<B: Backend>(
+fn check_state<B: Resources>(
     op: &'static str,
     state: &Tensor<B>,
     heads: usize,

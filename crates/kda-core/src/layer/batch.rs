@@ -1,5 +1,6 @@
-//! [`BatchMeta`]: one continuous-batching step's per-request metadata (KDA.md "Batches and
-//! dispatch"), checked once on the host, and the [`DispatchPlan`] it turns into.
+//! [`BatchMeta`]: one continuous-batching step's per-request metadata
+//! (`docs/design/kda.md#batches-and-dispatch`), checked once on the host, and the [`DispatchPlan`]
+//! it turns into.
 //!
 //! A batch is a flat token array: request `b` owns rows `query_start_loc[b] ..
 //! query_start_loc[b + 1]`, the first `num_actual_tokens` rows are live and the rest is graph
@@ -27,7 +28,7 @@ pub enum RequestSlots {
     Speculative { slots: Vec<usize>, num_accepted: usize },
 }
 
-/// One step's metadata (KDA.md "Batches and dispatch").
+/// One step's metadata (`docs/design/kda.md#batches-and-dispatch`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct BatchMeta {
     /// `[B + 1]` strictly increasing token offsets starting at 0 (`[]` or `[0]`: an empty batch).

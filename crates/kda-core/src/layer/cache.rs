@@ -1,11 +1,12 @@
 //! [`StateCache`]: the per-request state a KDA layer carries between steps, owned by the caller
 //! (the engine), indexed by slot.
 //!
-//! Per slot: the recurrent state, v-first fp32 `[lh, V, K]` (KDA.md "State layout in the
-//! cache"), and the conv state, fp32 `[W - 1 + num_spec, 3 lp]`: the last inputs of q, k and v,
+//! Per slot: the recurrent state, v-first fp32 `[lh, V, K]` (`docs/design/kda.md#state-layout`),
+//! and the conv state, fp32 `[W - 1 + num_spec, 3 lp]`: the last inputs of q, k and v,
 //! with `num_spec` spare rows so a speculative step can keep the history of whichever token the
 //! next step accepts (see [`crate::kda::conv`]).
 
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::Backend;
@@ -52,7 +53,7 @@ pub struct StateCache<B: Backend> {
 
 impl<B: Backend> StateCache<B> {
     /// A zeroed cache of `dims`, filled on `stream`.
-    pub fn new(backend: &B, stream: &B::Stream, dims: CacheDims) -> Result<Self> {
+    pub fn new(backend: &Device<B>, stream: &B::Stream, dims: CacheDims) -> Result<Self> {
         if dims.slots == 0 || dims.heads == 0 || dims.head_dim == 0 || dims.conv_width == 0 {
             return Err(Error::Param {
                 op: "state cache",

@@ -1,11 +1,11 @@
-//! Dispatch of one group of requests (KDA.md "Batches and dispatch"): the short conv, the gate
-//! and the recurrence, decodes and speculative decodes on the recurrent path, prefills on the
-//! chunked path.
+//! Dispatch of one group of requests (`docs/design/kda.md#batches-and-dispatch`): the short conv,
+//! the gate and the recurrence, decodes and speculative decodes on the recurrent path, prefills on
+//! the chunked path.
 //!
-//! The forget gate goes to the two paths differently (SCHEDULE.md behaviour 11): a prefill group
-//! hands the chunk kernel the raw logits `g1` with the gate's parameters and the kernel applies
-//! the gate itself; a decode group activates its own rows with `KdaGate` first, as the recurrent
-//! kernel takes the log decay. No gate is computed for rows that do not need it.
+//! The forget gate goes to the two paths differently (`docs/design/kda.md#behaviour-11`): a prefill
+//! group hands the chunk kernel the raw logits `g1` with the gate's parameters and the kernel
+//! applies the gate itself; a decode group activates its own rows with `KdaGate` first, as the
+//! recurrent kernel takes the log decay. No gate is computed for rows that do not need it.
 //!
 //! A group whose tokens are one run of consecutive rows of the batch (the usual case: engines put
 //! decodes first) works on views of the batch's tensors. Otherwise its rows are gathered into
@@ -14,10 +14,11 @@
 
 use std::ops::Range;
 
+use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::Result;
 use crate::hal::Backend;
 use crate::kda::{CausalConv, CausalConvUpdate, ChunkGate, KdaChunk, KdaGate, KdaRecurrent};
+use crate::layer::error::Result;
 use crate::op::Op;
 use crate::tensor::Tensor;
 
@@ -40,7 +41,7 @@ pub(super) struct TokenInputs<B: Backend> {
 
 /// An i32 device tensor `[len]` holding `values` (per-request metadata).
 pub(super) fn meta_tensor<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     values: &[i32],
 ) -> Result<Tensor<B>> {
@@ -51,7 +52,7 @@ pub(super) fn meta_tensor<B: Backend>(
 
 /// The rows `runs` of `src` (along dimension 0) copied one after the other into a new tensor.
 fn gather<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     src: &Tensor<B>,
     runs: &[Range<usize>],
@@ -71,7 +72,7 @@ fn gather<B: Backend>(
 
 /// The inverse of [`gather`]: consecutive rows of `src` back to `runs` of `dst`.
 fn scatter<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     src: &Tensor<B>,
     runs: &[Range<usize>],
@@ -89,7 +90,7 @@ fn scatter<B: Backend>(
 /// The short conv and the recurrence of `group`, reading `inputs` and writing its rows of
 /// `inputs.core` and its slots of `cache`.
 pub(super) fn run_group<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     group: &Group,
     inputs: &TokenInputs<B>,

@@ -1,13 +1,13 @@
-//! The KDA layer (KDA.md): projections through a [schedule](crate::schedule) → dispatch
-//! (short conv, gate, chunked prefill / recurrent decode / speculative decode) → gated RMSNorm →
-//! `o_proj`, over a continuous-batching batch, writing into the caller's output buffer and the
-//! caller's [`StateCache`].
+//! The KDA layer (`docs/design/kda.md#the-layer-forward`): projections through a
+//! [schedule](crate::schedule) → dispatch (short conv, gate, chunked prefill / recurrent decode /
+//! speculative decode) → gated RMSNorm → `o_proj`, over a continuous-batching batch, writing into
+//! the caller's output buffer and the caller's [`StateCache`].
 //!
 //! - [`batch`]: [`BatchMeta`] and its validation into a [`DispatchPlan`];
 //! - [`cache`]: [`StateCache`], per-slot recurrent (v-first) and conv state;
 //! - [`weights`]: [`LayerDeviceWeights`], one rank's loaded weights on a device;
 //! - `dispatch`: the per-group conv, gate and recurrence launches (prefills hand the raw gate
-//!   to the chunk kernel, which applies it: SCHEDULE.md behaviour 11).
+//!   to the chunk kernel, which applies it: `docs/design/kda.md#behaviour-11`).
 //!
 //! [`KdaLayer::forward`] checks everything it can (shapes, dtypes, metadata, slots, aliasing)
 //! before it launches anything, so a rejected call leaves the cache and the output as they were.
@@ -15,25 +15,30 @@
 pub mod batch;
 pub mod cache;
 mod dispatch;
+pub mod error;
 pub mod weights;
 
 pub use batch::{BatchError, BatchMeta, DispatchPlan, Group, GroupKind, RequestSlots};
 pub use cache::{CacheDims, StateCache};
+pub use error::LayerError;
 pub use weights::{ForgetProjection, LayerDeviceWeights};
 
 use crate::config::{KdaConfig, LayerDims, Tp};
+use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::hal::{Backend, BufferHandle};
+use crate::error::Error;
+use crate::hal::Backend;
 use crate::kda::{ChunkGate, GateForm, GatedRmsNorm, KdaGate, ZeroPadding};
+use crate::layer::error::Result;
 use crate::op::Op;
+use crate::resource::BufferHandle;
 use crate::schedule::{
     MatrixOverlap, Mutation, ProjectionSchedule, QkvBfgProjection, prepare_beta,
 };
 use crate::tensor::Tensor;
 use crate::weights::{LayerWeights, LoadOptions, TensorSource, load_layer};
 
-/// Where dispatch takes beta from (KDA.md, SCHEDULE.md behaviours 4 and 8).
+/// Where dispatch takes beta from (`docs/design/schedule.md#the-beta-contract`).
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BetaInput {
     /// The mixed path: the projection's fp32 sigmoid output, only sliced.
@@ -81,7 +86,7 @@ pub struct LayerTrace<B: Backend> {
 /// One KDA layer on one TP rank.
 #[derive(Debug)]
 pub struct KdaLayer<B: Backend> {
-    backend: B,
+    backend: Device<B>,
     dims: LayerDims,
     layer: usize,
     gate: GateForm,
@@ -94,7 +99,7 @@ pub struct KdaLayer<B: Backend> {
 impl<B: Backend> KdaLayer<B> {
     /// Build the layer from one rank's loaded weights, uploading them on `stream`.
     pub fn new(
-        backend: &B,
+        backend: &Device<B>,
         stream: &B::Stream,
         weights: &LayerWeights,
         options: LayerOptions,
@@ -116,7 +121,8 @@ impl<B: Backend> KdaLayer<B> {
                 param: "rms_norm_eps",
                 expected: "finite and >= 0 as f32".into(),
                 actual: weights.rms_norm_eps.to_string(),
-            });
+            }
+            .into());
         }
         Ok(Self {
             backend: backend.clone(),
@@ -132,7 +138,7 @@ impl<B: Backend> KdaLayer<B> {
 
     /// Load layer `layer` of `config` for TP position `tp` from `source` and build it.
     pub fn load(
-        backend: &B,
+        backend: &Device<B>,
         stream: &B::Stream,
         source: &dyn TensorSource,
         config: &KdaConfig,
@@ -179,7 +185,7 @@ impl<B: Backend> KdaLayer<B> {
         slots: usize,
         num_spec: usize,
     ) -> Result<StateCache<B>> {
-        StateCache::new(&self.backend, stream, self.cache_dims(slots, num_spec))
+        Ok(StateCache::new(&self.backend, stream, self.cache_dims(slots, num_spec))?)
     }
 
     /// Run the layer on `hidden_states` `[T, Hd]` for the batch `meta`, reading and updating
@@ -223,7 +229,7 @@ impl<B: Backend> KdaLayer<B> {
             .into_iter()
             .chain(cache.buffers().map(|b| ("cache", b)))
         {
-            crate::hal::check_instance(&self.backend, what, buffer.id().instance)?;
+            self.backend.check_instance(what, buffer.id().instance)?;
         }
         // Shape and dtype of the input, as the projection sees it.
         self.projection.plan(x).map_err(|e| match e {
@@ -246,11 +252,12 @@ impl<B: Backend> KdaLayer<B> {
                 param: "out",
                 expected: format!("[{rows}, {hidden}] (rows of hidden_states, hidden_size)"),
                 actual: out.shape().to_vec(),
-            });
+            }
+            .into());
         }
         if !out.dtype().is_float() {
             let expected = "bf16, f16 or f32".into();
-            return Err(Error::DType { op: OP, param: "out", expected, actual: out.dtype() });
+            return Err(Error::DType { op: OP, param: "out", expected, actual: out.dtype() }.into());
         }
         if !out.layout().is_non_overlapping() {
             return Err(Error::SelfOverlap {
@@ -258,7 +265,8 @@ impl<B: Backend> KdaLayer<B> {
                 param: "out",
                 shape: out.shape().to_vec(),
                 strides: out.layout().strides().to_vec(),
-            });
+            }
+            .into());
         }
         let aliased = if out.overlaps(x) {
             Some("hidden_states")
@@ -268,7 +276,7 @@ impl<B: Backend> KdaLayer<B> {
         if let Some(other) = aliased {
             let span = out.byte_span();
             let actual = (span.start, span.end);
-            return Err(Error::Aliasing { op: OP, param: "out", other, actual });
+            return Err(Error::Aliasing { op: OP, param: "out", other, actual }.into());
         }
         let d = &self.dims;
         cache.check(d.local_heads, d.head_dim, d.conv_width)?;

@@ -2,9 +2,11 @@
 //! weights (composed or staged F), the conv weights, `A_log`, `dt_bias`, the output norm weight
 //! and `o_proj`.
 
+use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::hal::Backend;
+use crate::layer::error::{LayerError, Result};
 use crate::layout::Layout;
 use crate::schedule::weights::{upload, upload_qkv};
 use crate::schedule::{BfgWeight, ProjectionDims, ProjectionWeights, QkvWeight};
@@ -38,19 +40,20 @@ pub struct LayerDeviceWeights<B: Backend> {
     pub o_proj: Tensor<B>,
 }
 
-fn incomplete(param: &'static str, actual: impl Into<String>) -> Error {
+fn incomplete(param: &'static str, actual: impl Into<String>) -> LayerError {
     Error::Param {
         op: "upload layer weights",
         param,
         expected: "a fully loaded weight".into(),
         actual: actual.into(),
     }
+    .into()
 }
 
 impl<B: Backend> LayerDeviceWeights<B> {
     /// Upload `layer` on `stream` (ready in its order), with F as `forget` says.
     pub fn upload(
-        backend: &B,
+        backend: &Device<B>,
         stream: &B::Stream,
         layer: &LayerWeights,
         forget: ForgetProjection,
@@ -103,7 +106,7 @@ impl<B: Backend> LayerDeviceWeights<B> {
 /// weight dtype: exact for a checkpoint's bf16 factors). A low-rank G (Kimi Linear) is composed on the host exactly as the
 /// composed form does, so only F differs between the two forms.
 fn upload_staged<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     layer: &LayerWeights,
 ) -> Result<ProjectionWeights<B>> {
@@ -140,5 +143,5 @@ fn upload_staged<B: Backend>(
     };
     let qkv = upload_qkv(backend, stream, layer)?;
     let dims = ProjectionDims { hidden: d.hidden, heads: d.local_heads, head_dim: d.head_dim };
-    ProjectionWeights::new(dims, qkv, staged)
+    Ok(ProjectionWeights::new(dims, qkv, staged)?)
 }

@@ -70,7 +70,8 @@ mod tests {
         assert!(decode_e8m0(E8M0_NAN).is_nan() && decode_e8m0_f64(E8M0_NAN).is_nan());
     }
 
-    /// MXFP8.md's fp32 → E8M0 round-up boundaries, for the value after the 1/448 multiply.
+    /// The fp32 → E8M0 round-up boundaries of `docs/design/mxfp8.md#round-up-1`, for the value
+    /// after the 1/448 multiply.
     #[test]
     fn round_up_boundaries_from_the_spec() {
         let cases: [(u32, u8); 18] = [

@@ -7,8 +7,9 @@
 //! S_b     = Σ_{k in block b} qa[m, k] · qw[n, k]                   (exact)
 //! ```
 //!
-//! MXFP8.md's `Σ_blocks (Σ_{k in block} qa·qw) · 2^(sa-127) · 2^(sw-127)` with fp32 accumulation,
-//! made exact in the one place the formula leaves open, the block sum:
+//! The spec's `Σ_blocks (Σ_{k in block} qa·qw) · 2^(sa-127) · 2^(sw-127)` with fp32 accumulation,
+//! made exact in the one place the formula leaves open, the block sum
+//! (`docs/design/mxfp8.md#the-quantized-gemm`):
 //!
 //! - Every E4M3 value is a multiple of `2^-9` below `2^9`, so a product is a multiple of `2^-18`
 //!   below `2^18` with at most 8 significant bits, and a block sum of up to 32 of them is a

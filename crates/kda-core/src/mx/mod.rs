@@ -2,9 +2,9 @@
 //! algorithms, block quantization and dequantization, the quantized GEMM's defining formula, and
 //! the plain and Ascend scale layouts. Pure functions on host slices.
 //!
-//! This module is the specification every backend must match (see `docs/MXFP8.md`): the reference
-//! backend's kernels call these functions, and the conformance suite compares every backend with
-//! them byte for byte.
+//! This module is the specification every backend must match (see `docs/design/mxfp8.md`): the
+//! reference backend's kernels call these functions, and the conformance suite compares every
+//! backend with them byte for byte.
 //!
 //! - [`e4m3`]: `float8_e4m3fn` elements ([`encode_e4m3`], [`decode_e4m3`]);
 //! - [`e8m0`]: the shared power-of-two scale ([`decode_e8m0`], [`e8m0_round_up`]);

@@ -1,5 +1,6 @@
-//! The codec against MXFP8.md: every vector of its table, for both scale algorithms and both
-//! input precisions, and exhaustive sweeps against an independent, slow formulation.
+//! The codec against `docs/design/mxfp8.md#reference-vectors`: every vector of its table, for both
+//! scale algorithms and both input precisions, and exhaustive sweeps against an independent, slow
+//! formulation.
 
 use std::sync::OnceLock;
 
@@ -56,7 +57,7 @@ fn bytes(first: u8, rest: u8) -> Vec<u8> {
     data
 }
 
-/// MXFP8.md's table for an input precision whose largest finite value is `max` and smallest
+/// The spec's table for an input precision whose largest finite value is `max` and smallest
 /// positive subnormal `tiny` (rows that name one precision are added by the callers).
 fn table(max: f32, tiny: f32) -> Vec<Vector> {
     let same = |s: u8, d: Vec<u8>| [(s, d.clone()), (s, d)];
@@ -208,7 +209,7 @@ fn spec_table_bf16() {
 
 #[test]
 fn the_same_value_differs_between_precisions() {
-    // 0x43FFFFFF in fp32 has amax just below 512; as bf16 it is 512 (MXFP8.md's example of the
+    // 0x43FFFFFF in fp32 has amax just below 512; as bf16 it is 512 (the spec's example of the
     // maximum being taken in the input's own precision).
     let x32 = filled(f32::from_bits(0x43FF_FFFF));
     let x16: Vec<bf16> = x32.iter().map(|&v| bf16::from_f32(v)).collect();

@@ -19,8 +19,7 @@
 
 use std::collections::HashMap;
 
-use crate::hal::{BufferId, Capabilities, EventId, StreamId};
-use crate::op::ComputeUnit;
+use crate::resource::{BufferId, Capabilities, ComputeUnit, EventId, StreamId};
 use crate::sanitize::hazard::{Hazard, HazardKind, HazardSide};
 use crate::sanitize::log::{Access, Entry, OpRef};
 use crate::sanitize::ranges::ByteRanges;
@@ -364,7 +363,7 @@ pub fn analyze_with(log: &[Entry], units: ExclusiveUnits) -> Vec<Hazard> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hal::InstanceId;
+    use crate::resource::InstanceId;
 
     struct Ids(InstanceId);
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use crate::hal::BufferId;
+use crate::resource::BufferId;
 use crate::sanitize::log::OpRef;
 
 /// What kind of conflict a [`Hazard`] is; "first" is the earlier call in host order.

@@ -5,8 +5,7 @@
 
 use std::fmt;
 
-use crate::hal::{BufferId, EventId, StreamId};
-use crate::op::ComputeUnit;
+use crate::resource::{BufferId, ComputeUnit, EventId, StreamId};
 use crate::sanitize::ranges::ByteRanges;
 
 /// One buffer access of an op: which parameter, which buffer, which bytes.

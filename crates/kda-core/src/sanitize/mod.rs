@@ -1,12 +1,13 @@
 //! Checked mode and graph capture, for every backend at once.
 //!
-//! Every stream verb of [`Backend`] goes through its instance's [`Instrumentation`]. In checked
-//! mode it records each launch, record, wait, synchronize, allocation, free and reuse into a
+//! Every stream verb of the [`Device`](crate::device::Device) façade goes through its
+//! instance's recorder. In checked mode it records each launch, record, wait, synchronize, allocation, free and reuse into a
 //! [`log`](Entry) and runs the happens-before [`analysis`] online: an op that would race with
-//! work on another stream is **not run**, and its launch returns [`Error::Hazard`] naming both
+//! work on another stream is **not run**, and its launch returns [`Error::Hazard`](crate::Error::Hazard) naming both
 //! ops, both streams, the buffer and the bytes (the rejected op stays in the log, as the call the
-//! program made). While a capture is open it turns work on
-//! captured streams into [`Graph`] nodes and checks the ACL join rule at the end.
+//! program made). Capture (turning work on captured streams into
+//! [`Graph`](crate::graph::Graph) nodes) lives with the façade too; this module is the analysis:
+//! the log's entries, the vector-clock happens-before, the hazards, byte ranges.
 //!
 //! Optionally ([`ExclusiveUnits`], per instance) it also reports two matrix (or vector) ops on
 //! different streams that nothing orders, for backends whose streams share those units.
@@ -16,25 +17,14 @@
 //! load.
 
 pub mod analysis;
-pub mod capture;
 pub mod hazard;
 pub mod log;
 pub mod ranges;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
-
-use crate::error::{Error, Result};
-use crate::hal::{Backend, BufferHandle, BufferId, EventId, InstanceId, StreamId};
-use crate::op::Op;
-
 pub use analysis::{Analyzer, ExclusiveUnits, analyze, analyze_with};
-pub use capture::{CaptureError, Graph, Node};
 pub use hazard::{Hazard, HazardKind, HazardSide};
 pub use log::{Access, Entry, OpRef};
 pub use ranges::ByteRanges;
-
-use capture::Capture;
 
 /// The environment variable that turns checked mode on (`1`) or off (`0`) for every instance.
 pub const SANITIZE_ENV: &str = "KDA_SANITIZE";
@@ -45,237 +35,5 @@ pub fn checked_from_env(default: bool) -> bool {
         Ok("1") | Ok("true") | Ok("on") => true,
         Ok("0") | Ok("false") | Ok("off") => false,
         _ => default,
-    }
-}
-
-/// One backend instance's recorder, analyser and capture state.
-pub struct Instrumentation<B: Backend> {
-    checked: bool,
-    /// `checked` or a capture is open: the only thing the fast path reads.
-    active: AtomicBool,
-    state: Mutex<State<B>>,
-    /// Per-instance state the core's schedules share: the auxiliary stream that
-    /// [`Backend::aux_stream`] creates on first use and hands to every layer after.
-    aux_stream: OnceLock<B::Stream>,
-}
-
-struct State<B: Backend> {
-    analyzer: Analyzer,
-    log: Vec<Entry>,
-    hazards: Vec<crate::sanitize::Hazard>,
-    capture: Option<Capture<B>>,
-}
-
-impl<B: Backend> std::fmt::Debug for Instrumentation<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Instrumentation").field("checked", &self.checked).finish_non_exhaustive()
-    }
-}
-
-impl<B: Backend> Instrumentation<B> {
-    pub fn new(checked: bool) -> Self {
-        Self {
-            checked,
-            active: AtomicBool::new(checked),
-            state: Mutex::new(State {
-                analyzer: Analyzer::new(),
-                log: Vec::new(),
-                hazards: Vec::new(),
-                capture: None,
-            }),
-            aux_stream: OnceLock::new(),
-        }
-    }
-
-    /// The slot behind [`Backend::aux_stream`]: per-instance state the core's schedules share.
-    pub fn aux_stream(&self) -> &OnceLock<B::Stream> {
-        &self.aux_stream
-    }
-
-    /// Turn the exclusive-unit rules on or off for the calls recorded from now on (checked mode
-    /// only). A backend whose streams share matrix units sets
-    /// [`ExclusiveUnits::from_capabilities`] when it is built; tests set it explicitly.
-    pub fn set_exclusive_units(&self, units: ExclusiveUnits) {
-        self.lock().analyzer.set_exclusive_units(units);
-    }
-
-    /// The exclusive-unit rules in force.
-    pub fn exclusive_units(&self) -> ExclusiveUnits {
-        self.lock().analyzer.exclusive_units()
-    }
-
-    pub fn is_checked(&self) -> bool {
-        self.checked
-    }
-
-    /// Whether any verb needs the slow path.
-    pub fn is_active(&self) -> bool {
-        self.active.load(Ordering::Relaxed)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State<B>> {
-        // Every update leaves the state consistent, so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The log recorded so far (empty unless checked).
-    pub fn log(&self) -> Vec<Entry> {
-        self.lock().log.clone()
-    }
-
-    /// Every hazard found so far.
-    pub fn hazards(&self) -> Vec<Hazard> {
-        self.lock().hazards.clone()
-    }
-
-    /// Append an entry in checked mode and analyse it; the first hazard is returned as an error.
-    fn note(&self, state: &mut State<B>, entry: Entry) -> Result<()> {
-        if !self.checked {
-            return Ok(());
-        }
-        let hazards = state.analyzer.push(&entry);
-        state.log.push(entry);
-        for h in &hazards {
-            tracing::error!("{h}");
-        }
-        let first = hazards.first().cloned();
-        state.hazards.extend(hazards);
-        match first {
-            Some(h) => Err(Error::Hazard(Box::new(h))),
-            None => Ok(()),
-        }
-    }
-
-    /// A launch: captured, or recorded and (when hazard-free) submitted.
-    pub fn launch(
-        &self,
-        stream: StreamId,
-        label: &str,
-        op: Op<B>,
-        submit: impl FnOnce(Op<B>) -> Result<()>,
-    ) -> Result<()> {
-        let mut state = self.lock();
-        if let Some(capture) = state.capture.as_mut().filter(|c| c.is_captured(stream)) {
-            capture.launch(stream, label, op);
-            return Ok(());
-        }
-        let access = |(param, t): (&'static str, &crate::tensor::Tensor<B>)| Access {
-            param,
-            buffer: t.buffer().id(),
-            bytes: ByteRanges::of(t.layout()),
-        };
-        let entry = Entry::Launch {
-            stream,
-            label: label.to_string(),
-            reads: op.inputs().into_iter().map(access).collect(),
-            writes: op.outputs().into_iter().map(access).collect(),
-            unit: op.unit(),
-        };
-        self.note(&mut state, entry)?;
-        // Submitting under the lock keeps the log in the order the streams receive the work.
-        submit(op)
-    }
-
-    pub fn record(
-        &self,
-        event: EventId,
-        stream: StreamId,
-        raw: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let mut state = self.lock();
-        if let Some(capture) = state.capture.as_mut() {
-            if capture.is_captured(stream) {
-                capture.record(event, stream);
-                return Ok(());
-            }
-            capture.forget_event(event);
-        }
-        raw()?;
-        self.note(&mut state, Entry::Record { stream, event })
-    }
-
-    pub fn wait(
-        &self,
-        stream: StreamId,
-        event: EventId,
-        raw: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let mut state = self.lock();
-        if let Some(capture) = state.capture.as_mut() {
-            if capture.is_captured(stream) || capture.is_captured_event(event) {
-                capture.wait(stream, event);
-                return Ok(());
-            }
-        }
-        raw()?;
-        self.note(&mut state, Entry::Wait { stream, event })
-    }
-
-    /// A host block on `stream` (`call` names it: "synchronize", "download").
-    pub fn synchronize(
-        &self,
-        stream: StreamId,
-        call: &'static str,
-        raw: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let mut state = self.lock();
-        if let Some(capture) = state.capture.as_mut().filter(|c| c.is_captured(stream)) {
-            return Err(capture.host_sync(stream, call).into());
-        }
-        // Logged before blocking, without holding the lock while blocked (a host function on
-        // the stream may itself call the backend): later calls of this thread come after it.
-        self.note(&mut state, Entry::Synchronize { stream })?;
-        drop(state);
-        raw()
-    }
-
-    pub fn alloc(&self, buffer: BufferId, bytes: usize) {
-        let mut state = self.lock();
-        // An allocation cannot conflict with anything, so `note` cannot fail here.
-        let _ = self.note(&mut state, Entry::Alloc { buffer, bytes });
-    }
-
-    /// A buffer handed out on the memory of a freed one (by a caching allocator).
-    pub fn reuse(&self, buffer: BufferId, previous: BufferId) -> Result<()> {
-        let mut state = self.lock();
-        self.note(&mut state, Entry::Reuse { buffer, previous })
-    }
-
-    pub fn free(
-        &self,
-        stream: StreamId,
-        buffer: BufferId,
-        raw: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let mut state = self.lock();
-        if let Some(capture) = state.capture.as_mut().filter(|c| c.is_captured(stream)) {
-            return Err(capture.free(stream).into());
-        }
-        self.note(&mut state, Entry::Free { stream, buffer })?;
-        raw()
-    }
-
-    pub fn begin_capture(&self, stream: StreamId) -> Result<()> {
-        let mut state = self.lock();
-        if let Some(open) = &state.capture {
-            return Err(CaptureError::AlreadyCapturing { stream, origin: open.origin() }.into());
-        }
-        state.capture = Some(Capture::new(stream));
-        self.active.store(true, Ordering::Relaxed);
-        Ok(())
-    }
-
-    pub fn end_capture(&self, stream: StreamId, instance: InstanceId) -> Result<Graph<B>> {
-        let mut state = self.lock();
-        match state.capture.take() {
-            Some(capture) if capture.origin() == stream => {
-                self.active.store(self.checked, Ordering::Relaxed);
-                Ok(capture.finish(instance)?)
-            }
-            other => {
-                state.capture = other;
-                Err(CaptureError::NotCapturing { stream }.into())
-            }
-        }
     }
 }

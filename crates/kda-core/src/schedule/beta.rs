@@ -1,4 +1,5 @@
-//! The beta contract at the dispatch boundary (KDA.md; SCHEDULE.md behaviours 4 and 8).
+//! The beta contract at the dispatch boundary (`docs/design/schedule.md#the-beta-contract`;
+//! `docs/design/kda.md#behaviour-4`, `docs/design/kda.md#behaviour-8`).
 //!
 //! The mixed path's beta leaves the projection already through the fp32 sigmoid
 //! ("preprocessed"), so dispatch only slices it to the live tokens; the ordinary path hands
@@ -7,6 +8,7 @@
 //!
 //! [`Projected::beta_preprocessed`]: crate::schedule::Projected::beta_preprocessed
 
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::Backend;
@@ -22,7 +24,7 @@ pub const BETA_SIGMOID: &str = "beta_sigmoid";
 /// - `preprocessed`: `beta` must be f32 and is only sliced (a view; nothing is launched).
 /// - raw: the live slice goes through [`Op::Sigmoid`] on `stream` into a new f32 tensor.
 pub fn prepare_beta<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     beta: &Tensor<B>,
     n_live: usize,

@@ -7,6 +7,7 @@
 //! returns, main has joined the whole aux tail (`bfg_ready`), so `x`, beta, g1 and g2 may be
 //! freed or reused in the order of the main stream, and only there.
 
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::hal::Backend;
@@ -38,7 +39,7 @@ pub struct ProjectionBuffers<B: Backend> {
 impl<B: Backend> ProjectionBuffers<B> {
     /// Allocate everything a call with `plan` on `tokens` tokens needs.
     pub fn alloc(
-        backend: &B,
+        backend: &Device<B>,
         weights: &ProjectionWeights<B>,
         plan: QkvPlan,
         tokens: usize,
@@ -81,7 +82,7 @@ impl<B: Backend> ProjectionBuffers<B> {
         ])
     }
 
-    /// The views dispatch consumes (KDA.md "Forward, mixed-precision path").
+    /// The views dispatch consumes (`docs/design/kda.md#the-layer-forward`).
     pub fn projected(&self) -> Result<Projected<B>> {
         let (t, heads) = (self.tokens, self.heads);
         let [_, f, g] = self.bfg_parts()?;
@@ -117,7 +118,7 @@ impl<B: Backend> Projected<B> {
     /// output's `preprocessed` flag (so no second sigmoid, and no op at all).
     pub fn dispatch_beta(
         &self,
-        backend: &B,
+        backend: &Device<B>,
         stream: &B::Stream,
         n_live: usize,
     ) -> Result<Tensor<B>> {

@@ -1,10 +1,13 @@
 //! The overlapped schedule's four events, by name, and the single-edit mutations the tests use
 //! to show that each one is needed.
 
+use crate::device::Device;
 use crate::error::Result;
-use crate::hal::{Backend, EventHandle, EventId};
+use crate::hal::Backend;
+use crate::resource::{EventHandle, EventId};
 
-/// The four events of the overlapped schedule (SCHEDULE.md), in the order they are recorded.
+/// The four events of the overlapped schedule (`docs/design/schedule.md#events`), in the order they
+/// are recorded.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ScheduleEvent {
     /// Main: the input is ready; the aux stream forks from here.
@@ -25,7 +28,7 @@ impl ScheduleEvent {
         ScheduleEvent::BfgReady,
     ];
 
-    /// The seeds' name.
+    /// The seeds' name (`docs/design/README.md#the-seeds`).
     pub fn name(self) -> &'static str {
         match self {
             ScheduleEvent::HiddenReady => "hidden_ready",
@@ -46,7 +49,7 @@ pub struct ScheduleEvents<B: Backend> {
 }
 
 impl<B: Backend> ScheduleEvents<B> {
-    pub fn new(backend: &B) -> Result<Self> {
+    pub fn new(backend: &Device<B>) -> Result<Self> {
         Ok(Self {
             hidden_ready: backend.new_event()?,
             bfg_projection_ready: backend.new_event()?,
@@ -75,7 +78,7 @@ impl<B: Backend> ScheduleEvents<B> {
 #[doc(hidden)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Mutation {
-    /// The order as SCHEDULE.md gives it.
+    /// The order as `docs/design/schedule.md#overlapped` gives it.
     #[default]
     None,
     /// Leave out the record of this event.

@@ -1,26 +1,30 @@
-//! The QKV/BFG projection schedules (SCHEDULE.md), written once, generic over the HAL.
+//! The QKV/BFG projection schedules (`docs/design/schedule.md`), written once over the HAL.
 //!
 //! [`QkvBfgProjection`] takes `x [T, Hd]` and one rank's device weights
 //! ([`ProjectionWeights`]) and returns what dispatch consumes ([`Projected`]): `mixed_qkv`, beta
-//! (fp32, preprocessed), g1 and g2, as KDA.md's mixed-precision forward has them. It runs either
-//! [`ProjectionSchedule::Serial`] (everything on the main stream) or
+//! (fp32, preprocessed), g1 and g2, as the layer forward (`docs/design/kda.md#the-layer-forward`)
+//! has them. It runs either [`ProjectionSchedule::Serial`] (everything on the main stream) or
 //! [`ProjectionSchedule::Overlapped`] (the BFG GEMM and its post-process on the backend's
-//! [auxiliary stream](Backend::aux_stream), in two stages with the main stream's DynamicQuant and
+//! [auxiliary stream](AuxStream), in two stages with the main stream's DynamicQuant and
 //! QKV GEMM, four events, the aux tail joined back); both give the same bits.
 //!
 //! [`MatrixOverlap`] says whether the two GEMMs may run together: the seeds serialise them
 //! because on Ascend both need the Cube units; where matrix work does not share one unit (CPU
 //! cores, a GPU a low-M GEMM leaves mostly idle), `Concurrent` drops only the stage-1 join and
-//! keeps every other event, so it stays hazard-free and capture-valid.
+//! keeps every other event, so it stays hazard-free and capture-valid
+//! (`docs/design/schedule.md#matrix-overlap`).
 //!
 //! - [`weights`]: the device weights (dense or MXFP8 QKV; composed or staged F);
-//! - [`plan`]: whether DynamicQuant is split out of the QKV linear (behaviour 10);
+//! - [`plan`]: whether DynamicQuant is split out of the QKV linear
+//!   (`docs/design/kda.md#behaviour-10`);
 //! - [`buffers`]: outputs and workspace, and the views handed to dispatch;
 //! - [`steps`]: the ops both schedules queue, under the seeds' labels;
 //! - `serial` and `overlapped`: the two orders;
-//! - [`beta`]: [`prepare_beta`], the beta contract at the dispatch boundary (behaviours 4, 8);
+//! - [`beta`]: [`prepare_beta`], the beta contract at the dispatch boundary
+//!   (`docs/design/schedule.md#the-beta-contract`);
 //! - [`events`]: the four events by name, and the test-only [`Mutation`]s.
 
+mod aux;
 pub mod beta;
 pub mod buffers;
 pub mod events;
@@ -30,6 +34,7 @@ mod serial;
 pub mod steps;
 pub mod weights;
 
+pub use aux::AuxStream;
 pub use beta::prepare_beta;
 pub use buffers::{Projected, ProjectionBuffers};
 pub use events::{Mutation, ScheduleEvent, ScheduleEvents};
@@ -37,9 +42,11 @@ pub use plan::QkvPlan;
 pub use steps::labels;
 pub use weights::{BfgWeight, ProjectionDims, ProjectionWeights, QkvWeight};
 
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::hal::{Backend, Capabilities};
+use crate::hal::Backend;
+use crate::resource::Capabilities;
 use crate::tensor::Tensor;
 
 use steps::Work;
@@ -49,7 +56,8 @@ use steps::Work;
 pub enum ProjectionSchedule {
     /// Everything on the main stream.
     Serial,
-    /// The BFG side on the auxiliary stream, overlapped in two stages (SCHEDULE.md).
+    /// The BFG side on the auxiliary stream, overlapped in two stages
+    /// (`docs/design/schedule.md#overlapped`).
     Overlapped,
 }
 
@@ -79,11 +87,12 @@ impl MatrixOverlap {
 /// One layer's QKV and BFG projections on one rank, with a schedule.
 #[derive(Debug)]
 pub struct QkvBfgProjection<B: Backend> {
-    backend: B,
+    backend: Device<B>,
     weights: ProjectionWeights<B>,
     schedule: ProjectionSchedule,
     matrix_overlap: MatrixOverlap,
     events: ScheduleEvents<B>,
+    aux: AuxStream<B>,
     /// [`Mutation::None`] except in tests and `kda check`'s self-test.
     mutation: Mutation,
 }
@@ -91,7 +100,7 @@ pub struct QkvBfgProjection<B: Backend> {
 impl<B: Backend> QkvBfgProjection<B> {
     /// `schedule` with the matrix-overlap policy the backend's capabilities choose.
     pub fn new(
-        backend: &B,
+        backend: &Device<B>,
         weights: ProjectionWeights<B>,
         schedule: ProjectionSchedule,
     ) -> Result<Self> {
@@ -102,6 +111,7 @@ impl<B: Backend> QkvBfgProjection<B> {
             schedule,
             matrix_overlap,
             events: ScheduleEvents::new(backend)?,
+            aux: AuxStream::new(),
             mutation: Mutation::None,
         })
     }
@@ -118,6 +128,17 @@ impl<B: Backend> QkvBfgProjection<B> {
     pub fn with_mutation(mut self, mutation: Mutation) -> Self {
         self.mutation = mutation;
         self
+    }
+
+    /// Fork onto `aux` (shared with other projections) instead of a stream of this one's own.
+    pub fn with_aux_stream(mut self, aux: AuxStream<B>) -> Self {
+        self.aux = aux;
+        self
+    }
+
+    /// The auxiliary stream the overlapped schedule forks onto.
+    pub fn aux_stream(&self) -> &AuxStream<B> {
+        &self.aux
     }
 
     /// Change the schedule (the weights and events stay).
@@ -242,7 +263,7 @@ impl<B: Backend> QkvBfgProjection<B> {
         match self.schedule {
             ProjectionSchedule::Serial => serial::run_serial(&work, main)?,
             ProjectionSchedule::Overlapped => {
-                let aux = self.backend.aux_stream()?;
+                let aux = self.aux.get(&self.backend)?;
                 overlapped::run_overlapped(
                     &work,
                     (main, &aux),

@@ -1,4 +1,5 @@
-//! The seeds' two-stage overlapped schedule (SCHEDULE.md), written once for every backend.
+//! The seeds' two-stage overlapped schedule (`docs/design/schedule.md#overlapped`), written once
+//! for every backend.
 //!
 //! ```text
 //! main: record hidden_ready                        aux: wait hidden_ready

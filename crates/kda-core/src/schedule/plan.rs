@@ -1,4 +1,5 @@
-//! Whether DynamicQuant is split out of the QKV linear (SCHEDULE.md behaviour 10).
+//! Whether DynamicQuant is split out of the QKV linear
+//! (`docs/design/schedule.md#dynamicquant-split`, `docs/design/kda.md#behaviour-10`).
 //!
 //! The overlap hides the activation's quantization under the BFG GEMM, which needs the quant to
 //! be an op of its own on the main stream. The seeds split it only for MXFP8 methods on a 2-D

@@ -1,6 +1,6 @@
-//! The serial schedule (SCHEDULE.md): everything on the main stream, in the order
-//! `DynamicQuant(x) → QKV GEMM → BFG GEMM → post-process(BFG)`. The baseline, the fallback for a
-//! backend with one stream, and the oracle the overlapped schedule must equal bit for bit.
+//! The serial schedule (`docs/design/schedule.md#serial`): everything on the main stream, in the
+//! order `DynamicQuant(x) → QKV GEMM → BFG GEMM → post-process(BFG)`. The baseline, the fallback
+//! for a backend with one stream, and the oracle the overlapped schedule must equal bit for bit.
 
 use crate::error::Result;
 use crate::hal::Backend;

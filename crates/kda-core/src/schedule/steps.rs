@@ -1,6 +1,8 @@
-//! The work both schedules queue, one function per step, under the seeds' labels. The schedules
-//! differ only in which stream runs each step and in the events between them.
+//! The work both schedules queue, one function per step, under the seeds' labels
+//! (`docs/design/schedule.md#inputs-and-outputs`). The schedules differ only in which stream runs
+//! each step and in the events between them.
 
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::hal::Backend;
 use crate::op::Op;
@@ -34,7 +36,7 @@ pub mod labels {
 
 /// One call's operands.
 pub(crate) struct Work<'a, B: Backend> {
-    pub(crate) backend: &'a B,
+    pub(crate) backend: &'a Device<B>,
     pub(crate) weights: &'a ProjectionWeights<B>,
     pub(crate) x: &'a Tensor<B>,
     pub(crate) bufs: &'a ProjectionBuffers<B>,

@@ -3,6 +3,7 @@
 //! GEMMs for comparison), checked against each other, and [`ProjectionWeights::upload`] to put
 //! one rank's loaded checkpoint weights ([`LayerWeights`]) on a device.
 
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::Backend;
@@ -13,7 +14,7 @@ use crate::weights::{BfgMode, HostTensor, LayerWeights, QkvWeights};
 const WHAT: &str = "projection weights";
 
 /// One TP rank's projection sizes: hidden size `Hd`, local heads `lh`, head dim `D`; the local
-/// projection is `lp = lh * D` (KDA.md notation).
+/// projection is `lp = lh * D` (`docs/design/kda.md#notation`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ProjectionDims {
     pub hidden: usize,
@@ -142,7 +143,7 @@ impl<B: Backend> ProjectionWeights<B> {
     /// Upload one rank's loaded projection weights on `stream`: the fused QKV as loaded (dense,
     /// or MXFP8 data and plain-layout scales with the checkpoint's `scale_alg`) and the composed
     /// fused BFG. A staged BFG has no single weight to upload; load it composed.
-    pub fn upload(backend: &B, stream: &B::Stream, layer: &LayerWeights) -> Result<Self> {
+    pub fn upload(backend: &Device<B>, stream: &B::Stream, layer: &LayerWeights) -> Result<Self> {
         let d = &layer.dims;
         let dims = ProjectionDims { hidden: d.hidden, heads: d.local_heads, head_dim: d.head_dim };
         let qkv = upload_qkv(backend, stream, layer)?;
@@ -183,7 +184,7 @@ fn incomplete(param: &'static str, actual: String) -> Error {
 /// A device copy of the fused QKV as loaded: dense, or MXFP8 data and plain-layout scales with
 /// the checkpoint's `scale_alg`.
 pub(crate) fn upload_qkv<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     layer: &LayerWeights,
 ) -> Result<QkvWeight<B>> {
@@ -200,7 +201,7 @@ pub(crate) fn upload_qkv<B: Backend>(
 
 /// A device copy of a float host tensor, in its own dtype.
 pub(crate) fn upload<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     t: &HostTensor,
 ) -> Result<Tensor<B>> {
@@ -209,7 +210,7 @@ pub(crate) fn upload<B: Backend>(
 
 /// A device copy of `t`'s bytes as `dtype` (E4M3 and E8M0 bytes arrive as `u8` host tensors).
 pub(crate) fn upload_as<B: Backend>(
-    backend: &B,
+    backend: &Device<B>,
     stream: &B::Stream,
     t: &HostTensor,
     dtype: DType,

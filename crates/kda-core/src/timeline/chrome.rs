@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use super::Timeline;
-use crate::hal::StreamId;
+use crate::resource::StreamId;
 
 impl Timeline {
     /// The trace-event JSON object (`{"traceEvents": [...]}`); times in microseconds.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 pub use svg::SvgOptions;
 
-use crate::hal::StreamId;
+use crate::resource::StreamId;
 
 /// One op's execution: its stream, label, and start and end since the backend's epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,7 +142,7 @@ fn union_length(mut intervals: Vec<(Duration, Duration)>) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hal::InstanceId;
+    use crate::resource::InstanceId;
 
     /// One instance for every span of a test, as a backend produces.
     fn instance() -> InstanceId {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::{Span, Timeline};
-use crate::hal::StreamId;
+use crate::resource::StreamId;
 
 /// What to draw besides the timeline itself.
 #[derive(Clone, Debug, Default)]

@@ -1,5 +1,5 @@
 //! [`FusedBfgLinear`]: beta, the forget gate and the output gate of one TP rank in one weight, so
-//! one GEMM produces all three (`KDA.md`, "Fused BFG linear").
+//! one GEMM produces all three (`docs/design/kda.md#fused-bfg-linear`).
 //!
 //! Local rows `[lh | lp | lp]` = `[b shard | f_b_local @ f_a | g shard]`. The forget gate is
 //! low rank in the checkpoint (`f_a_proj` `[D, Hd]`, replicated; `f_b_proj` `[P, D]`, column
@@ -14,9 +14,9 @@
 //! vLLM's meta-device initialisation does). The factors are always storable (host copies), so
 //! loading them never fails for lack of storage; composition waits until storage exists, which
 //! happens on the first `b_proj`/`g_proj` load (the packed weight's own loader materialises it,
-//! as in the seeds' fix) or on [`FusedBfgLinear::materialize`]. Materialising composes every
-//! block whose factors are present, so no order of loads crashes or silently skips a
-//! composition.
+//! as in the seeds' fix, `docs/design/README.md#the-seeds`) or on [`FusedBfgLinear::materialize`].
+//! Materialising composes every block whose factors are present, so no order of loads crashes or
+//! silently skips a composition.
 //!
 //! # Staged mode
 //!
@@ -465,7 +465,7 @@ mod tests {
     use super::*;
     use crate::config::{KdaConfig, LinearAttnConfig, Tp};
 
-    /// The configuration of behaviour 5: Hd 6, H 8, D 3.
+    /// The configuration of behaviour 5 (`docs/design/kda.md#behaviour-5`): Hd 6, H 8, D 3.
     pub(crate) fn tiny(full_rank_gate: bool) -> KdaConfig {
         KdaConfig {
             hidden_size: 6,
@@ -493,8 +493,8 @@ mod tests {
         t.to_f32_vec().unwrap()
     }
 
-    /// The f32 product of behaviour 5, written out: row i, column j, k ascending, then one
-    /// rounding to bf16.
+    /// The f32 product of behaviour 5 (`docs/design/kda.md#behaviour-5`), written out: row i,
+    /// column j, k ascending, then one rounding to bf16.
     fn expected_f(f_b: &HostTensor, rows: Range<usize>, f_a: &HostTensor) -> Vec<f32> {
         let (b, a) = (f32s(f_b), f32s(f_a));
         let (d, hd) = (f_a.shape()[0], f_a.shape()[1]);
@@ -516,7 +516,8 @@ mod tests {
         f32s(w)[rows.start * cols..rows.end * cols].to_vec()
     }
 
-    /// Behaviour 5: TP 4, rank 2, Hd 6, H 8, D 3; `f_b` given globally or as the local slice.
+    /// Behaviour 5 (`docs/design/kda.md#behaviour-5`): TP 4, rank 2, Hd 6, H 8, D 3; `f_b` given
+    /// globally or as the local slice.
     #[test]
     fn behaviour_5_fused_bfg_composition_tp4_rank2() {
         let dims = tiny(true).dims(Tp::new(4, 2).unwrap()).unwrap();
@@ -540,8 +541,8 @@ mod tests {
         }
     }
 
-    /// Behaviour 6: F rows stay zero with only `f_a`, equal `f_b @ f_a` once `f_b` arrives, and
-    /// the new product after both are reloaded.
+    /// Behaviour 6 (`docs/design/kda.md#behaviour-6`): F rows stay zero with only `f_a`, equal
+    /// `f_b @ f_a` once `f_b` arrives, and the new product after both are reloaded.
     #[test]
     fn behaviour_6_reload_recomposes() {
         let dims = tiny(true).dims(Tp::new(4, 2).unwrap()).unwrap();

@@ -1,5 +1,5 @@
 //! [`ConvWeights`]: the q, k and v short-conv weights of one TP rank, packed once, in place, into
-//! the kernel layout `[W, 3 * lp]` (behaviour 13).
+//! the kernel layout `[W, 3 * lp]` (`docs/design/kda.md#behaviour-13`).
 //!
 //! Checkpoints store each conv as `[P, 1, W]` or `[P, W]` (channel-major). Loading writes this
 //! rank's channels into the fused channel-major buffer `[3 lp, W]` (`[q | k | v]`);
@@ -154,7 +154,7 @@ mod tests {
         HostTensor::from_f32(shape, v).unwrap()
     }
 
-    /// Behaviour 13: packed once into `[W, 3 lp]`, in place.
+    /// Behaviour 13 (`docs/design/kda.md#behaviour-13`): packed once into `[W, 3 lp]`, in place.
     #[test]
     fn behaviour_13_conv_packed_once_in_place() {
         let mut conv = ConvWeights::new(dims());

@@ -191,7 +191,7 @@ pub struct LayerWeights {
     pub layer: usize,
     pub dims: LayerDims,
     pub gate: GateForm,
-    /// The output norm's epsilon, from the config (behaviour 3).
+    /// The output norm's epsilon, from the config (`docs/design/kda.md#behaviour-3`).
     pub rms_norm_eps: f64,
     pub qkv: FusedQkv,
     pub bfg: FusedBfgLinear,
@@ -525,7 +525,7 @@ mod tests {
         assert_eq!(flat_index(&[2, 3, 4], &[1..2, 0..3, 2..4], 3), 12 + 4 + 3);
     }
 
-    /// Behaviour 14: checkpoint remap.
+    /// Behaviour 14 (`docs/design/kda.md#behaviour-14`): checkpoint remap.
     #[test]
     fn behaviour_14_checkpoint_routing() {
         let p = |suffix: &str| format!("model.layers.3.self_attn.{suffix}");

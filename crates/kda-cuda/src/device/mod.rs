@@ -12,10 +12,10 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, result, sys};
-use kda_core::sanitize::Instrumentation;
+use kda_core::hal::Allocation;
 use kda_core::{
-    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, EventHandle, EventId,
-    InstanceId, Op, Result, StreamHandle, StreamId,
+    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, EventHandle,
+    EventId, InstanceId, Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use crate::status::{self, HostFailure, StatusRecord};
@@ -41,7 +41,6 @@ struct Inner {
     name: String,
     sms: u32,
     kernels: Kernels,
-    instrumentation: Instrumentation<CudaBackend>,
     /// One `StatusRecord` per stream index.
     status: DeviceMemory,
     /// One u32 per stream index, mapped: the host-function side of a stream's status.
@@ -215,14 +214,21 @@ fn no_device(ordinal: usize) -> impl Fn(cudarc::driver::DriverError) -> CudaErro
 }
 
 impl CudaBackend {
-    /// Device 0, checked mode as `KDA_SANITIZE` says.
-    pub fn new() -> std::result::Result<Self, CudaError> {
+    /// A device over GPU 0, checked mode as `KDA_SANITIZE` says.
+    #[allow(clippy::new_ret_no_self, reason = "the backend is used through its façade")]
+    pub fn new() -> std::result::Result<Device<Self>, CudaError> {
         Self::with_options(CudaOptions::default())
     }
 
-    /// Open device `options.ordinal` and compile (once per process) and load the kernels.
-    /// [`CudaError::NoCudaDevice`] when the driver library or the device is missing.
-    pub fn with_options(options: CudaOptions) -> std::result::Result<Self, CudaError> {
+    /// A device over GPU `options.ordinal`: open it and compile (once per process) and load
+    /// the kernels. [`CudaError::NoCudaDevice`] when the driver library or the device is
+    /// missing.
+    pub fn with_options(options: CudaOptions) -> std::result::Result<Device<Self>, CudaError> {
+        let checked = options.checked;
+        Ok(Device::with_checked(Self::open(options)?, checked))
+    }
+
+    fn open(options: CudaOptions) -> std::result::Result<Self, CudaError> {
         let ordinal = options.ordinal;
         // SAFETY: only tries to open the driver library.
         if !unsafe { sys::is_culib_present() } {
@@ -279,7 +285,6 @@ impl CudaBackend {
             name,
             sms,
             kernels,
-            instrumentation: Instrumentation::new(options.checked),
             status,
             mailboxes,
             snapshots,
@@ -343,11 +348,13 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+impl Resources for CudaBackend {
     type Stream = CudaStream;
     type Event = CudaEvent;
     type Buffer = CudaBuffer;
+}
 
+impl Backend for CudaBackend {
     fn info(&self) -> BackendInfo {
         BackendInfo {
             name: "cuda",
@@ -364,10 +371,6 @@ impl Backend for CudaBackend {
 
     fn instance(&self) -> InstanceId {
         self.inner.instance
-    }
-
-    fn instrumentation(&self) -> &Instrumentation<Self> {
-        &self.inner.instrumentation
     }
 
     fn new_stream(&self) -> Result<CudaStream> {
@@ -407,7 +410,7 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn raw_record(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
+    fn record(&self, event: &CudaEvent, stream: &CudaStream) -> Result<()> {
         self.bind()?;
         let inner = &self.inner;
         let n = inner.next_snapshot.fetch_add(1, Ordering::Relaxed) as usize % SNAPSHOT_SLOTS;
@@ -425,7 +428,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn raw_wait(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
+    fn wait(&self, stream: &CudaStream, event: &CudaEvent) -> Result<()> {
         let Some(slot) = *event.inner.snapshot.lock().unwrap_or_else(PoisonError::into_inner)
         else {
             return Ok(());
@@ -443,7 +446,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn raw_synchronize(&self, stream: &CudaStream) -> Result<()> {
+    fn synchronize(&self, stream: &CudaStream) -> Result<()> {
         self.bind()?;
         stream.inner.cuda.synchronize().map_err(driver("cuStreamSynchronize"))?;
         self.sweep();
@@ -470,20 +473,20 @@ impl Backend for CudaBackend {
         ))
     }
 
-    fn raw_alloc(&self, bytes: usize) -> Result<CudaBuffer> {
+    fn alloc(&self, bytes: usize) -> Result<Allocation<CudaBuffer>> {
         self.sweep();
         let inner = &self.inner;
         let memory = DeviceMemory::new(&inner.ctx, bytes)?;
         let index = inner.next_buffer.fetch_add(1, Ordering::Relaxed);
-        Ok(CudaBuffer {
+        Ok(Allocation::fresh(CudaBuffer {
             id: BufferId { instance: inner.instance, index },
             memory: Arc::new(memory),
-        })
+        }))
     }
 
     /// The memory is dropped once `stream` reaches this point (an event marks it), never in a
     /// driver callback.
-    fn raw_free(&self, stream: &CudaStream, buffer: CudaBuffer) -> Result<()> {
+    fn free(&self, stream: &CudaStream, buffer: CudaBuffer) -> Result<()> {
         self.bind()?;
         let event = self.inner.ctx.new_event(None).map_err(driver("cuEventCreate"))?;
         event.record(&stream.inner.cuda).map_err(driver("cuEventRecord"))?;
@@ -495,10 +498,10 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn submit(&self, stream: &CudaStream, label: &str, op: Op<Self>) -> Result<()> {
-        // `launch` has validated already; validating again keeps the kernels' preconditions
-        // (views inside their buffers, no aliasing outputs) true for a direct caller too.
-        op.validate(self.inner.instance)?;
+    fn submit(&self, stream: &CudaStream, label: &str, op: Validated<Self>) -> Result<()> {
+        // Only the façade makes a `Validated` op: the kernels' preconditions (views inside their
+        // buffers, no aliasing outputs) hold for every op that reaches here.
+        let op = op.into_op();
         self.bind()?;
         let _span = tracing::trace_span!("cuda", op = label, stream = %stream.id).entered();
         self.run(stream, label, op)

@@ -1,8 +1,8 @@
 //! The reference kernels: one function per op, run on a stream's worker thread.
 //!
-//! Kernels receive ops that [`kda_core::Op::validate`] accepted, so shapes and dtypes agree and
-//! outputs overlap neither themselves nor their inputs; what remains is the stream contract
-//! (see [`crate::buffer`]).
+//! Kernels receive ops that the [`kda_core::Device`] façade validated, with the sizes validation
+//! computed ([`Validated`]), so shapes and dtypes agree and outputs overlap neither themselves nor
+//! their inputs; what remains is the stream contract (see [`crate::buffer`]).
 
 mod gemm;
 mod kda;
@@ -11,16 +11,19 @@ mod mx;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kda_core::Op;
+use kda_core::{Op, OpDims, Validated};
 use rayon::ThreadPool;
 
 use crate::ReferenceBackend;
+use crate::exclusion::Exclusion;
 
 /// What kernels run with: the shared pool, if any, and reusable scratch memory.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Exec {
     pool: Option<Arc<ThreadPool>>,
     scratch: Arc<ScratchPool>,
+    /// The operand spans of the ops running on this instance's streams.
+    exclusion: Arc<Exclusion>,
 }
 
 impl Exec {
@@ -31,7 +34,7 @@ impl Exec {
 
     /// Ops parallelise across `pool`.
     pub(crate) fn pooled(pool: ThreadPool) -> Self {
-        Self { pool: Some(Arc::new(pool)), scratch: Arc::default() }
+        Self { pool: Some(Arc::new(pool)), ..Self::default() }
     }
 
     /// Threads one kernel may use.
@@ -89,26 +92,35 @@ impl Drop for Scratch<'_> {
     }
 }
 
-/// Execute `op`; an `Err` is the message of an execution failure.
-pub(crate) fn execute(op: &Op<ReferenceBackend>, exec: &Exec) -> Result<(), String> {
-    match op {
-        Op::Gemm { x, w, y } => exec.install(|| gemm::gemm(x, w, y, exec)),
-        Op::Copy { src, dst } => memory::copy(src, dst),
-        Op::Fill { dst, value } => memory::fill(dst, *value),
-        Op::Upload { dst, data } => memory::upload(dst, data),
-        Op::Download { src, slot } => memory::download(src, slot),
-        Op::Host { f, .. } => f.call(),
-        Op::DynamicQuant { x, data, scale, alg } => mx::dynamic_quant(x, data, scale, *alg, exec),
-        Op::MxDequant { data, scale, y } => mx::dequant(data, scale, y, exec),
-        Op::MxGemm { a, a_scale, w, w_scale, y } => mx::gemm(a, a_scale, w, w_scale, y, exec),
-        Op::CausalConv(op) => kda::conv::prefill(op, exec),
-        Op::CausalConvUpdate(op) => kda::conv::update(op, exec),
-        Op::L2Norm(op) => kda::norm::l2norm(op, exec),
-        Op::KdaGate(op) => kda::gate::kda_gate(op, exec),
-        Op::KdaRecurrent(op) => kda::recurrent::recurrent(op, exec),
-        Op::KdaChunk(op) => kda::chunk::chunk(op, exec),
-        Op::GatedRmsNorm(op) => kda::norm::gated_rms_norm(op, exec),
-        Op::ZeroPadding(op) => kda::mask::zero_padding(op),
-        Op::Sigmoid { x, y } => kda::gate::sigmoid_op(x, y),
+/// Execute a validated op with the sizes its validation computed; an `Err` is the message of an
+/// execution failure.
+pub(crate) fn execute(valid: &Validated<ReferenceBackend>, exec: &Exec) -> Result<(), String> {
+    // Held until the kernel returns: memory safety whatever order the caller gave (see
+    // `crate::exclusion`).
+    let _held = exec.exclusion.acquire(valid.op());
+    match (valid.op(), valid.dims()) {
+        (Op::Gemm { x, w, y }, _) => exec.install(|| gemm::gemm(x, w, y, exec)),
+        (Op::Copy { src, dst }, _) => memory::copy(src, dst),
+        (Op::Fill { dst, value }, _) => memory::fill(dst, *value),
+        (Op::Upload { dst, data }, _) => memory::upload(dst, data),
+        (Op::Download { src, slot }, _) => memory::download(src, slot),
+        (Op::Host { f, .. }, _) => f.call(),
+        (Op::DynamicQuant { x, data, scale, alg }, _) => {
+            mx::dynamic_quant(x, data, scale, *alg, exec)
+        }
+        (Op::MxDequant { data, scale, y }, _) => mx::dequant(data, scale, y, exec),
+        (Op::MxGemm { a, a_scale, w, w_scale, y }, _) => mx::gemm(a, a_scale, w, w_scale, y, exec),
+        (Op::CausalConv(op), OpDims::Conv(d)) => kda::conv::prefill(op, d, exec),
+        (Op::CausalConvUpdate(op), OpDims::ConvUpdate(d)) => kda::conv::update(op, d, exec),
+        (Op::L2Norm(op), OpDims::Rows(d)) => kda::norm::l2norm(op, d, exec),
+        (Op::KdaGate(op), OpDims::Gate(d)) => kda::gate::kda_gate(op, d, exec),
+        (Op::KdaRecurrent(op), OpDims::Recurrence(d)) => kda::recurrent::recurrent(op, d, exec),
+        (Op::KdaChunk(op), OpDims::Recurrence(d)) => kda::chunk::chunk(op, d, exec),
+        (Op::GatedRmsNorm(op), OpDims::Rows(d)) => kda::norm::gated_rms_norm(op, d, exec),
+        (Op::ZeroPadding(op), OpDims::Padding(d)) => kda::mask::zero_padding(op, d),
+        (Op::Sigmoid { x, y }, _) => kda::gate::sigmoid_op(x, y),
+        (op, dims) => {
+            Err(format!("{}: validated with the sizes of another op ({dims:?})", op.name()))
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! strided views, and with bad operands.
 
 use half::{bf16, f16};
-use kda_core::{Backend, DType, Error, Layout, Op, Tensor};
+use kda_core::{Backend, DType, Device, Error, Layout, Op, Tensor};
 
 use super::Factory;
 use crate::oracle::{dot_abs_bound, gemm_f64_at};
@@ -11,7 +11,12 @@ use crate::{Gen, Tolerance};
 const F32_UNIT_ROUNDOFF: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// Upload seeded uniform values of `dtype` into `t`; returns the exact values as f64.
-pub fn fill_random<B: Backend>(b: &B, s: &B::Stream, rng: &mut Gen, t: &Tensor<B>) -> Vec<f64> {
+pub fn fill_random<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    rng: &mut Gen,
+    t: &Tensor<B>,
+) -> Vec<f64> {
     let n = t.numel();
     match t.dtype() {
         DType::F32 => {
@@ -34,7 +39,7 @@ pub fn fill_random<B: Backend>(b: &B, s: &B::Stream, rng: &mut Gen, t: &Tensor<B
 }
 
 /// Download a float tensor as f64.
-pub fn download_f64<B: Backend>(b: &B, s: &B::Stream, t: &Tensor<B>) -> Vec<f64> {
+pub fn download_f64<B: Backend>(b: &Device<B>, s: &B::Stream, t: &Tensor<B>) -> Vec<f64> {
     match t.dtype() {
         DType::F32 => b.download::<f32>(s, t).unwrap().into_iter().map(f64::from).collect(),
         DType::BF16 => b.download::<bf16>(s, t).unwrap().into_iter().map(|v| v.to_f64()).collect(),
@@ -53,7 +58,7 @@ fn gemm_tolerance(y: DType, k: usize, max_sum_abs_products: f64) -> Tolerance {
 /// Run one GEMM of the given shape and dtypes and check the `(m, n)` entries in `entries`
 /// (all of them when `None`) against the f64 oracle.
 fn check_gemm<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     (m, n, k): (usize, usize, usize),
     (xd, wd, yd): (DType, DType, DType),
     entries: Option<Vec<(usize, usize)>>,

@@ -1,7 +1,8 @@
-//! The KDA core ops (KDA.md "Inside KDA") against the f64 oracles of [`crate::oracle_kda`]:
-//! the short conv with its state protocol, the q/k norm, both gate forms, the recurrence token
-//! by token and chunked, the gated RMSNorm and the padding mask; plus the identities the layer
-//! relies on (split prefills, prefill then decode, speculative updates), bad input, and NaN.
+//! The KDA core ops (`docs/design/kda.md#inside-kda`) against the f64 oracles of
+//! [`crate::oracle_kda`]: the short conv with its state protocol, the q/k norm, both gate forms,
+//! the recurrence token by token and chunked, the gated RMSNorm and the padding mask; plus the
+//! identities the layer relies on (split prefills, prefill then decode, speculative updates), bad
+//! input, and NaN.
 //!
 //! Every body works on one stream, so checked mode has nothing to object to.
 
@@ -10,7 +11,7 @@ use kda_core::kda::{
     CHUNK_SIZE, CausalConv, CausalConvUpdate, ChunkGate, GateForm, GatedRmsNorm, KdaChunk, KdaGate,
     KdaRecurrent, L2Norm, ZeroPadding,
 };
-use kda_core::{Backend, DType, Error, Layout, Op, Tensor};
+use kda_core::{Backend, DType, Device, Error, Layout, Op, Tensor};
 
 use super::Factory;
 use super::gemm::download_f64;
@@ -36,14 +37,24 @@ fn f64s(x: &[f32]) -> Vec<f64> {
 }
 
 /// A new f32 tensor holding `data`.
-fn f32_tensor<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], data: &[f32]) -> Tensor<B> {
+fn f32_tensor<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    shape: &[usize],
+    data: &[f32],
+) -> Tensor<B> {
     let t = b.alloc(DType::F32, shape).unwrap();
     b.upload(s, &t, data).unwrap();
     t
 }
 
 /// A new i32 tensor holding `data`.
-fn i32_tensor<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], data: &[i32]) -> Tensor<B> {
+fn i32_tensor<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    shape: &[usize],
+    data: &[i32],
+) -> Tensor<B> {
     let t = b.alloc(DType::I32, shape).unwrap();
     b.upload(s, &t, data).unwrap();
     t
@@ -52,7 +63,7 @@ fn i32_tensor<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], data: &[i32]) -
 /// A new tensor of `dtype` (f32 or bf16) holding `data` rounded to it; returns the tensor and
 /// the values it really holds.
 fn float_tensor<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     dtype: DType,
     shape: &[usize],
@@ -137,7 +148,7 @@ pub fn conv_prefill_matches_f64<B: Backend>(make: &impl Factory<B>) {
 /// Launch a decode/speculative conv update; returns the outputs `[B, n, C]`.
 #[allow(clippy::too_many_arguments)]
 fn conv_update<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     weight: &Tensor<B>,
     state: &Tensor<B>,
@@ -162,7 +173,7 @@ fn conv_update<B: Backend>(
 
 /// A prefill of one request into `slot` (fresh or continued); returns its outputs.
 fn conv_prefill<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     weight: &Tensor<B>,
     state: &Tensor<B>,
@@ -505,7 +516,7 @@ fn swap_last<T: Copy>(x: &[T], heads: usize, a: usize, c: usize) -> Vec<T> {
 }
 
 /// A one-slot v-first state cache holding `seq.initial` (zero if none).
-fn state_cache<B: Backend>(b: &B, s: &B::Stream, seq: &Seq) -> Tensor<B> {
+fn state_cache<B: Backend>(b: &Device<B>, s: &B::Stream, seq: &Seq) -> Tensor<B> {
     let (h, kd, vd) = (seq.heads, seq.kd, seq.vd);
     let values = match &seq.initial {
         Some(init) => swap_last(init, h, kd, vd),
@@ -516,7 +527,7 @@ fn state_cache<B: Backend>(b: &B, s: &B::Stream, seq: &Seq) -> Tensor<B> {
 
 /// The chunked op on `seq` continuing from slot 0 of `state` when `carry`; returns the outputs.
 fn run_chunk<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     seq: &Seq,
     state: &Tensor<B>,
@@ -546,7 +557,12 @@ fn run_chunk<B: Backend>(
 
 /// The token-by-token op on `seq` as one request of `T` tokens, starting from and ending in slot
 /// 0 of `state` (the initial state is read from the slot of the last token, the only one kept).
-fn run_recurrent<B: Backend>(b: &B, s: &B::Stream, seq: &Seq, state: &Tensor<B>) -> Vec<f64> {
+fn run_recurrent<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    seq: &Seq,
+    state: &Tensor<B>,
+) -> Vec<f64> {
     let (t, h, kd, vd) = (seq.tokens, seq.heads, seq.kd, seq.vd);
     let o = b.alloc(DType::F32, &[1, t, h, vd]).unwrap();
     let mut slots = vec![-1i32; t];
@@ -571,7 +587,7 @@ fn run_recurrent<B: Backend>(b: &B, s: &B::Stream, seq: &Seq, state: &Tensor<B>)
 }
 
 /// The final state of slot 0 as `[H, K, V]`.
-fn final_state<B: Backend>(b: &B, s: &B::Stream, seq: &Seq, state: &Tensor<B>) -> Vec<f64> {
+fn final_state<B: Backend>(b: &Device<B>, s: &B::Stream, seq: &Seq, state: &Tensor<B>) -> Vec<f64> {
     swap_last(&download_f64(b, s, state), seq.heads, seq.vd, seq.kd)
 }
 
@@ -721,7 +737,7 @@ pub fn chunk_split_equals_one_call<B: Backend>(make: &impl Factory<B>) {
 /// `[T, H, V]`, `[T, H]`, the sizes of `g` and `o`) and `g` with its gate as given.
 #[allow(clippy::too_many_arguments)]
 fn varlen_chunk<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     (lens, slots, has_initial): (&[usize], &[i32], &[i32]),
     [q, k, v, beta]: &[Vec<f32>; 4],
@@ -815,8 +831,8 @@ pub fn chunk_varlen_batch_matches_f64<B: Backend>(make: &impl Factory<B>) {
     );
 }
 
-/// The in-kernel gate (SCHEDULE.md behaviour 11): `KdaChunk` given the raw logits and the gate's
-/// parameters equals `KdaGate` followed by `KdaChunk` on the activated gate, bit for bit
+/// The in-kernel gate (`docs/design/kda.md#behaviour-11`): `KdaChunk` given the raw logits and the
+/// gate's parameters equals `KdaGate` followed by `KdaChunk` on the activated gate, bit for bit
 /// (outputs and every state slot), for both gate forms, over a varlen batch (lengths 70, 0, 5,
 /// 65, 3; a padding request; fresh and continued states), with f32 logits and with bf16 logits
 /// read through a column view of a wider tensor (as the layer's `g1` is). Logits span both

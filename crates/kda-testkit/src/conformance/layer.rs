@@ -1,8 +1,8 @@
-//! The whole KDA layer (KDA.md "Batches and dispatch") on any backend: against the f64 layer
-//! oracle over mixed continuous batches, the identities an engine relies on (split prefills,
+//! The whole KDA layer (`docs/design/kda.md#batches-and-dispatch`) on any backend: against the f64
+//! layer oracle over mixed continuous batches, the identities an engine relies on (split prefills,
 //! prefill then decodes, speculative steps, batches versus single requests, TP partial sums),
-//! SCHEDULE.md behaviours 1, 2, 3, 4, 7, 8, 11 (the raw gate into the chunk kernel, the v-first
-//! state back to the slot) and 12, the overlapped forward under the
+//! behaviours 1, 2, 3, 4, 7, 8, 11 (`docs/design/kda.md#behaviours`; the raw gate into the chunk
+//! kernel, the v-first state back to the slot) and 12, the overlapped forward under the
 //! sanitizer, as a captured graph and under jitter, and bad input that must leave the cache
 //! alone.
 //!
@@ -14,14 +14,14 @@ use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::kda::{CausalConv, KdaChunk, KdaGate};
 use kda_core::layer::{
-    BatchError, BatchMeta, BetaInput, ForgetProjection, KdaLayer, LayerOptions, RequestSlots,
-    StateCache,
+    BatchError, BatchMeta, BetaInput, ForgetProjection, KdaLayer, LayerError, LayerOptions,
+    RequestSlots, StateCache,
 };
 use kda_core::sanitize::{Access, ByteRanges, Entry};
 use kda_core::schedule::beta::BETA_SIGMOID;
 use kda_core::schedule::{MatrixOverlap, ProjectionSchedule};
 use kda_core::weights::{BfgMode, LayerWeights, LoadOptions, load_layer};
-use kda_core::{Backend, BufferHandle, DType, Error, Op, Tensor};
+use kda_core::{Backend, BufferHandle, DType, Device, Error, Op, Tensor};
 
 use super::Factory;
 use super::gemm::download_f64;
@@ -42,7 +42,8 @@ pub enum Model {
 }
 
 /// The tiny config of `model`. The output norm's epsilon is the checkpoint's own and large
-/// enough to matter (behaviour 3: a layer that used a default would miss the oracle).
+/// enough to matter (`docs/design/kda.md#behaviour-3`: a layer that used a default would miss the
+/// oracle).
 pub fn tiny_config(model: Model) -> KdaConfig {
     let preset = match model {
         Model::K3 => KdaConfig::kimi_k3(),
@@ -59,13 +60,18 @@ pub fn load(config: &KdaConfig, tp: Tp, seed: u64) -> LayerWeights {
     load_layer(&source, config, tp, 0, LoadOptions::default()).unwrap().weights
 }
 
-fn layer<B: Backend>(b: &B, s: &B::Stream, w: &LayerWeights, options: LayerOptions) -> KdaLayer<B> {
+fn layer<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    w: &LayerWeights,
+    options: LayerOptions,
+) -> KdaLayer<B> {
     let layer = KdaLayer::new(b, s, w, options).unwrap();
     b.synchronize(s).unwrap();
     layer
 }
 
-fn bf16_tensor<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], v: &[f32]) -> Tensor<B> {
+fn bf16_tensor<B: Backend>(b: &Device<B>, s: &B::Stream, shape: &[usize], v: &[f32]) -> Tensor<B> {
     let t = b.alloc(DType::BF16, shape).unwrap();
     let data: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
     b.upload(s, &t, &data).unwrap();
@@ -81,7 +87,7 @@ fn tokens(rng: &mut Gen, rows: usize) -> Vec<f32> {
 }
 
 /// An output buffer `[rows, Hd]` f32 holding `fill`.
-fn out_buffer<B: Backend>(b: &B, s: &B::Stream, rows: usize, fill: f64) -> Tensor<B> {
+fn out_buffer<B: Backend>(b: &Device<B>, s: &B::Stream, rows: usize, fill: f64) -> Tensor<B> {
     let t = b.alloc(DType::F32, &[rows, HIDDEN]).unwrap();
     b.launch(s, Op::Fill { dst: t.clone(), value: fill }).unwrap();
     t
@@ -91,7 +97,7 @@ fn out_buffer<B: Backend>(b: &B, s: &B::Stream, rows: usize, fill: f64) -> Tenso
 /// output prefilled with `out_fill`; returns every output row.
 #[allow(clippy::too_many_arguments)]
 fn step<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     layer: &KdaLayer<B>,
     cache: &mut StateCache<B>,
@@ -111,12 +117,21 @@ fn step<B: Backend>(
 }
 
 /// The recurrent state of `slot`, v-first `[lh, V, K]`.
-fn slot_state<B: Backend>(b: &B, s: &B::Stream, cache: &StateCache<B>, slot: usize) -> Vec<f64> {
+fn slot_state<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    cache: &StateCache<B>,
+    slot: usize,
+) -> Vec<f64> {
     download_f64(b, s, &cache.recurrent_slot(slot).unwrap())
 }
 
 /// Everything in the cache, bit for bit.
-fn cache_bits<B: Backend>(b: &B, s: &B::Stream, cache: &StateCache<B>) -> (Vec<u32>, Vec<u32>) {
+fn cache_bits<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    cache: &StateCache<B>,
+) -> (Vec<u32>, Vec<u32>) {
     let bits = |t: &Tensor<B>| -> Vec<u32> {
         b.download::<f32>(s, t).unwrap().into_iter().map(f32::to_bits).collect()
     };
@@ -291,9 +306,9 @@ pub fn staged_loader_equals_composed_loader<B: Backend>(make: &impl Factory<B>) 
     );
 }
 
-/// Behaviour 3: the norm's epsilon is the checkpoint's. The oracle with a default epsilon
-/// (1e-5) instead of the checkpoint's (1e-2) disagrees with the layer, so the oracle test above
-/// would catch a layer that ignored the checkpoint.
+/// Behaviour 3 (`docs/design/kda.md#behaviour-3`): the norm's epsilon is the checkpoint's. The
+/// oracle with a default epsilon (1e-5) instead of the checkpoint's (1e-2) disagrees with the
+/// layer, so the oracle test above would catch a layer that ignored the checkpoint.
 pub fn norm_uses_the_checkpoint_eps<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
@@ -542,9 +557,9 @@ pub fn tp_partials_sum_to_tp1<B: Backend>(make: &impl Factory<B>) {
     }
 }
 
-/// Behaviours 1 and 12: padding rows are exactly zero whatever the input and output held there,
-/// live rows do not depend on them, and an empty batch zeroes an output that held NaN without
-/// touching the cache.
+/// Behaviours 1 and 12 (`docs/design/kda.md#behaviours`): padding rows are exactly zero whatever
+/// the input and output held there, live rows do not depend on them, and an empty batch zeroes an
+/// output that held NaN without touching the cache.
 pub fn padding_and_empty_batch<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
@@ -571,9 +586,10 @@ pub fn padding_and_empty_batch<B: Backend>(make: &impl Factory<B>) {
     assert_eq!(cache_bits(&b, &s, &c2), before, "an empty batch touches no state");
 }
 
-/// Behaviours 4, 7 and 8: the mixed path hands dispatch the projection's preprocessed beta (a
-/// view: no sigmoid op in the layer), the ordinary path applies exactly one fp32 sigmoid to the
-/// raw B columns, both give the same bits; the intermediates have the post-process shapes.
+/// Behaviours 4, 7 and 8 (`docs/design/kda.md#behaviours`): the mixed path hands dispatch the
+/// projection's preprocessed beta (a view: no sigmoid op in the layer), the ordinary path applies
+/// exactly one fp32 sigmoid to the raw B columns, both give the same bits; the intermediates have
+/// the post-process shapes.
 pub fn beta_paths_and_intermediate_shapes<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
@@ -640,15 +656,15 @@ fn bytes(a: &Access) -> usize {
     a.bytes.intervals().iter().map(|r| r.len()).sum()
 }
 
-/// Behaviour 11, for both models (both gate forms). A prefill-only forward launches no
-/// `kda_gate`: its one `kda_chunk` reads the raw bf16 logits (the traced forward shows they are
-/// the `g1` view itself) and the gate's parameters. The core attention output and the v-first
-/// states written back to the slots equal, bit for bit, the former pipeline run by hand on the
-/// trace's intermediates: `KdaGate` into an f32 tensor, then `KdaChunk` on it (so the layer's
-/// output is unchanged by the move). The traced forward's extra `KdaGate` (for the dump alone)
-/// changes no output bit. In a mixed batch, the decode still activates its own rows (one
-/// `kda_gate` over exactly them) and the prefills, gathered from two runs, still pass the raw
-/// gate.
+/// Behaviour 11 (`docs/design/kda.md#behaviour-11`), for both models (both gate forms). A
+/// prefill-only forward launches no `kda_gate`: its one `kda_chunk` reads the raw bf16 logits (the
+/// traced forward shows they are the `g1` view itself) and the gate's parameters. The core
+/// attention output and the v-first states written back to the slots equal, bit for bit, the former
+/// pipeline run by hand on the trace's intermediates: `KdaGate` into an f32 tensor, then `KdaChunk`
+/// on it (so the layer's output is unchanged by the move). The traced forward's extra `KdaGate`
+/// (for the dump alone) changes no output bit. In a mixed batch, the decode still activates its own
+/// rows (one `kda_gate` over exactly them) and the prefills, gathered from two runs, still pass the
+/// raw gate.
 pub fn prefill_passes_the_raw_gate_to_the_chunk<B: Backend>(make: &impl Factory<B>) {
     for model in [Model::K3, Model::KimiLinear] {
         let b = make();
@@ -907,7 +923,7 @@ pub fn bad_input_leaves_the_cache_unchanged<B: Backend>(make: &impl Factory<B>) 
     let mut out = out_buffer(&b, &s, 4, 3.0);
     for (what, meta, expected) in cases {
         let e = layer.forward(&s, &xt, &meta, &mut cache, &mut out).unwrap_err();
-        assert_eq!(e, Error::Batch(expected), "{what}");
+        assert!(matches!(&e, LayerError::Batch(b) if *b == expected), "{what}: {e}");
         assert!(e.to_string().contains("batch metadata"), "{what}: {e}");
         check_unchanged(what, &cache, &out);
     }
@@ -915,7 +931,7 @@ pub fn bad_input_leaves_the_cache_unchanged<B: Backend>(make: &impl Factory<B>) 
     let narrow = bf16_tensor(&b, &s, &[4, HIDDEN - 1], &x[..4 * (HIDDEN - 1)]);
     let e = layer.forward(&s, &narrow, &ok, &mut cache, &mut out).unwrap_err();
     assert!(
-        matches!(&e, Error::Shape { param: "hidden_states", actual, .. } if actual == &[4, HIDDEN - 1]),
+        matches!(&e, LayerError::Device(Error::Shape { param: "hidden_states", actual, .. }) if actual == &[4, HIDDEN - 1]),
         "{e}"
     );
     check_unchanged("hidden size", &cache, &out);
@@ -923,7 +939,7 @@ pub fn bad_input_leaves_the_cache_unchanged<B: Backend>(make: &impl Factory<B>) 
     let mut wrong = out_buffer(&b, &s, 3, 3.0);
     let e = layer.forward(&s, &xt, &ok, &mut cache, &mut wrong).unwrap_err();
     assert!(
-        matches!(&e, Error::Shape { param: "out", actual, .. } if actual == &[3, HIDDEN]),
+        matches!(&e, LayerError::Device(Error::Shape { param: "out", actual, .. }) if actual == &[3, HIDDEN]),
         "{e}"
     );
     check_unchanged("output shape", &cache, &wrong);
@@ -931,13 +947,16 @@ pub fn bad_input_leaves_the_cache_unchanged<B: Backend>(make: &impl Factory<B>) 
     let mut other =
         StateCache::new(&b, &s, kda_core::layer::CacheDims { heads: 4, ..cache.dims() }).unwrap();
     let e = layer.forward(&s, &xt, &ok, &mut other, &mut out).unwrap_err();
-    assert!(matches!(&e, Error::Param { param: "cache", .. }), "{e}");
+    assert!(matches!(&e, LayerError::Device(Error::Param { param: "cache", .. })), "{e}");
     check_unchanged("foreign cache", &cache, &out);
     // An output that is a view of the cache.
     let layout = kda_core::Layout::contiguous(DType::F32, &[4, HIDDEN]);
     let mut inside = Tensor::new(cache.recurrent().buffer().clone(), layout).unwrap();
     let e = layer.forward(&s, &xt, &ok, &mut cache, &mut inside).unwrap_err();
-    assert!(matches!(&e, Error::Aliasing { param: "out", other: "cache", .. }), "{e}");
+    assert!(
+        matches!(&e, LayerError::Device(Error::Aliasing { param: "out", other: "cache", .. })),
+        "{e}"
+    );
     check_unchanged("output inside the cache", &cache, &out);
     // The good batch still works on the untouched cache.
     layer.forward(&s, &xt, &ok, &mut cache, &mut out).unwrap();

@@ -18,6 +18,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use kda_core::Backend;
+use kda_core::Device;
 
 /// Instantiate the whole suite as `#[test]` functions in the calling module.
 ///
@@ -185,5 +186,5 @@ pub fn with_watchdog<R: Send + 'static>(
 }
 
 /// Build a fresh backend from a factory expression.
-pub trait Factory<B: Backend>: Fn() -> B + Send + Sync + Clone + 'static {}
-impl<B: Backend, F: Fn() -> B + Send + Sync + Clone + 'static> Factory<B> for F {}
+pub trait Factory<B: Backend>: Fn() -> Device<B> + Send + Sync + Clone + 'static {}
+impl<B: Backend, F: Fn() -> Device<B> + Send + Sync + Clone + 'static> Factory<B> for F {}

@@ -37,7 +37,7 @@
 
 use half::bf16;
 use kda_core::mx::{self, ScaleAlg};
-use kda_core::{Backend, DType, E8M0, Error, F8E4M3, Layout, Op, Tensor};
+use kda_core::{Backend, DType, Device, E8M0, Error, F8E4M3, Layout, Op, Tensor};
 
 use super::Factory;
 use crate::oracle::{dot_abs_bound, gemm_f64_at};
@@ -54,7 +54,7 @@ fn canonical(bytes: &[u8]) -> Vec<u8> {
 /// Upload `values` as `dtype` (rounded to bf16 if need be); returns the tensor and the values
 /// as they are stored.
 fn upload_floats<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     dtype: DType,
     shape: &[usize],
@@ -86,22 +86,32 @@ fn codec(dtype: DType, values: &[f32], rows: usize, k: usize, alg: ScaleAlg) -> 
     }
 }
 
-fn download_e4m3<B: Backend>(b: &B, s: &B::Stream, t: &Tensor<B>) -> Vec<u8> {
+fn download_e4m3<B: Backend>(b: &Device<B>, s: &B::Stream, t: &Tensor<B>) -> Vec<u8> {
     b.download::<F8E4M3>(s, t).unwrap().into_iter().map(|q| q.0).collect()
 }
 
-fn download_e8m0<B: Backend>(b: &B, s: &B::Stream, t: &Tensor<B>) -> Vec<u8> {
+fn download_e8m0<B: Backend>(b: &Device<B>, s: &B::Stream, t: &Tensor<B>) -> Vec<u8> {
     b.download::<E8M0>(s, t).unwrap().into_iter().map(|q| q.0).collect()
 }
 
-fn upload_e4m3<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], bytes: &[u8]) -> Tensor<B> {
+fn upload_e4m3<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    shape: &[usize],
+    bytes: &[u8],
+) -> Tensor<B> {
     let t = b.alloc(DType::E4M3, shape).unwrap();
     let v: Vec<F8E4M3> = bytes.iter().map(|&q| F8E4M3(q)).collect();
     b.upload(s, &t, &v).unwrap();
     t
 }
 
-fn upload_e8m0<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], bytes: &[u8]) -> Tensor<B> {
+fn upload_e8m0<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    shape: &[usize],
+    bytes: &[u8],
+) -> Tensor<B> {
     let t = b.alloc(DType::E8M0, shape).unwrap();
     let v: Vec<E8M0> = bytes.iter().map(|&q| E8M0(q)).collect();
     b.upload(s, &t, &v).unwrap();
@@ -110,7 +120,7 @@ fn upload_e8m0<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], bytes: &[u8]) 
 
 /// Launch DynamicQuant of `x` (`[m, k]`) into fresh plain-layout tensors.
 fn quantize_on<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     x: &Tensor<B>,
     alg: ScaleAlg,
@@ -124,8 +134,8 @@ fn quantize_on<B: Backend>(
 }
 
 /// Seeded `[m, k]` values whose blocks span many magnitudes, with the special blocks of
-/// MXFP8.md: NaN, ±Inf, all zeros, signed zeros, subnormals next to normals, values beyond the
-/// E4M3 range, and the precision's maximum.
+/// `docs/design/mxfp8.md#reference-vectors`: NaN, ±Inf, all zeros, signed zeros, subnormals next to
+/// normals, values beyond the E4M3 range, and the precision's maximum.
 fn awkward_values(rng: &mut Gen, m: usize, k: usize) -> Vec<f32> {
     let mut v = rng.uniform_f32(m * k, -1.0, 1.0);
     if k == 0 {
@@ -294,7 +304,7 @@ fn random_operands(rng: &mut Gen, (m, n, k): (usize, usize, usize), with_nan: bo
 
 /// Run MxGemm on the backend; returns y as f64.
 fn run_mx_gemm<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     ops: &MxOperands,
     (m, n, k): (usize, usize, usize),

@@ -2,8 +2,10 @@
 //! join is a hazard that names the consumer, frees are checked, and captures follow the ACL rule
 //! and replay bit for bit.
 
-use kda_core::sanitize::{CaptureError, Entry, HazardKind, analyze};
-use kda_core::{Backend, BufferHandle, DType, Error, Op, StreamHandle, Tensor};
+use kda_core::sanitize::{Entry, HazardKind, analyze};
+use kda_core::{
+    Backend, BufferHandle, CaptureError, DType, Device, Error, Op, StreamHandle, Tensor,
+};
 
 use super::Factory;
 use crate::Gen;
@@ -20,7 +22,7 @@ struct ForkJoin<B: Backend> {
 }
 
 impl<B: Backend> ForkJoin<B> {
-    fn new(b: &B) -> Self {
+    fn new(b: &Device<B>) -> Self {
         let (main, aux) = (b.new_stream().unwrap(), b.new_stream().unwrap());
         let x = b.alloc(DType::F32, &[4, 8]).unwrap();
         let w = b.alloc(DType::F32, &[6, 8]).unwrap();
@@ -33,7 +35,7 @@ impl<B: Backend> ForkJoin<B> {
     }
 
     /// Queue the schedule; `join` = whether main waits for the aux tail before consuming.
-    fn run(&self, b: &B, join: bool) -> kda_core::Result<()> {
+    fn run(&self, b: &Device<B>, join: bool) -> kda_core::Result<()> {
         let (hidden_ready, bfg_ready) = (b.new_event()?, b.new_event()?);
         b.record(&hidden_ready, &self.main)?;
         b.wait(&self.aux, &hidden_ready)?;
@@ -47,7 +49,7 @@ impl<B: Backend> ForkJoin<B> {
         b.launch_labeled(&self.main, "consume_bfg", consume)
     }
 
-    fn finish(&self, b: &B) -> Vec<f32> {
+    fn finish(&self, b: &Device<B>) -> Vec<f32> {
         b.synchronize(&self.aux).unwrap();
         b.download(&self.main, &self.out).unwrap()
     }
@@ -182,7 +184,7 @@ pub fn log_can_be_edited_and_reanalysed<B: Backend>(make: &impl Factory<B>) {
 }
 
 /// Fill `out` with a sentinel, so a captured op that ran early would show.
-fn reset<B: Backend>(b: &B, s: &B::Stream, outs: &[&Tensor<B>]) {
+fn reset<B: Backend>(b: &Device<B>, s: &B::Stream, outs: &[&Tensor<B>]) {
     for t in outs {
         b.launch(s, Op::Fill { dst: (*t).clone(), value: -3.0 }).unwrap();
     }
@@ -218,7 +220,7 @@ pub fn capture_fork_join_replays_to_identical_results<B: Backend>(make: &impl Fa
         )?;
         b.wait(&main, &join)
     };
-    let read = |b: &B| -> (Vec<f32>, Vec<f32>) {
+    let read = |b: &Device<B>| -> (Vec<f32>, Vec<f32>) {
         (b.download(&main, &y1).unwrap(), b.download(&main, &y2).unwrap())
     };
 

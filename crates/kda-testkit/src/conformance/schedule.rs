@@ -1,21 +1,26 @@
-//! The QKV/BFG projection schedules (SCHEDULE.md) on any backend: the exact overlapped trace,
-//! serial and overlapped outputs identical bit for bit, the sanitizer clean on the real order and
-//! objecting to every single-edit mutation of it, capture and replay, a jittered stress run, and
-//! the behaviours the seeds' unit tests pin down (4, 7, 8, 9, 10).
+//! The QKV/BFG projection schedules (`docs/design/schedule.md`) on any backend: the exact
+//! overlapped trace, serial and overlapped outputs identical bit for bit, the sanitizer clean on
+//! the real order and objecting to every single-edit mutation of it, capture and replay, a jittered
+//! stress run, and the behaviours the seeds' unit tests pin down (4, 7, 8, 9, 10:
+//! `docs/design/kda.md#behaviours`).
 //!
 //! Weights come from one small global model (`H = 16` heads of `D = 8`, hidden 80, so MX blocks
 //! include a partial one) sliced per TP rank as a checkpoint loader would: weights ~N(0, 0.02)
 //! rounded to bf16, activations ~N(0, 1).
 
 use half::bf16;
+use kda_core::graph::Node;
 use kda_core::mx::{self, ScaleAlg, num_blocks};
-use kda_core::sanitize::{CaptureError, Entry, ExclusiveUnits, Hazard, HazardKind, Node};
+use kda_core::sanitize::{Entry, ExclusiveUnits, Hazard, HazardKind};
 use kda_core::schedule::{
-    BfgWeight, MatrixOverlap, Mutation, Projected, ProjectionBuffers, ProjectionDims,
+    AuxStream, BfgWeight, MatrixOverlap, Mutation, Projected, ProjectionBuffers, ProjectionDims,
     ProjectionSchedule, ProjectionWeights, QkvBfgProjection, QkvPlan, QkvWeight, ScheduleEvent,
     labels, prepare_beta,
 };
-use kda_core::{Backend, BufferHandle, DType, E8M0, Error, F8E4M3, Op, StreamHandle, Tensor};
+use kda_core::{
+    Backend, BufferHandle, CaptureError, DType, Device, E8M0, Error, F8E4M3, Op, StreamHandle,
+    Tensor,
+};
 
 use super::Factory;
 use super::gemm::download_f64;
@@ -129,13 +134,13 @@ impl Model {
     }
 }
 
-fn upload_bf16<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], v: &[f32]) -> Tensor<B> {
+fn upload_bf16<B: Backend>(b: &Device<B>, s: &B::Stream, shape: &[usize], v: &[f32]) -> Tensor<B> {
     let t = b.alloc(DType::BF16, shape).unwrap();
     b.upload(s, &t, &to_bf16(v)).unwrap();
     t
 }
 
-fn upload_f32<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], v: &[f32]) -> Tensor<B> {
+fn upload_f32<B: Backend>(b: &Device<B>, s: &B::Stream, shape: &[usize], v: &[f32]) -> Tensor<B> {
     let t = b.alloc(DType::F32, shape).unwrap();
     b.upload(s, &t, v).unwrap();
     t
@@ -144,7 +149,7 @@ fn upload_f32<B: Backend>(b: &B, s: &B::Stream, shape: &[usize], v: &[f32]) -> T
 /// Device weights for one rank; the stream is synchronized, so later work is ordered after the
 /// uploads whatever stream it runs on.
 fn device_weights<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     s: &B::Stream,
     w: &RankWeights,
     qkv: Qkv,
@@ -182,13 +187,18 @@ fn device_weights<B: Backend>(
 
 /// An activation `[t, Hd]` ~N(0, 1) in bf16, uploaded on `s` (not synchronized: the schedule
 /// must order its readers after the upload).
-fn activation<B: Backend>(b: &B, s: &B::Stream, rng: &mut Gen, t: usize) -> (Tensor<B>, Vec<f32>) {
+fn activation<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    rng: &mut Gen,
+    t: usize,
+) -> (Tensor<B>, Vec<f32>) {
     let x = bf16_values(rng.normal_f32(t * HIDDEN, 0.0, 1.0));
     (upload_bf16(b, s, &[t, HIDDEN], &x), x)
 }
 
 fn projection<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     weights: &ProjectionWeights<B>,
     schedule: ProjectionSchedule,
     policy: MatrixOverlap,
@@ -205,7 +215,7 @@ struct Bits {
     g2: Vec<u16>,
 }
 
-fn bits<B: Backend>(b: &B, s: &B::Stream, p: &Projected<B>) -> Bits {
+fn bits<B: Backend>(b: &Device<B>, s: &B::Stream, p: &Projected<B>) -> Bits {
     let half = |t: &Tensor<B>| -> Vec<u16> {
         b.download::<bf16>(s, t).unwrap().into_iter().map(bf16::to_bits).collect()
     };
@@ -222,7 +232,7 @@ fn setup<B: Backend>(
     make: &impl Factory<B>,
     qkv: Qkv,
     bfg: Bfg,
-) -> (B, B::Stream, ProjectionWeights<B>) {
+) -> (Device<B>, B::Stream, ProjectionWeights<B>) {
     let b = make();
     let main = b.new_stream().unwrap();
     let weights = device_weights(&b, &main, &Model::new(7).rank(8, 7), qkv, bfg);
@@ -230,11 +240,11 @@ fn setup<B: Backend>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The trace (behaviour 9)
+// The trace (`docs/design/kda.md#behaviour-9`)
 
 /// The calls on `main` and `aux` since log entry `from`, in the seeds' notation.
 fn trace<B: Backend>(
-    b: &B,
+    b: &Device<B>,
     p: &QkvBfgProjection<B>,
     (main, aux): (&B::Stream, &B::Stream),
     from: usize,
@@ -268,7 +278,7 @@ fn trace<B: Backend>(
     steps.join(" · ")
 }
 
-/// The seeds' trace (SCHEDULE.md), verbatim.
+/// The seeds' trace (`docs/design/schedule.md#the-trace`), verbatim.
 const SEEDS_TRACE: &str = "main.record(hidden_ready) · aux.wait(hidden_ready) · project_bfg · \
     aux.record(bfg_projection_ready) · dynamic_quant · main.record(quant_ready) · \
     main.wait(bfg_projection_ready) · qkv_matmul · aux.wait(quant_ready) · postprocess_bfg · \
@@ -301,7 +311,7 @@ pub fn overlapped_trace_is_the_seeds_sequence<B: Backend>(make: &impl Factory<B>
         assert!(b.instrumentation().is_checked(), "the trace is read from the checked-mode log");
         let (x, _) = activation(&b, &main, &mut Gen::new(1), 5);
         let p = projection(&b, &weights, ProjectionSchedule::Overlapped, policy);
-        let aux = b.aux_stream().unwrap();
+        let aux = p.aux_stream().get(&b).unwrap();
         let from = b.instrumentation().log().len();
         let out = p.forward(&main, &x).unwrap();
         assert_eq!(trace(&b, &p, (&main, &aux), from), expected, "{qkv:?} {bfg:?} {policy:?}");
@@ -333,16 +343,21 @@ pub fn overlapped_trace_is_the_seeds_sequence<B: Backend>(make: &impl Factory<B>
     }
 }
 
-/// The auxiliary stream is created once per backend instance and reused by every layer.
+/// The auxiliary stream is schedule state: projections given clones of one [`AuxStream`] (the
+/// layers of one model) fork onto one stream, created once; a projection made without one has
+/// its own.
 pub fn aux_stream_is_created_once_per_instance<B: Backend>(make: &impl Factory<B>) {
     let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
-    let aux = b.aux_stream().unwrap();
-    assert_eq!(b.aux_stream().unwrap().id(), aux.id());
+    let shared = AuxStream::new();
+    assert!(shared.created().is_none(), "created on first use");
+    let aux = shared.get(&b).unwrap();
+    assert_eq!(shared.get(&b).unwrap().id(), aux.id());
     assert_ne!(aux.id(), main.id());
     let (x, _) = activation(&b, &main, &mut Gen::new(2), 3);
     let from = b.instrumentation().log().len();
     for _layer in 0..3 {
-        let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
+        let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized)
+            .with_aux_stream(shared.clone());
         p.forward(&main, &x).unwrap();
     }
     let streams: std::collections::BTreeSet<_> =
@@ -352,8 +367,10 @@ pub fn aux_stream_is_created_once_per_instance<B: Backend>(make: &impl Factory<B
         [main.id(), aux.id()].into_iter().collect(),
         "three layers, one aux stream"
     );
-    let other = make();
-    assert_ne!(other.aux_stream().unwrap().id(), aux.id(), "another instance has its own");
+    let own = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
+    own.forward(&main, &x).unwrap();
+    let mine = own.aux_stream().created().unwrap();
+    assert_ne!(mine.id(), aux.id(), "a projection without a shared aux stream has its own");
     b.synchronize(&main).unwrap();
 }
 
@@ -505,7 +522,7 @@ pub fn overlapped_schedule_is_hazard_free<B: Backend>(make: &impl Factory<B>) {
     let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Concurrent);
     let h = expect_hazard(p.forward(&main, &x).map(|_| ()));
     assert_hazard(&h, HazardKind::MatrixOverlap, labels::PROJECT_BFG, labels::QKV_MATMUL);
-    b.synchronize(&b.aux_stream().unwrap()).unwrap();
+    b.synchronize(&p.aux_stream().get(&b).unwrap()).unwrap();
     b.synchronize(&main).unwrap();
 }
 
@@ -539,7 +556,7 @@ fn assert_hazard(h: &Hazard, kind: HazardKind, first: &str, second: &str) {
 /// on main just before the call (so an aux reader that is not ordered after it races), and the
 /// overlapped projection under `Serialized`.
 struct Mutant<B: Backend> {
-    b: B,
+    b: Device<B>,
     main: B::Stream,
     aux: B::Stream,
     x: Tensor<B>,
@@ -553,7 +570,7 @@ impl<B: Backend> Mutant<B> {
         b.instrumentation().set_exclusive_units(ExclusiveUnits { matrix: true, vector: true });
         let (x, _) = activation(&b, &main, &mut Gen::new(5), 6);
         let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
-        let aux = b.aux_stream().unwrap();
+        let aux = p.aux_stream().get(&b).unwrap();
         Self { b, main, aux, x, p }
     }
 
@@ -562,7 +579,7 @@ impl<B: Backend> Mutant<B> {
     }
 
     /// The mutated schedule captured from main; `end_capture`'s verdict.
-    fn capture(&self, mutation: Mutation) -> kda_core::Result<kda_core::sanitize::Graph<B>> {
+    fn capture(&self, mutation: Mutation) -> kda_core::Result<kda_core::graph::Graph<B>> {
         self.b.synchronize(&self.main)?;
         self.b.begin_capture(&self.main)?;
         let queued = self.run(mutation);
@@ -696,7 +713,7 @@ pub fn mutation_drop_wait_bfg_ready<B: Backend>(make: &impl Factory<B>) {
     let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Concurrent);
     b.begin_capture(&main).unwrap();
     p.forward_mutated(&main, &x, mutation).unwrap();
-    let aux = b.aux_stream().unwrap();
+    let aux = p.aux_stream().get(&b).unwrap();
     assert_eq!(
         expect_capture_error(b.end_capture(&main)),
         CaptureError::NotJoined { stream: aux.id(), origin: main.id() }
@@ -805,11 +822,12 @@ pub fn stress_jittered_overlapped_equals_serial<B: Backend>(make: &impl Factory<
 }
 
 // ---------------------------------------------------------------------------------------------
-// Behaviours 4, 7, 8, 10
+// Behaviours 4, 7, 8, 10 (`docs/design/kda.md#behaviours`)
 
-/// Behaviour 4: raw beta (bf16 -20, 0, 20, 100, with NaN in the padding rows) is sliced to the
-/// live tokens and goes through the fp32 sigmoid, landing in [0, 1]; preprocessed beta is only
-/// sliced (a view of the same buffer, values untouched, nothing launched).
+/// Behaviour 4 (`docs/design/kda.md#behaviour-4`): raw beta (bf16 -20, 0, 20, 100, with NaN in the
+/// padding rows) is sliced to the live tokens and goes through the fp32 sigmoid, landing in [0, 1];
+/// preprocessed beta is only sliced (a view of the same buffer, values untouched, nothing
+/// launched).
 pub fn prepare_beta_slices_and_applies_the_sigmoid_once<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
@@ -838,7 +856,7 @@ pub fn prepare_beta_slices_and_applies_the_sigmoid_once<B: Backend>(make: &impl 
     let pre: Vec<f32> = (0..t * lh).map(|i| i as f32 * 0.25 - 2.0).collect();
     let beta = upload_f32(&b, &s, &[1, t, lh], &pre);
     b.synchronize(&s).unwrap();
-    let launches = |b: &B| {
+    let launches = |b: &Device<B>| {
         b.instrumentation().log().iter().filter(|e| matches!(e, Entry::Launch { .. })).count()
     };
     let before = launches(&b);
@@ -856,8 +874,9 @@ pub fn prepare_beta_slices_and_applies_the_sigmoid_once<B: Backend>(make: &impl 
     b.synchronize(&s).unwrap();
 }
 
-/// Behaviour 7: beta f32 `[1, T, lh]`, g1 `[1, T, lh, D]`, g2 `[T, lh, D]` (views of the one
-/// BFG output, no copies), `mixed_qkv` `[T, 3 lp]`; the post-process is one op.
+/// Behaviour 7 (`docs/design/kda.md#behaviour-7`): beta f32 `[1, T, lh]`, g1 `[1, T, lh, D]`, g2
+/// `[T, lh, D]` (views of the one BFG output, no copies), `mixed_qkv` `[T, 3 lp]`; the post-process
+/// is one op.
 pub fn postprocess_shapes<B: Backend>(make: &impl Factory<B>) {
     for schedule in [ProjectionSchedule::Serial, ProjectionSchedule::Overlapped] {
         let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
@@ -886,9 +905,9 @@ pub fn postprocess_shapes<B: Backend>(make: &impl Factory<B>) {
     }
 }
 
-/// Behaviour 8: the mixed projection hands dispatch preprocessed beta with the flag set, so
-/// dispatch only slices it, and its values equal the ordinary path's (raw B columns, sigmoid in
-/// dispatch) bit for bit; a second sigmoid would change them.
+/// Behaviour 8 (`docs/design/kda.md#behaviour-8`): the mixed projection hands dispatch preprocessed
+/// beta with the flag set, so dispatch only slices it, and its values equal the ordinary path's
+/// (raw B columns, sigmoid in dispatch) bit for bit; a second sigmoid would change them.
 pub fn mixed_path_passes_preprocessed_beta<B: Backend>(make: &impl Factory<B>) {
     let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
     let (t, live) = (7, 5);
@@ -914,16 +933,17 @@ pub fn mixed_path_passes_preprocessed_beta<B: Backend>(make: &impl Factory<B>) {
     }
 }
 
-/// Behaviour 10: DynamicQuant is split out of the QKV linear for MXFP8 on a 2-D bf16 input with
-/// the configured `scale_alg` (an op of its own on main, before the stage-1 join, in the captured
-/// graph); bf16 QKV has no quant op; MXFP8 on an f32 input keeps the quant inside the linear.
+/// Behaviour 10 (`docs/design/kda.md#behaviour-10`): DynamicQuant is split out of the QKV linear
+/// for MXFP8 on a 2-D bf16 input with the configured `scale_alg` (an op of its own on main, before
+/// the stage-1 join, in the captured graph); bf16 QKV has no quant op; MXFP8 on an f32 input keeps
+/// the quant inside the linear.
 pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
     fn graph_of<B: Backend>(
-        b: &B,
+        b: &Device<B>,
         main: &B::Stream,
         p: &QkvBfgProjection<B>,
         x: &Tensor<B>,
-    ) -> kda_core::sanitize::Graph<B> {
+    ) -> kda_core::graph::Graph<B> {
         let bufs = p.alloc_buffers(x).unwrap();
         b.synchronize(main).unwrap();
         b.begin_capture(main).unwrap();
@@ -931,9 +951,7 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
         b.end_capture(main).unwrap()
     }
     /// (label, stream, scale_alg) of every DynamicQuant node, and the index of every node.
-    fn quants<B: Backend>(
-        g: &kda_core::sanitize::Graph<B>,
-    ) -> Vec<(usize, String, usize, ScaleAlg)> {
+    fn quants<B: Backend>(g: &kda_core::graph::Graph<B>) -> Vec<(usize, String, usize, ScaleAlg)> {
         g.nodes()
             .iter()
             .enumerate()
@@ -946,7 +964,7 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
             })
             .collect()
     }
-    let position = |g: &kda_core::sanitize::Graph<B>, label: &str| {
+    let position = |g: &kda_core::graph::Graph<B>, label: &str| {
         g.nodes()
             .iter()
             .position(|n| matches!(n, Node::Launch { label: l, .. } if l == label))
@@ -996,7 +1014,7 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
 pub fn projection_rejects_bad_input<B: Backend>(make: &impl Factory<B>) {
     let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
     let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
-    let launches = |b: &B| {
+    let launches = |b: &Device<B>| {
         b.instrumentation().log().iter().filter(|e| matches!(e, Entry::Launch { .. })).count()
     };
     let before = launches(&b);

@@ -573,10 +573,10 @@ impl Work {
 
 pub(in crate::kernels) fn chunk(
     op: &KdaChunk<ReferenceBackend>,
+    dims: RecurrenceDims,
     exec: &Exec,
 ) -> Result<(), String> {
-    let RecurrenceDims { tokens, heads, k: kd, v: vd, slots, .. } =
-        op.validate().map_err(|e| e.to_string())?;
+    let RecurrenceDims { tokens, heads, k: kd, v: vd, slots, .. } = dims;
     let ranges = request_ranges("cu_seqlens", &read_i32(&op.cu_seqlens), tokens)?;
     let request_slots = read_i32(&op.state_slots)
         .iter()

@@ -56,10 +56,10 @@ fn state_rows(state: &T, slot: usize, start: usize, len: usize) -> Result<T, Str
 
 pub(in crate::kernels) fn prefill(
     op: &CausalConv<ReferenceBackend>,
+    dims: ConvDims,
     exec: &Exec,
 ) -> Result<(), String> {
-    let ConvDims { tokens, channels, width, slots, .. } =
-        op.validate().map_err(|e| e.to_string())?;
+    let ConvDims { tokens, channels, width, slots, .. } = dims;
     if channels == 0 {
         return Ok(());
     }
@@ -108,10 +108,10 @@ pub(in crate::kernels) fn prefill(
 
 pub(in crate::kernels) fn update(
     op: &CausalConvUpdate<ReferenceBackend>,
+    dims: ConvUpdateDims,
     exec: &Exec,
 ) -> Result<(), String> {
-    let ConvUpdateDims { batch, tokens: n, channels, width, slots, state_len } =
-        op.validate().map_err(|e| e.to_string())?;
+    let ConvUpdateDims { batch, tokens: n, channels, width, slots, state_len } = dims;
     if channels == 0 {
         return Ok(());
     }

@@ -1,4 +1,4 @@
-//! The forget gate's log decay in fp32, both forms (KDA.md "Inside KDA", step 3).
+//! The forget gate's log decay in fp32, both forms (`docs/design/kda.md#gate`).
 
 use std::borrow::Cow;
 
@@ -70,9 +70,10 @@ impl<'a> GateParams<'a> {
 
 pub(in crate::kernels) fn kda_gate(
     op: &KdaGate<crate::ReferenceBackend>,
+    dims: GateDims,
     _exec: &Exec,
 ) -> Result<(), String> {
-    let GateDims { heads, dim, .. } = op.validate().map_err(|e| e.to_string())?;
+    let GateDims { heads, dim, .. } = dims;
     let params = GateParams::read(op.form, &op.a_log, &op.dt_bias, dim);
     let mut g = read_f32(&op.g1).into_owned();
     if g.is_empty() {

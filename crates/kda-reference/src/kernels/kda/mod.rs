@@ -1,4 +1,4 @@
-//! The KDA core ops on the CPU (KDA.md "Inside KDA"; descriptors in [`kda_core::kda`]).
+//! The KDA core ops on the CPU (`docs/design/kda.md#inside-kda`; descriptors in [`kda_core::kda`]).
 //!
 //! Each file holds one concept: pure kernels on f32 slices (unit-tested against the f64 oracles
 //! of `kda-testkit`) and a thin layer that reads the op's tensors, checks the per-request

@@ -7,7 +7,8 @@ use super::gate::sigmoid;
 use super::io::{read_f32, write_f32};
 use super::simd::dot;
 
-/// One row in place: `x = x / sqrt(Σx² + 1e-6) · scale` (KDA.md's order: normalise, then scale).
+/// One row in place: `x = x / sqrt(Σx² + 1e-6) · scale` (normalise, then scale:
+/// `docs/design/kda.md#qk-norm`).
 pub(crate) fn l2norm_row(x: &mut [f32], scale: f32) {
     let inv = 1.0 / (dot(x, x) + L2NORM_EPS).sqrt();
     for v in x {
@@ -26,9 +27,10 @@ pub(crate) fn gated_rms_norm_row(x: &[f32], gate: &[f32], weight: &[f32], eps: f
 
 pub(in crate::kernels) fn l2norm(
     op: &L2Norm<crate::ReferenceBackend>,
+    dims: RowDims,
     exec: &Exec,
 ) -> Result<(), String> {
-    let RowDims { rows, dim } = op.validate().map_err(|e| e.to_string())?;
+    let RowDims { rows, dim } = dims;
     let mut values = read_f32(&op.x).into_owned();
     if dim > 0 {
         let chunk = dim * rows.div_ceil(exec.threads()).max(1);
@@ -45,9 +47,10 @@ pub(in crate::kernels) fn l2norm(
 
 pub(in crate::kernels) fn gated_rms_norm(
     op: &GatedRmsNorm<crate::ReferenceBackend>,
+    dims: RowDims,
     exec: &Exec,
 ) -> Result<(), String> {
-    let RowDims { rows, dim } = op.validate().map_err(|e| e.to_string())?;
+    let RowDims { rows, dim } = dims;
     let (x, gate, weight) = (read_f32(&op.x), read_f32(&op.gate), read_f32(&op.weight));
     let mut y = vec![0.0f32; rows * dim];
     if dim > 0 {

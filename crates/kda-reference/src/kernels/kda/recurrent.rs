@@ -52,10 +52,10 @@ pub(super) fn head_state(state: &T, s: usize, h: usize) -> Result<T, String> {
 
 pub(in crate::kernels) fn recurrent(
     op: &KdaRecurrent<ReferenceBackend>,
+    dims: RecurrenceDims,
     exec: &Exec,
 ) -> Result<(), String> {
-    let RecurrenceDims { batch, tokens: n, heads, k: kd, v: vd, slots } =
-        op.validate().map_err(|e| e.to_string())?;
+    let RecurrenceDims { batch, tokens: n, heads, k: kd, v: vd, slots } = dims;
     let slot_ids = read_i32(&op.state_slots);
     let accepted = match &op.num_accepted_tokens {
         Some(a) => read_i32(a),

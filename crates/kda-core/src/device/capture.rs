@@ -7,130 +7,12 @@
 //! over the captured nodes, as the device runtime would reject the capture.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
 
-use thiserror::Error;
-
+use crate::error::CaptureError;
 use crate::error::Result;
-use crate::hal::{Backend, EventId, InstanceId, StreamId};
+use crate::graph::{Graph, Node};
 use crate::op::Op;
-
-/// Why a capture could not begin, continue or end, or a graph could not be launched.
-#[derive(Clone, Debug, Error, PartialEq, Eq)]
-pub enum CaptureError {
-    #[error("end_capture on stream {stream}: no capture was begun on it")]
-    NotCapturing { stream: StreamId },
-    #[error("begin_capture on stream {stream}: a capture from stream {origin} is already open")]
-    AlreadyCapturing { stream: StreamId, origin: StreamId },
-    #[error(
-        "capture from stream {origin}: stream {stream} was forked into the capture but its last \
-         work was never joined back to the origin (record an event on it and wait on that event \
-         from the origin)"
-    )]
-    NotJoined { stream: StreamId, origin: StreamId },
-    #[error(
-        "capture from stream {origin}: stream {stream} received `{label}` after it was joined \
-         back; join it again after its last work"
-    )]
-    WorkAfterJoin { stream: StreamId, origin: StreamId, label: String },
-    #[error(
-        "capture from stream {origin}: {call} of captured stream {stream} blocks the host inside the capture"
-    )]
-    HostSyncInCapture { stream: StreamId, origin: StreamId, call: &'static str },
-    #[error(
-        "capture from stream {origin}: captured stream {stream} waits on event {event}, which was \
-         not recorded inside the capture"
-    )]
-    ExternalEvent { stream: StreamId, origin: StreamId, event: EventId },
-    #[error(
-        "capture from stream {origin}: captured stream {stream} frees a buffer inside the capture"
-    )]
-    FreeInCapture { stream: StreamId, origin: StreamId },
-    #[error("graph captured on backend instance {graph} cannot be launched on instance {backend}")]
-    ForeignGraph { graph: InstanceId, backend: InstanceId },
-}
-
-/// One captured call.
-#[derive(Debug)]
-pub enum Node<B: Backend> {
-    Launch { stream: usize, label: String, op: Box<Op<B>> },
-    Record { stream: usize, event: usize },
-    Wait { stream: usize, event: usize },
-}
-
-/// A captured, validated graph: replayable with [`Backend::launch_graph`]. Stream 0 is the
-/// origin; the others are forked and joined inside.
-pub struct Graph<B: Backend> {
-    pub(crate) instance: InstanceId,
-    /// Unique in the process, never reused (see [`Graph::id`]).
-    id: u64,
-    pub(crate) nodes: Vec<Node<B>>,
-    pub(crate) streams: usize,
-    pub(crate) events: usize,
-    /// The forked streams and events replays use, made on the first replay.
-    handles: Mutex<Option<ReplayHandles<B>>>,
-}
-
-type ReplayHandles<B> = (Vec<<B as Backend>::Stream>, Vec<<B as Backend>::Event>);
-
-impl<B: Backend> std::fmt::Debug for Graph<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Graph")
-            .field("instance", &self.instance)
-            .field("id", &self.id)
-            .field("nodes", &self.nodes.len())
-            .field("streams", &self.streams)
-            .field("events", &self.events)
-            .finish()
-    }
-}
-
-impl<B: Backend> Graph<B> {
-    /// The backend instance the graph was captured on (only that instance may launch it).
-    pub fn instance(&self) -> InstanceId {
-        self.instance
-    }
-
-    /// The graph's identity: unique among the graphs of this process and never reused, so a
-    /// backend may key what it builds for a graph (an instantiated device graph) on it.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Captured streams, the origin included.
-    pub fn streams(&self) -> usize {
-        self.streams
-    }
-
-    /// Labels of the captured ops, in capture order, with their stream (0 = origin).
-    pub fn ops(&self) -> Vec<(usize, &str)> {
-        self.nodes
-            .iter()
-            .filter_map(|n| match n {
-                Node::Launch { stream, label, .. } => Some((*stream, label.as_str())),
-                _ => None,
-            })
-            .collect()
-    }
-
-    pub fn nodes(&self) -> &[Node<B>] {
-        &self.nodes
-    }
-
-    /// The streams (beyond the origin) and events a replay on `backend` uses.
-    pub(crate) fn replay_handles(&self, backend: &B) -> Result<ReplayHandles<B>> {
-        let mut handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(h) = handles.as_ref() {
-            return Ok(h.clone());
-        }
-        let streams =
-            (1..self.streams).map(|_| backend.new_stream()).collect::<Result<Vec<_>>>()?;
-        let events = (0..self.events).map(|_| backend.new_event()).collect::<Result<Vec<_>>>()?;
-        *handles = Some((streams, events));
-        Ok(handles.as_ref().map(Clone::clone).unwrap_or_default())
-    }
-}
+use crate::resource::{EventId, InstanceId, Resources, StreamId};
 
 /// Per captured stream: its index, nodes so far, and its vector clock over captured streams.
 #[derive(Debug, Default)]
@@ -142,7 +24,7 @@ struct CapStream {
 }
 
 /// An open capture.
-pub(crate) struct Capture<B: Backend> {
+pub(crate) struct Capture<B: Resources> {
     origin: StreamId,
     streams: HashMap<StreamId, CapStream>,
     order: Vec<StreamId>,
@@ -153,7 +35,7 @@ pub(crate) struct Capture<B: Backend> {
     violation: Option<CaptureError>,
 }
 
-impl<B: Backend> Capture<B> {
+impl<B: Resources> Capture<B> {
     pub(crate) fn new(origin: StreamId) -> Self {
         let mut capture = Self {
             origin,
@@ -279,14 +161,6 @@ impl<B: Backend> Capture<B> {
                 });
             }
         }
-        static NEXT_GRAPH: AtomicU64 = AtomicU64::new(0);
-        Ok(Graph {
-            instance,
-            id: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
-            nodes: self.nodes,
-            streams: self.order.len(),
-            events: self.event_count,
-            handles: Mutex::new(None),
-        })
+        Ok(Graph::new(instance, self.nodes, self.order.len(), self.event_count))
     }
 }
