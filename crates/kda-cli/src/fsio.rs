@@ -14,7 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use kda_core::weights::file::{describe_kind, read_regular};
+use kda_core::file::{describe_kind, read_regular};
 
 use crate::error::CliError;
 

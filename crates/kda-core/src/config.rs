@@ -251,9 +251,8 @@ impl KdaConfig {
     /// Read and validate a `config.json` file.
     pub fn from_file(path: &Path) -> Result<KdaConfig, ConfigError> {
         let origin = path.display().to_string();
-        let text =
-            crate::weights::file::read_regular_text(path, crate::weights::file::MAX_CONFIG_BYTES)
-                .map_err(|e| ConfigError::Io { path: origin.clone(), message: e.to_string() })?;
+        let text = crate::file::read_regular_text(path, crate::file::MAX_CONFIG_BYTES)
+            .map_err(|e| ConfigError::Io { path: origin.clone(), message: e.to_string() })?;
         KdaConfig::from_json_str(&text, &origin)
     }
 

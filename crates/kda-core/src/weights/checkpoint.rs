@@ -6,7 +6,7 @@
 //! every tensor's byte count matches its dtype and shape), so a truncated or corrupt file is an
 //! error there, naming the file; tensor bytes are only touched when a loader reads its region.
 //!
-//! Only regular files are opened ([`super::file`]): a directory, FIFO or device in a file's place
+//! Only regular files are opened ([`crate::file`]): a directory, FIFO or device in a file's place
 //! is an error naming it. Files below [`COPY_BELOW_BYTES`] are read into memory, larger ones are
 //! memory-mapped (see [`Checkpoint::open`]).
 //!
@@ -26,12 +26,12 @@ use safetensors::tensor::Dtype;
 use serde::Deserialize;
 
 use super::WeightError;
-use super::file::{
-    COPY_BELOW_BYTES, MAX_INDEX_BYTES, open_regular, read_exact_len, read_regular_text,
-};
 use super::host::{HostTensor, gather_bytes};
 use super::source::{TensorRead, TensorSource};
 use crate::dtype::DType;
+use crate::file::{
+    COPY_BELOW_BYTES, MAX_INDEX_BYTES, open_regular, read_exact_len, read_regular_text,
+};
 
 /// The file name of a single-file checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";

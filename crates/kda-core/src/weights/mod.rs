@@ -7,7 +7,6 @@
 //!   way and only this rank's rows are ever copied;
 //! - [`checkpoint`]: [`Checkpoint`], safetensors files (one, or sharded with
 //!   `model.safetensors.index.json`), read whole when small, memory-mapped when large;
-//! - [`file`]: opening what kda reads: regular files only, with size bounds;
 //! - [`registry`]: [`Param`], the map from every checkpoint name to one loader ([`route`]),
 //!   [`LayerLoader`] and [`load_layer`];
 //! - [`bfg`]: [`FusedBfgLinear`], beta, the load-time composed forget gate `f_b @ f_a` and the
@@ -22,7 +21,6 @@
 pub mod bfg;
 pub mod checkpoint;
 pub mod conv;
-pub mod file;
 pub mod host;
 pub mod params;
 pub mod qkv;
