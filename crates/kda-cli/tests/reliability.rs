@@ -358,20 +358,27 @@ fn quant_inputs(dir: &TempDir) -> Vec<(String, PathBuf, Expect)> {
     out
 }
 
-/// `kda layer` inputs over the tiny checkpoint (hidden size 48).
+/// A `kda layer` input for the tiny checkpoint: `rows` rows of hidden states (hidden size
+/// 48) and `query_start_loc`.
+fn write_layer_input(path: &Path, rows: usize, qsl: &[i32]) {
+    let hidden = tiny_config(Model::K3).hidden_size;
+    let x: Vec<f32> = (0..rows * hidden).map(|i| ((i % 97) as f32 * 0.01).sin()).collect();
+    write_safetensors(
+        path,
+        &[
+            ("hidden_states".into(), Dtype::F32, vec![rows, hidden], f32_bytes(&x)),
+            ("query_start_loc".into(), Dtype::I32, vec![qsl.len()], i32_bytes(qsl)),
+        ],
+    );
+}
+
+/// `kda layer` inputs over the tiny checkpoint.
 fn layer_inputs(dir: &TempDir) -> Vec<(String, PathBuf, Expect)> {
     let hidden = tiny_config(Model::K3).hidden_size;
     let mut out = Vec::new();
     let mut add = |name: &str, rows: usize, qsl: &[i32], expect: Expect| {
         let path = dir.path(&format!("layer-{name}.safetensors"));
-        let x: Vec<f32> = (0..rows * hidden).map(|i| ((i % 97) as f32 * 0.01).sin()).collect();
-        write_safetensors(
-            &path,
-            &[
-                ("hidden_states".into(), Dtype::F32, vec![rows, hidden], f32_bytes(&x)),
-                ("query_start_loc".into(), Dtype::I32, vec![qsl.len()], i32_bytes(qsl)),
-            ],
-        );
+        write_layer_input(&path, rows, qsl);
         out.push((name.to_string(), path, expect));
     };
     add("valid", 9, &[0, 5, 8], Expect::Success(""));
@@ -557,6 +564,27 @@ fn s(x: impl AsRef<std::ffi::OsStr>) -> String {
     x.as_ref().to_string_lossy().into_owned()
 }
 
+/// `kda <cmd> --input IN --output OUT`.
+fn io_args(cmd: &str, input: &Path, output: &Path) -> Vec<String> {
+    vec![cmd.into(), "--input".into(), s(input), "--output".into(), s(output)]
+}
+
+/// `kda layer --checkpoint DIR --input IN --output OUT`.
+fn layer_args(checkpoint: &Path, input: &Path, output: &Path) -> Vec<String> {
+    [
+        vec!["layer".into(), "--checkpoint".into(), s(checkpoint)],
+        io_args("", input, output)[1..].to_vec(),
+    ]
+    .concat()
+}
+
+/// `kda trace --checkpoint DIR --tokens 2 <flag> FILE` (`--svg` or `--chrome`).
+fn trace_args(checkpoint: &Path, flag: &str, file: &Path) -> Vec<String> {
+    ["trace", "--checkpoint", &s(checkpoint), "--tokens", "2", flag, &s(file)]
+        .map(String::from)
+        .to_vec()
+}
+
 /// Every file under `dir`, recursively, with its size.
 fn file_sizes(dir: &Path) -> Vec<(PathBuf, u64)> {
     let mut out = Vec::new();
@@ -578,17 +606,11 @@ fn every_command_on_hostile_files_succeeds_or_fails_cleanly_under_4gb() {
     let dir = TempDir::new("hostile");
     let out_dir = dir.path("out");
     std::fs::create_dir(&out_dir).unwrap();
-    let out = |name: &str| s(out_dir.join(format!("{name}.out")));
+    let out = |name: &str| out_dir.join(format!("{name}.out"));
     let ckpt = dir.path("ckpt-tiny");
     tiny_checkpoint(&ckpt);
     let hidden_input = dir.path("layer-input.safetensors");
-    write_safetensors(
-        &hidden_input,
-        &[
-            ("hidden_states".into(), Dtype::F32, vec![3, 48], f32_bytes(&[0.1; 144])),
-            ("query_start_loc".into(), Dtype::I32, vec![2], i32_bytes(&[0, 3])),
-        ],
-    );
+    write_layer_input(&hidden_input, 3, &[0, 3]);
     let mut cases: Vec<Case> = Vec::new();
     let mut case =
         |name: String, args: Vec<String>, expect: Expect| cases.push(Case { name, args, expect });
@@ -596,25 +618,9 @@ fn every_command_on_hostile_files_succeeds_or_fails_cleanly_under_4gb() {
     // Files broken as safetensors, through every command that reads one.
     for (name, path) in broken_safetensors(&dir) {
         for cmd in ["core", "quant"] {
-            case(
-                format!("{cmd} {name}"),
-                vec![cmd.into(), "--input".into(), s(&path), "--output".into(), out(&name)],
-                Expect::Clean,
-            );
+            case(format!("{cmd} {name}"), io_args(cmd, &path, &out(&name)), Expect::Clean);
         }
-        case(
-            format!("layer {name}"),
-            vec![
-                "layer".into(),
-                "--checkpoint".into(),
-                s(&ckpt),
-                "--input".into(),
-                s(&path),
-                "--output".into(),
-                out(&name),
-            ],
-            Expect::Clean,
-        );
+        case(format!("layer {name}"), layer_args(&ckpt, &path, &out(&name)), Expect::Clean);
         let as_model = dir.path(&format!("ckpt-broken-{name}"));
         tiny_checkpoint(&as_model);
         std::fs::copy(&path, as_model.join("model.safetensors")).unwrap();
@@ -625,33 +631,13 @@ fn every_command_on_hostile_files_succeeds_or_fails_cleanly_under_4gb() {
         );
     }
     for (name, path, expect) in core_inputs(&dir) {
-        case(
-            format!("core {name}"),
-            vec!["core".into(), "--input".into(), s(&path), "--output".into(), out(&name)],
-            expect,
-        );
+        case(format!("core {name}"), io_args("core", &path, &out(&name)), expect);
     }
     for (name, path, expect) in quant_inputs(&dir) {
-        case(
-            format!("quant {name}"),
-            vec!["quant".into(), "--input".into(), s(&path), "--output".into(), out(&name)],
-            expect,
-        );
+        case(format!("quant {name}"), io_args("quant", &path, &out(&name)), expect);
     }
     for (name, path, expect) in layer_inputs(&dir) {
-        case(
-            format!("layer {name}"),
-            vec![
-                "layer".into(),
-                "--checkpoint".into(),
-                s(&ckpt),
-                "--input".into(),
-                s(&path),
-                "--output".into(),
-                out(&name),
-            ],
-            expect,
-        );
+        case(format!("layer {name}"), layer_args(&ckpt, &path, &out(&name)), expect);
     }
     for (name, path, expect) in checkpoints(&dir) {
         let clean = || match &expect {
@@ -670,69 +656,26 @@ fn every_command_on_hostile_files_succeeds_or_fails_cleanly_under_4gb() {
             [vec!["run".into(), "--checkpoint".into(), s(&path)], small_run.to_vec()].concat(),
             clean(),
         );
-        case(
-            format!("layer {name}"),
-            vec![
-                "layer".into(),
-                "--checkpoint".into(),
-                s(&path),
-                "--input".into(),
-                s(&hidden_input),
-                "--output".into(),
-                out(&name),
-            ],
-            Expect::Clean,
-        );
-        case(
-            format!("trace {name}"),
-            vec![
-                "trace".into(),
-                "--checkpoint".into(),
-                s(&path),
-                "--tokens".into(),
-                "3".into(),
-                "--svg".into(),
-                out(&format!("{name}-svg")),
-            ],
-            Expect::Clean,
-        );
+        case(format!("layer {name}"), layer_args(&path, &hidden_input, &out(&name)), Expect::Clean);
+        let svg = out(&format!("{name}-svg"));
+        case(format!("trace {name}"), trace_args(&path, "--svg", &svg), Expect::Clean);
     }
     // Item 5: devices and FIFOs as inputs, unbounded numbers.
-    case(
-        "core /dev/zero".into(),
-        vec!["core".into(), "--input".into(), "/dev/zero".into(), "--output".into(), out("zero")],
-        Expect::Error("it is a character device"),
-    );
+    let zero = io_args("core", Path::new("/dev/zero"), &out("zero"));
+    case("core /dev/zero".into(), zero, Expect::Error("it is a character device"));
     #[cfg(unix)]
     {
         let fifo = dir.path("input.fifo");
         mkfifo(&fifo);
         for cmd in ["core", "quant"] {
-            case(
-                format!("{cmd} fifo"),
-                vec![cmd.into(), "--input".into(), s(&fifo), "--output".into(), out("fifo")],
-                Expect::Error("it is a FIFO"),
-            );
+            let args = io_args(cmd, &fifo, &out("fifo"));
+            case(format!("{cmd} fifo"), args, Expect::Error("it is a FIFO"));
         }
-        case(
-            "layer fifo".into(),
-            vec![
-                "layer".into(),
-                "--checkpoint".into(),
-                s(&ckpt),
-                "--input".into(),
-                s(&fifo),
-                "--output".into(),
-                out("fifo"),
-            ],
-            Expect::Error("it is a FIFO"),
-        );
+        let args = layer_args(&ckpt, &fifo, &out("fifo"));
+        case("layer fifo".into(), args, Expect::Error("it is a FIFO"));
     }
-    case(
-        "core dir".into(),
-        vec!["core".into(), "--input".into(), s(&out_dir), "--output".into(), out("d")],
-        Expect::Error("it is a directory"),
-    );
+    let args = io_args("core", &out_dir, &out("d"));
+    case("core dir".into(), args, Expect::Error("it is a directory"));
     let threads = ["bench", "gemm", "--m", "4", "--n", "4", "--k", "4", "--threads", "100000"];
     case(
         "threads 100000".into(),
@@ -788,7 +731,7 @@ fn every_command_on_hostile_files_succeeds_or_fails_cleanly_under_4gb() {
 // Outputs (item 3) and signals (item 4).
 
 fn quant_args(input: &Path, output: &Path) -> Vec<String> {
-    vec!["quant".into(), "--input".into(), s(input), "--output".into(), s(output)]
+    io_args("quant", input, output)
 }
 
 /// Item 3: a write that fails (here past `ulimit -f`, as a full disk would) leaves the previous
@@ -833,35 +776,11 @@ fn outputs_that_are_inputs_or_checkpoint_files_are_refused() {
     let ckpt = dir.path("ckpt");
     tiny_checkpoint(&ckpt);
     let hidden = dir.path("x.safetensors");
-    write_safetensors(
-        &hidden,
-        &[
-            ("hidden_states".into(), Dtype::F32, vec![2, 48], f32_bytes(&[0.1; 96])),
-            ("query_start_loc".into(), Dtype::I32, vec![2], i32_bytes(&[0, 2])),
-        ],
-    );
+    write_layer_input(&hidden, 2, &[0, 2]);
     for file in ["model.safetensors", "config.json"] {
         let target = ckpt.join(file);
         let before = std::fs::read(&target).unwrap();
-        let layer = vec![
-            "layer".into(),
-            "--checkpoint".into(),
-            s(&ckpt),
-            "--input".into(),
-            s(&hidden),
-            "--output".into(),
-            s(&target),
-        ];
-        let trace = vec![
-            "trace".into(),
-            "--checkpoint".into(),
-            s(&ckpt),
-            "--tokens".into(),
-            "2".into(),
-            "--chrome".into(),
-            s(&target),
-        ];
-        for args in [layer, trace] {
+        for args in [layer_args(&ckpt, &hidden, &target), trace_args(&ckpt, "--chrome", &target)] {
             let run = kda_limited(&args, "");
             let needle = "kda never overwrites what it reads";
             assert_eq!(judge(&run, &Expect::Error(needle)), None, "{file}: {run:?}");

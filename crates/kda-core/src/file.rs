@@ -112,16 +112,18 @@ pub(crate) fn read_exact_len(file: File, len: u64, max_bytes: u64) -> io::Result
     Ok(bytes)
 }
 
+/// A fresh scratch directory for a unit test of kda-core (`tag` makes it unique per test).
+#[cfg(test)]
+pub(crate) fn scratch(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kda-core-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_default();
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scratch(tag: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("kda-file-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
 
     #[test]
     fn regular_files_are_read_and_bounded() {

@@ -406,6 +406,7 @@ impl TensorSource for Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::file::scratch;
     use crate::weights::source::read_all;
     use safetensors::tensor::TensorView;
 
@@ -458,13 +459,6 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(Checkpoint::from_bytes("f", longer).is_err());
-    }
-
-    fn scratch(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("kda-ckpt-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 
     /// Issue #21, item 4: a checkpoint below the copy threshold is read whole when opened, so a

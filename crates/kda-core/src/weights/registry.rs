@@ -16,7 +16,7 @@ use super::host::HostTensor;
 use super::params::{self, load_a_log, load_dt_bias, load_o_norm, load_o_proj};
 use super::qkv::{FusedQkv, QkvPart};
 use super::source::{TensorRead, TensorSource};
-use crate::config::{KdaConfig, LayerDims, Tp};
+use crate::config::{KdaConfig, LayerDims, QkvFormat, Tp};
 use crate::dtype::DType;
 use crate::kda::GateForm;
 
@@ -236,14 +236,26 @@ impl LayerLoader {
         options: LoadOptions,
     ) -> Result<LayerLoader, WeightError> {
         let dims = config.dims(tp)?;
+        let (gate, eps) = (config.gate_form(), config.rms_norm_eps);
+        LayerLoader::fresh(layer, dims, gate, eps, config.qkv_format(), options)
+    }
+
+    fn fresh(
+        layer: usize,
+        dims: LayerDims,
+        gate: GateForm,
+        rms_norm_eps: f64,
+        qkv_format: QkvFormat,
+        options: LoadOptions,
+    ) -> Result<LayerLoader, WeightError> {
         Ok(LayerLoader {
             layer,
             prefix: layer_prefix(layer),
             dims,
-            gate: config.gate_form(),
-            rms_norm_eps: config.rms_norm_eps,
+            gate,
+            rms_norm_eps,
             options,
-            qkv: FusedQkv::new(dims, config.qkv_format(), options.weight_dtype)?,
+            qkv: FusedQkv::new(dims, qkv_format, options.weight_dtype)?,
             bfg: FusedBfgLinear::deferred(dims, options.weight_dtype, options.bfg_mode)?,
             conv: ConvWeights::new(dims),
             a_log: None,
@@ -255,32 +267,20 @@ impl LayerLoader {
 
     /// A loader of the same layer with nothing loaded (and so no storage).
     fn empty(&self) -> Result<LayerLoader, WeightError> {
-        let (dims, options) = (self.dims, self.options);
-        Ok(LayerLoader {
-            layer: self.layer,
-            prefix: self.prefix.clone(),
-            dims,
-            gate: self.gate,
-            rms_norm_eps: self.rms_norm_eps,
-            options,
-            qkv: FusedQkv::new(dims, self.qkv.format(), options.weight_dtype)?,
-            bfg: FusedBfgLinear::deferred(dims, options.weight_dtype, options.bfg_mode)?,
-            conv: ConvWeights::new(dims),
-            a_log: None,
-            dt_bias: None,
-            o_norm: None,
-            o_proj: None,
-        })
+        let (gate, eps, format) = (self.gate, self.rms_norm_eps, self.qkv.format());
+        LayerLoader::fresh(self.layer, self.dims, gate, eps, format, self.options)
     }
 
     /// Check `t`'s dtype and shape for `param` exactly as [`LayerLoader::load`] would, without
     /// reading a byte of it or allocating anything: every loader checks before it reads, so
     /// running one on a fresh loader over a tensor that refuses to be read stops right there.
     pub fn check(&self, param: Param, t: &dyn TensorRead) -> Result<(), WeightError> {
-        let probe = ShapeProbe { inner: t, read: std::cell::Cell::new(false) };
-        match self.empty()?.load_unprefixed(param, &probe) {
-            Err(_) if probe.read.get() => Ok(()),
-            result => result.map_err(|e| e.with_prefix(&self.prefix)),
+        let read = std::cell::Cell::new(false);
+        let probe = Guarded { inner: t, guard: Guard::ShapeOnly(read) };
+        let result = self.empty()?.load_unprefixed(param, &probe);
+        match (result, probe.guard) {
+            (Err(_), Guard::ShapeOnly(read)) if read.get() => Ok(()),
+            (result, _) => result.map_err(|e| e.with_prefix(&self.prefix)),
         }
     }
 
@@ -297,7 +297,7 @@ impl LayerLoader {
     /// read is checked: a NaN or infinity (or a NaN E4M3 or E8M0 byte) is an error naming the
     /// tensor and the first bad element's flat index, not a NaN output later.
     pub fn load(&mut self, param: Param, t: &dyn TensorRead) -> Result<(), WeightError> {
-        let finite = FiniteReads { param, inner: t };
+        let finite = Guarded { inner: t, guard: Guard::Finite(param) };
         self.load_unprefixed(param, &finite).map_err(|e| e.with_prefix(&self.prefix))
     }
 
@@ -440,38 +440,23 @@ pub fn load_layer(
     Ok(LoadedLayer { weights: loader.finish()?, unknown })
 }
 
-/// A tensor that answers its dtype and shape but refuses to be read, and remembers being asked
-/// ([`LayerLoader::check`]).
+/// A checkpoint tensor as a loader sees it: dtype and shape as stored, reads guarded.
 #[derive(Debug)]
-struct ShapeProbe<'a> {
+struct Guarded<'a> {
     inner: &'a dyn TensorRead,
-    read: std::cell::Cell<bool>,
+    guard: Guard,
 }
 
-impl TensorRead for ShapeProbe<'_> {
-    fn dtype(&self) -> DType {
-        self.inner.dtype()
-    }
-
-    fn shape(&self) -> &[usize] {
-        self.inner.shape()
-    }
-
-    fn read(&self, _region: &[std::ops::Range<usize>]) -> Result<HostTensor, WeightError> {
-        self.read.set(true);
-        Err(WeightError::value("shape check", "not read"))
-    }
-}
-
-/// A tensor whose every region read is checked for values no weight can hold
-/// ([`HostTensor::first_non_finite`]).
 #[derive(Debug)]
-struct FiniteReads<'a> {
-    param: Param,
-    inner: &'a dyn TensorRead,
+enum Guard {
+    /// Refuse every read, and remember being asked ([`LayerLoader::check`]).
+    ShapeOnly(std::cell::Cell<bool>),
+    /// Check every region read for values no weight of `Param` can hold
+    /// ([`HostTensor::first_non_finite`]).
+    Finite(Param),
 }
 
-impl TensorRead for FiniteReads<'_> {
+impl TensorRead for Guarded<'_> {
     fn dtype(&self) -> DType {
         self.inner.dtype()
     }
@@ -481,9 +466,16 @@ impl TensorRead for FiniteReads<'_> {
     }
 
     fn read(&self, region: &[std::ops::Range<usize>]) -> Result<HostTensor, WeightError> {
+        let param = match &self.guard {
+            Guard::ShapeOnly(read) => {
+                read.set(true);
+                return Err(WeightError::value("shape check", "not read"));
+            }
+            Guard::Finite(param) => *param,
+        };
         let values = self.inner.read(region)?;
         // Checkpoints store MXFP8 bytes as u8 as often as under their own dtypes.
-        let meaning = match (self.param, values.dtype()) {
+        let meaning = match (param, values.dtype()) {
             (Param::Weight(_), DType::U8) => DType::E4M3,
             (Param::Scale(_), DType::U8) => DType::E8M0,
             (_, dtype) => dtype,
@@ -491,7 +483,7 @@ impl TensorRead for FiniteReads<'_> {
         match values.first_non_finite(meaning) {
             None => Ok(values),
             Some((local, value)) => Err(WeightError::NonFinite {
-                param: self.param.suffix().to_string(),
+                param: param.suffix().to_string(),
                 index: flat_index(self.inner.shape(), region, local),
                 value,
             }),
@@ -521,7 +513,7 @@ mod tests {
     fn flat_indices_of_region_elements() {
         // Element 4 of rows 2..4, columns 1..4 of a [5, 6] tensor is [3, 2]: 3 * 6 + 2.
         assert_eq!(flat_index(&[5, 6], &[2..4, 1..4], 4), 20);
-        assert_eq!(flat_index(&[7], &[0..7], 5), 5);
+        assert_eq!(flat_index(&[7, 2], &[0..7, 1..2], 5), 11);
         assert_eq!(flat_index(&[2, 3, 4], &[1..2, 0..3, 2..4], 3), 12 + 4 + 3);
     }
 
