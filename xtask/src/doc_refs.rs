@@ -291,10 +291,10 @@ fn percent_decode(s: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
+        let escaped = (bytes[i] == b'%' && i + 2 < bytes.len())
+            .then(|| hex(bytes[i + 1]).zip(hex(bytes[i + 2])))
+            .flatten();
+        if let Some((h, l)) = escaped {
             out.push((h * 16 + l) as u8);
             i += 3;
             continue;

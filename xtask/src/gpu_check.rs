@@ -1,26 +1,46 @@
 //! `cargo xtask gpu-check`: the CUDA backend on a real GPU, in one run sized for a lent H200
-//! (under 8 minutes), ending in one JSON report:
+//! (a 10-minute call), ending in one JSON report:
 //!
 //! 1. build kda-cuda (feature `cuda`) with its tests and the benchmark driver, release;
-//! 2. its tests: unit, NVRTC compile check, and the whole conformance suite on the device (a
-//!    run that skips any conformance trial, e.g. for want of a device, fails);
-//! 3. `examples/gpu_bench`: the overlapped projection under capture (valid, bit-identical to
-//!    serial, both matrix-overlap policies) and CUDA-event timings (projection at K3 TP8,
-//!    chunked prefill tokens/s, decode latency).
+//! 2. its tests: unit, the whole conformance suite and the device trials (a run that skips any
+//!    trial, e.g. for want of a device, fails);
+//! 3. `examples/gpu_bench`: captures checked (valid, native CUDA graphs bit-identical to eager),
+//!    the fast paths' differences from the exact ones, CUDA-event timings;
+//! 4. the peer comparison ([`peers`]): kda against flash-linear-attention's `chunk_kda` and
+//!    torch's bf16 matmul, and kda's schedules, graphs and whole layer, interleaved in rounds,
+//!    medians, one table.
 //!
-//! A GPU machine without cargo or network takes a bundle made elsewhere:
+//! Every child's output is written to `gpu-check.log` beside the report as it arrives, each
+//! step runs under a time limit (killed with its children past it), and the report is
+//! rewritten after every step (`"complete": false` until the end): a run that hangs or is cut
+//! short still returns what it saw.
+//!
+//! A GPU machine without cargo or network takes a bundle made here:
 //! `cargo xtask gpu-check --bundle DIR` builds the binaries, the kernels' CUBINs (NVRTC only, no
-//! GPU) and a copy of this tool into `DIR`; there, `DIR/xtask gpu-check --from DIR` runs steps 2
-//! and 3 from it. The report goes to `--out PATH`, else `$OUT/gpu-check.json`, else
-//! `target/gpu-check.json`. `--quick` shortens the benchmarks.
+//! GPU), fetches the peers' pure-Python wheels (`fla-core`, `einops`) and copies this tool into
+//! `DIR`; there, `DIR/xtask gpu-check --from DIR` runs steps 2 to 4 from it. The report goes to
+//! `--out PATH`, else `$OUT/gpu-check.json`, else `target/gpu-check.json`. `--quick` shortens
+//! the benchmarks.
+
+mod peers;
+mod stream;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::{Counts, add_counts, cargo};
+use stream::{Log, Outcome};
 
 const FEATURES: [&str; 5] = ["-p", "kda-cuda", "--features", "cuda", "--release"];
+
+/// Time limits of the steps on the device, which together fit a 10-minute call with room for
+/// the machine's start: every test binary together, the benchmark driver, the comparison.
+const TESTS_LIMIT: Duration = Duration::from_secs(200);
+const BENCH_LIMIT: Duration = Duration::from_secs(90);
+const COMPARE_LIMIT: Duration = Duration::from_secs(200);
+/// Building from source (only without a bundle).
+const BUILD_LIMIT: Duration = Duration::from_secs(1800);
 
 #[derive(Debug, Default)]
 struct Options {
@@ -48,6 +68,149 @@ fn parse(args: &[String]) -> Result<Options, String> {
     Ok(o)
 }
 
+/// One finished step, as the report lists it.
+#[derive(Debug, Default)]
+struct StepRecord {
+    name: String,
+    ok: bool,
+    timed_out: bool,
+    code: Option<i32>,
+    seconds: f64,
+    /// Test counts, for test steps.
+    counts: Option<Counts>,
+    /// What failed (failing tests, panics, errors), at most 40 lines.
+    failures: String,
+}
+
+/// The report, rewritten after every step.
+#[derive(Debug)]
+struct Report {
+    path: PathBuf,
+    log: PathBuf,
+    from_bundle: bool,
+    ld_library_path: String,
+    steps: Vec<StepRecord>,
+    /// gpu_bench's JSON report, verbatim.
+    bench: Option<String>,
+    /// The peer comparison's JSON, verbatim.
+    comparison: Option<String>,
+    complete: bool,
+    ok: bool,
+    start: Instant,
+}
+
+impl Report {
+    /// An empty report at `path`, its log at `log`.
+    fn new(path: PathBuf, log: PathBuf, from_bundle: bool, ld_library_path: String) -> Self {
+        Self {
+            path,
+            log,
+            from_bundle,
+            ld_library_path,
+            steps: Vec::new(),
+            bench: None,
+            comparison: None,
+            complete: false,
+            ok: false,
+            start: Instant::now(),
+        }
+    }
+
+    fn counts(&self) -> Counts {
+        let mut total = Counts::default();
+        for c in self.steps.iter().filter_map(|s| s.counts.as_ref()) {
+            total.passed += c.passed;
+            total.failed += c.failed;
+            total.ignored += c.ignored;
+        }
+        total
+    }
+
+    fn json(&self) -> String {
+        let steps: Vec<String> = self
+            .steps
+            .iter()
+            .map(|s| {
+                let counts = s.counts.as_ref().map_or(String::new(), |c| {
+                    format!(
+                        ", \"passed\": {}, \"failed\": {}, \"ignored\": {}",
+                        c.passed, c.failed, c.ignored
+                    )
+                });
+                format!(
+                    "    {{ \"name\": {}, \"ok\": {}, \"timed_out\": {}, \"exit_code\": {}, \
+                     \"seconds\": {:.1}{counts}, \"failures\": {} }}",
+                    json_string(&s.name),
+                    s.ok,
+                    s.timed_out,
+                    s.code.map_or("null".into(), |c| c.to_string()),
+                    s.seconds,
+                    json_string(&s.failures),
+                )
+            })
+            .collect();
+        let c = self.counts();
+        format!(
+            "{{\n  \"ok\": {},\n  \"complete\": {},\n  \"from_bundle\": {},\n  \"log\": {},\n  \
+             \"ld_library_path\": {},\n  \"tests\": {{ \"passed\": {}, \"failed\": {}, \
+             \"ignored\": {} }},\n  \"steps\": [\n{}\n  ],\n  \"bench\": {},\n  \
+             \"comparison\": {},\n  \"seconds\": {:.1}\n}}\n",
+            self.ok,
+            self.complete,
+            self.from_bundle,
+            json_string(&self.log.to_string_lossy()),
+            json_string(&self.ld_library_path),
+            c.passed,
+            c.failed,
+            c.ignored,
+            steps.join(",\n"),
+            self.bench.as_deref().unwrap_or("null"),
+            self.comparison.as_deref().unwrap_or("null"),
+            self.start.elapsed().as_secs_f64(),
+        )
+    }
+
+    fn write(&self) -> Result<(), String> {
+        std::fs::write(&self.path, self.json())
+            .map_err(|e| format!("gpu-check: {}: {e}", self.path.display()))
+    }
+
+    /// Run one step: its output to the log, killed past `limit`, its record added and the
+    /// report rewritten.
+    fn step(
+        &mut self,
+        log: &Log,
+        name: &str,
+        program: &str,
+        args: &[&str],
+        env: &[(String, String)],
+        limit: Duration,
+    ) -> Result<Outcome, String> {
+        let outcome = stream::run(log, program, args, env, limit)?;
+        let is_test = outcome.output.contains("test result: ");
+        let counts = is_test.then(|| {
+            let mut counts = Counts::default();
+            for line in outcome.output.lines() {
+                if let Some(summary) = line.strip_prefix("test result: ") {
+                    add_counts(&mut counts, summary);
+                }
+            }
+            counts
+        });
+        self.steps.push(StepRecord {
+            name: name.to_string(),
+            ok: outcome.ok,
+            timed_out: outcome.timed_out,
+            code: outcome.code,
+            seconds: outcome.seconds,
+            counts,
+            failures: failure_lines(&outcome.output),
+        });
+        self.write()?;
+        Ok(outcome)
+    }
+}
+
 pub fn gpu_check(args: &[String]) -> Result<(), String> {
     let options = parse(args)?;
     if let Some(dir) = &options.bundle {
@@ -58,97 +221,140 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
             .map(|d| PathBuf::from(d).join("gpu-check.json"))
             .unwrap_or_else(|| PathBuf::from("target/gpu-check.json"))
     });
+    let out_dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| format!("gpu-check: {}: {e}", out_dir.display()))?;
+    let log_path = out_dir.join("gpu-check.log");
+    let log = Log::create(&log_path, true)?;
     let library_path = cuda_library_path();
     let mut env = vec![("LD_LIBRARY_PATH".to_string(), library_path.clone())];
     if let Some(dir) = &options.from {
         env.push(("KDA_CUDA_CUBIN_DIR".into(), dir.join("cubins").to_string_lossy().into()));
     }
-    let start = Instant::now();
+    let mut report = Report::new(out.clone(), log_path, options.from.is_some(), library_path);
+    report.write()?;
     let cargo = cargo();
 
-    let (build_ok, build_log) = match &options.from {
-        Some(_) => (true, String::new()),
+    let built = match &options.from {
+        Some(_) => true,
         None => {
             let mut build = vec!["build", "--tests", "--examples"];
             build.extend(FEATURES);
-            run(&cargo, &build, &env)?
+            report.step(&log, "build", &cargo, &build, &env, BUILD_LIMIT)?.ok
         }
     };
-    let build_s = start.elapsed().as_secs_f64();
-
-    let mut test_log = String::new();
-    let mut tests_ok = build_ok;
-    if build_ok {
+    if built {
+        let deadline = Instant::now() + TESTS_LIMIT;
         match &options.from {
             Some(dir) => {
                 for exe in list(&dir.join("tests"))? {
-                    let (ok, log) = run(&exe.to_string_lossy(), &[], &env)?;
-                    tests_ok &= ok;
-                    test_log.push_str(&log);
+                    let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let name = format!("test {}", name.unwrap_or_default());
+                    report.step(&log, &name, &exe.to_string_lossy(), &[], &env, left)?;
                 }
             }
             None => {
                 let mut test = vec!["test"];
                 test.extend(FEATURES);
-                let (ok, log) = run(&cargo, &test, &env)?;
-                tests_ok = ok;
-                test_log = log;
+                report.step(&log, "test", &cargo, &test, &env, TESTS_LIMIT)?;
             }
         }
-    }
-    let mut counts = Counts::default();
-    for line in test_log.lines() {
-        if let Some(summary) = line.strip_prefix("test result: ") {
-            add_counts(&mut counts, summary);
+        let bench_path = out.with_file_name("gpu-bench.json");
+        let bench_out = bench_path.to_string_lossy().into_owned();
+        let mut bench_args = vec!["--out", &bench_out];
+        if options.quick {
+            bench_args.push("--quick");
         }
-    }
-    let test_s = start.elapsed().as_secs_f64() - build_s;
+        let bench_exe = bench_program(&options, &cargo);
+        let (program, mut args) = (bench_exe.0.clone(), bench_exe.1.clone());
+        args.extend(bench_args.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        report.step(&log, "bench", &program, &args, &env, BENCH_LIMIT)?;
+        report.bench = std::fs::read_to_string(&bench_path).ok().filter(|t| !t.trim().is_empty());
+        report.write()?;
 
-    let bench_path = out.with_file_name("gpu-bench.json");
-    let bench_out = bench_path.to_string_lossy().into_owned();
-    let mut bench_args = vec!["--out", &bench_out];
-    if options.quick {
-        bench_args.push("--quick");
-    }
-    let bench_ok = build_ok
-        && match &options.from {
-            Some(dir) => run(&dir.join("gpu_bench").to_string_lossy(), &bench_args, &env)?.0,
-            None => {
-                let mut bench = vec!["run"];
-                bench.extend(FEATURES);
-                bench.extend(["--example", "gpu_bench", "--"]);
-                bench.extend(bench_args);
-                run(&cargo, &bench, &env)?.0
-            }
+        let compare_start = Instant::now();
+        let wheels = match &options.from {
+            Some(dir) => dir.join("peers"),
+            None => PathBuf::from("target/gpu-peers"),
         };
-    let bench_json = std::fs::read_to_string(&bench_path).unwrap_or_else(|_| "null".into());
-    let total_s = start.elapsed().as_secs_f64();
-
-    let ok = build_ok && tests_ok && bench_ok && counts.ignored == 0 && counts.passed > 0;
-    let report = format!(
-        "{{\n  \"ok\": {ok},\n  \"from_bundle\": {},\n  \"ld_library_path\": {},\n  \
-         \"build\": {{ \"ok\": {build_ok}, \"seconds\": {build_s:.1} }},\n  \
-         \"tests\": {{ \"ok\": {tests_ok}, \"passed\": {}, \"failed\": {}, \"ignored\": {}, \
-         \"seconds\": {test_s:.1}, \"failures\": {} }},\n  \"bench\": {bench_json},\n  \
-         \"seconds\": {total_s:.1}\n}}\n",
-        options.from.is_some(),
-        json_string(&library_path),
-        counts.passed,
-        counts.failed,
-        counts.ignored,
-        json_string(&failure_lines(&test_log, &build_log)),
-    );
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("gpu-check: {}: {e}", dir.display()))?;
+        if options.from.is_none() {
+            fetch_wheels(&wheels);
+        }
+        let setup = peers::Setup {
+            kda: bench_exe,
+            env: env.clone(),
+            wheels,
+            out_dir: out_dir.to_path_buf(),
+            quick: options.quick,
+            limit: COMPARE_LIMIT,
+        };
+        let compared = peers::compare(&log, &setup);
+        let (ok, failures) = match &compared {
+            Ok(c) => (c.complete, c.note.clone()),
+            Err(e) => (false, e.clone()),
+        };
+        report.comparison = compared.ok().map(|c| c.json);
+        report.steps.push(StepRecord {
+            name: "compare".into(),
+            ok,
+            timed_out: !ok && compare_start.elapsed() >= COMPARE_LIMIT,
+            seconds: compare_start.elapsed().as_secs_f64(),
+            failures,
+            ..StepRecord::default()
+        });
+        report.write()?;
     }
-    std::fs::write(&out, &report).map_err(|e| format!("gpu-check: {}: {e}", out.display()))?;
-    println!("{report}");
-    eprintln!("gpu-check: report in {} ({total_s:.0} s)", out.display());
-    if ok { Ok(()) } else { Err("gpu-check (see the report)".into()) }
+
+    let counts = report.counts();
+    report.ok = report.steps.iter().all(|s| s.ok) && counts.ignored == 0 && counts.passed > 0;
+    report.complete = true;
+    report.write()?;
+    println!("{}", report.json());
+    eprintln!(
+        "gpu-check: report in {}, log in {} ({:.0} s)",
+        out.display(),
+        report.log.display(),
+        report.start.elapsed().as_secs_f64()
+    );
+    if report.ok { Ok(()) } else { Err("gpu-check (see the report)".into()) }
+}
+
+/// How to start `gpu_bench`: the bundle's binary, or through cargo.
+fn bench_program(options: &Options, cargo: &str) -> (String, Vec<String>) {
+    match &options.from {
+        Some(dir) => (dir.join("gpu_bench").to_string_lossy().into_owned(), Vec::new()),
+        None => {
+            let mut args: Vec<String> = vec!["run".into(), "--quiet".into()];
+            args.extend(FEATURES.iter().map(|s| s.to_string()));
+            args.extend(["--example", "gpu_bench", "--"].map(String::from));
+            (cargo.to_string(), args)
+        }
+    }
+}
+
+/// The peers' pure-Python wheels (`fla-core` for `chunk_kda`, and its one dependency
+/// `einops`) into `dir`, best effort: without network, the comparison reports the peer
+/// missing. The GPU machine has torch and Triton; these two are all it lacks.
+fn fetch_wheels(dir: &Path) {
+    if peers::wheels(dir).len() >= peers::WHEELS.len() {
+        return;
+    }
+    let _ = std::fs::create_dir_all(dir);
+    let dir = dir.to_string_lossy();
+    let mut args = vec!["-m", "pip", "download", "--quiet", "--disable-pip-version-check"];
+    args.extend(["--no-deps", "--only-binary=:all:", "--timeout", "15", "-d", &dir]);
+    args.extend(peers::WHEELS);
+    let status = Command::new("python3").args(&args).stdout(Stdio::null()).status();
+    if !status.is_ok_and(|s| s.success()) {
+        eprintln!("gpu-check: could not download {:?} into {dir}", peers::WHEELS);
+    }
 }
 
 /// Build everything a GPU machine without cargo needs into `dir`: `tests/` (the kda-cuda test
-/// binaries), `gpu_bench`, `cubins/` (sm_90, compiled here with NVRTC) and `xtask`.
+/// binaries), `gpu_bench`, `cubins/` (sm_90, compiled here with NVRTC), `peers/` (the peers'
+/// wheels) and `xtask`.
 fn bundle(dir: &Path) -> Result<(), String> {
     let cargo = cargo();
     let env = vec![("LD_LIBRARY_PATH".to_string(), cuda_library_path())];
@@ -173,6 +379,7 @@ fn bundle(dir: &Path) -> Result<(), String> {
         Ok::<(), String>(())
     };
     let test_dir = dir.join("tests");
+    let _ = std::fs::remove_dir_all(&test_dir);
     std::fs::create_dir_all(&test_dir).map_err(|e| format!("gpu-check --bundle: {e}"))?;
     // The NVRTC check stays here: it is what built the CUBINs the bundle carries.
     for exe in executables(&log).into_iter().filter(|(test, _)| *test).map(|(_, exe)| exe) {
@@ -190,16 +397,29 @@ fn bundle(dir: &Path) -> Result<(), String> {
     copy(&me, &dir.join("xtask"))?;
     let cubins = dir.join("cubins").to_string_lossy().into_owned();
     let (ok, log) =
-        run(&dir.join("gpu_bench").to_string_lossy(), &["--write-cubins", &cubins], &env)?;
+        run_quiet(&dir.join("gpu_bench").to_string_lossy(), &["--write-cubins", &cubins], &env)?;
     if !ok {
         return Err(format!(
             "gpu-check --bundle: compiling the CUBINs failed (is libnvrtc on LD_LIBRARY_PATH?):\n{log}"
         ));
     }
+    fetch_wheels(&dir.join("peers"));
+    let wheels = peers::wheels(&dir.join("peers"));
     eprintln!(
-        "gpu-check: bundle in {}; on the GPU machine run: {}/xtask gpu-check --from {0}",
+        "gpu-check: bundle in {} (peer wheels: {}); on the GPU machine run: {}/xtask gpu-check \
+         --from {0}",
         dir.display(),
-        dir.display()
+        if wheels.is_empty() {
+            "none, the comparison will lack fla".to_string()
+        } else {
+            wheels
+                .iter()
+                .filter_map(|w| w.file_name())
+                .map(|n| n.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+        dir.display(),
     );
     Ok(())
 }
@@ -228,9 +448,17 @@ fn list(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-/// `LD_LIBRARY_PATH` extended with the directories that hold the libraries the backend opens
-/// (cuBLAS, NVRTC) where toolkits and the PyPI wheels put them, so a machine that has them
-/// anywhere usual runs the backend.
+/// The libraries the backend opens (cuBLAS 13 or 12, NVRTC) and the directories they were
+/// found in, where toolkits and the PyPI wheels put them.
+const LIBRARIES: [&[&str]; 3] = [
+    &["libcublas.so.13", "libcublas.so.12"],
+    &["libcublasLt.so.13", "libcublasLt.so.12"],
+    &["libnvrtc.so.13", "libnvrtc.so.12"],
+];
+
+/// `LD_LIBRARY_PATH` extended with the directories that hold the libraries the backend opens,
+/// so a machine that has them anywhere usual runs the backend (the backend searches the same
+/// places itself, `kda_cuda::libs`; children started here find them on the loader's path).
 fn cuda_library_path() -> String {
     let mut dirs: Vec<PathBuf> = std::env::var("LD_LIBRARY_PATH")
         .unwrap_or_default()
@@ -255,19 +483,25 @@ fn cuda_library_path() -> String {
         site.push(PathBuf::from(home).join(".cache/kda/nvrtc"));
     }
     for s in site {
-        candidates.extend(
-            ["cuda_nvrtc", "cublas", "cuda_runtime"].map(|p| s.join("nvidia").join(p).join("lib")),
-        );
+        candidates.extend(wheel_lib_dirs(&s));
     }
-    for lib in ["libnvrtc.so.12", "libcublas.so.12", "libcublasLt.so.12"] {
-        if dirs.iter().any(|d| d.join(lib).exists()) {
+    for names in LIBRARIES {
+        let here = |d: &PathBuf| names.iter().any(|lib| d.join(lib).exists());
+        if dirs.iter().any(here) {
             continue;
         }
-        if let Some(d) = candidates.iter().find(|d| d.join(lib).exists()) {
+        if let Some(d) = candidates.iter().find(|d| here(d)) {
             dirs.push(d.clone());
         }
     }
     dirs.iter().map(|d| d.to_string_lossy()).collect::<Vec<_>>().join(":")
+}
+
+/// The `lib` folders of the NVIDIA wheels under a site-packages directory: CUDA 13's unified
+/// `nvidia/cu13/lib`, then CUDA 12's per-library folders (as `kda_cuda::libs` searches).
+fn wheel_lib_dirs(site_packages: &Path) -> Vec<PathBuf> {
+    let nvidia = site_packages.join("nvidia");
+    ["cu13", "cublas", "cuda_nvrtc", "cuda_runtime"].map(|p| nvidia.join(p).join("lib")).into()
 }
 
 /// Python's site-packages directories, if there is a Python.
@@ -282,14 +516,7 @@ fn python_site_packages() -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// Run `program` with `args` and extra `env`, echoing and keeping its output; whether it
-/// succeeded.
-fn run(program: &str, args: &[&str], env: &[(String, String)]) -> Result<(bool, String), String> {
-    let (ok, log) = run_quiet(program, args, env)?;
-    eprint!("{log}");
-    Ok((ok, log))
-}
-
+/// Run `program` with `args` and extra `env`, keeping its output; whether it succeeded.
 fn run_quiet(
     program: &str,
     args: &[&str],
@@ -308,21 +535,21 @@ fn run_quiet(
     Ok((output.status.success(), log))
 }
 
-/// The lines that say what failed (failing tests, panics, compile errors), at most 40.
-fn failure_lines(test_log: &str, build_log: &str) -> String {
+/// The lines that say what failed (failing tests, panics, errors, skipped trials), at most 40.
+fn failure_lines(log: &str) -> String {
     let wanted = |l: &&str| {
         l.contains("FAILED")
             || l.contains("panicked")
             || l.starts_with("error")
             || l.ends_with("... ignored")
+            || l.contains("killed after")
     };
-    let lines: Vec<&str> =
-        build_log.lines().chain(test_log.lines()).filter(wanted).take(40).collect();
+    let lines: Vec<&str> = log.lines().filter(wanted).take(40).collect();
     lines.join("\n")
 }
 
 /// `text` as a JSON string literal.
-fn json_string(text: &str) -> String {
+pub(crate) fn json_string(text: &str) -> String {
     let mut s = String::with_capacity(text.len() + 2);
     s.push('"');
     for c in text.chars() {
@@ -349,10 +576,10 @@ mod tests {
 
     #[test]
     fn failure_lines_keep_what_failed() {
-        let log =
-            "test a ... ok\ntest b ... FAILED\nthread 'b' panicked at x\ntest c ... ignored\n";
+        let log = "error[E0308]: x\nCompiling\ntest a ... ok\ntest b ... FAILED\n\
+                   thread 'b' panicked at x\ntest c ... ignored\n";
         assert_eq!(
-            failure_lines(log, "error[E0308]: x\nCompiling"),
+            failure_lines(log),
             "error[E0308]: x\ntest b ... FAILED\nthread 'b' panicked at x\ntest c ... ignored"
         );
     }
@@ -376,5 +603,35 @@ mod tests {
         assert_eq!((o.from, o.quick, o.out), (Some("b".into()), true, Some("r.json".into())));
         assert!(parse(&["--bogus".to_string()]).is_err());
         assert!(parse(&["--out".to_string()]).is_err());
+    }
+
+    /// A step that hangs is killed at its limit, and the run keeps its log and a partial report
+    /// that says so (what a device session cut short brings back).
+    #[test]
+    fn a_hanging_step_leaves_a_log_and_a_partial_report() {
+        let dir = std::env::temp_dir().join(format!("xtask-gpu-check-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = Log::create(&dir.join("gpu-check.log"), false).unwrap();
+        let mut report =
+            Report::new(dir.join("gpu-check.json"), dir.join("gpu-check.log"), true, String::new());
+        let ok = "echo 'test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured'";
+        report.step(&log, "test unit", "sh", &["-c", ok], &[], Duration::from_secs(20)).unwrap();
+        let hang = "echo 'running 79 tests'; echo 'test suite::a ... ok'; sleep 60";
+        let out = report
+            .step(&log, "test conformance", "sh", &["-c", hang], &[], Duration::from_millis(500))
+            .unwrap();
+        assert!(out.timed_out);
+        let json = std::fs::read_to_string(dir.join("gpu-check.json")).unwrap();
+        assert!(json.contains("\"complete\": false"), "{json}");
+        assert!(json.contains("\"name\": \"test unit\", \"ok\": true"), "{json}");
+        assert!(
+            json.contains("\"name\": \"test conformance\", \"ok\": false, \"timed_out\": true"),
+            "{json}"
+        );
+        assert!(json.contains("\"passed\": 3"), "{json}");
+        let text = std::fs::read_to_string(dir.join("gpu-check.log")).unwrap();
+        assert!(text.contains("test suite::a ... ok") && text.contains("killed after"), "{text}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

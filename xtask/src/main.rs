@@ -78,6 +78,23 @@ fn test() -> Result<(), String> {
         ],
         &[],
     )?;
+    // The CUDA crate's feature-off twin (what a build without a CUDA toolkit in mind gets).
+    step(
+        "clippy kda-cuda (features off)",
+        &cargo,
+        &[
+            "clippy",
+            "-p",
+            "kda-cuda",
+            "--no-default-features",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )?;
+    msrv(&cargo)?;
     let counts = run_tests(&cargo)?;
     step(
         "doc",
@@ -94,6 +111,42 @@ fn test() -> Result<(), String> {
     if counts.passed == 0 {
         return Err("test (no test ran)".into());
     }
+    Ok(())
+}
+
+/// The declared minimum Rust version (`rust-version` in the workspace manifest): the whole
+/// workspace is checked with that toolchain when rustup has it. Without it, clippy's
+/// `incompatible_msrv` lint (part of the clippy step, which reads `rust-version`) still rejects
+/// standard-library APIs newer than the MSRV; language features are then not checked, and the
+/// step says so.
+fn msrv(cargo: &str) -> Result<(), String> {
+    let manifest = std::fs::read_to_string(doc_refs::repo_root().join("Cargo.toml"))
+        .map_err(|e| format!("msrv: cannot read Cargo.toml: {e}"))?;
+    let version = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("rust-version"))
+        .and_then(|rest| rest.split('"').nth(1))
+        .ok_or("msrv: no rust-version in the workspace manifest")?
+        .to_string();
+    let installed = Command::new("rustup")
+        .args(["toolchain", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with(&version)))
+        .unwrap_or(false);
+    if installed {
+        let toolchain = format!("+{version}");
+        return step(
+            "msrv",
+            cargo,
+            &[&toolchain, "check", "--workspace", "--all-targets", "--features", ascend::EMULATED],
+            &[],
+        );
+    }
+    eprintln!(
+        "==> msrv: toolchain {version} is not installed (rustup cannot download here); \
+         standard-library APIs were checked against {version} by clippy::incompatible_msrv, \
+         language features were not"
+    );
     Ok(())
 }
 
@@ -182,9 +235,24 @@ fn bench() -> Result<(), String> {
     let mut args = kda.to_vec();
     args.extend(["bench", "schedule"]);
     step("bench schedule", &cargo, &args, &[])?;
+    // The whole layer, one core per stream, with the figures table (every figure a ratio of
+    // rates measured in the same run); then the decode step with both cores on every op.
     let mut args = kda.to_vec();
     args.extend(["bench", "layer"]);
     step("bench layer", &cargo, &args, &[])?;
+    let mut args = kda.to_vec();
+    args.extend([
+        "bench",
+        "layer",
+        "--threads",
+        "2",
+        "--no-kernels",
+        "--prefill-len",
+        "64",
+        "--repeats",
+        "1",
+    ]);
+    step("bench layer (2 threads per op)", &cargo, &args, &[])?;
     Ok(())
 }
 

@@ -6,15 +6,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::error::Result;
-use crate::op::Op;
+use crate::op::Validated;
 use crate::resource::{InstanceId, Resources};
 
 /// One captured call.
 #[derive(Debug)]
 pub enum Node<B: Resources> {
-    Launch { stream: usize, label: String, op: Box<Op<B>> },
-    Record { stream: usize, event: usize },
-    Wait { stream: usize, event: usize },
+    /// An op as the façade validated it (its sizes included).
+    Launch {
+        stream: usize,
+        label: String,
+        op: Box<Validated<B>>,
+    },
+    Record {
+        stream: usize,
+        event: usize,
+    },
+    Wait {
+        stream: usize,
+        event: usize,
+    },
 }
 
 /// A captured, validated graph: replayable with [`Device::launch_graph`](crate::Device::launch_graph). Stream 0 is the

@@ -29,27 +29,6 @@ extern "C" __global__ void kda_sigmoid(const Status* status, View x, View y, i64
     }
 }
 
-#define GATE_NONE -1
-#define GATE_SOFTPLUS 0
-#define GATE_LOWER_BOUND 1
-
-// The log decay of channel c of head h from its raw logit x: a = x + dt_bias[h, c], then form 0
-// softplus, 1 lower bound. The one place the gate is computed: kda_gate and kda_chunk's
-// in-kernel gate both call it, so their log decays are the same bits.
-__device__ __forceinline__ float gate_value(float x, const View& a_log, const View& dt_bias, i64 h,
-                                            i64 c, int form, float lower_bound) {
-    float a = x + ld(dt_bias, h * dt_bias.strides[0] + c * dt_bias.strides[1]);
-    float al = ld(a_log, h * a_log.strides[0]);
-    if (form == GATE_SOFTPLUS) {
-        float sp = a > 20.0f ? a : log1pf(expf(a));
-        return -expf(al) * sp;
-    }
-    float out = lower_bound * sigmoid_f(expf(al) * a);
-    // Keep the interval open: one ulp towards zero once sigmoid rounds to 1.
-    if (out <= lower_bound) out = __uint_as_float(__float_as_uint(lower_bound) - 1u);
-    return out;
-}
-
 // g[t, h, c] from the logits g1 (see gate_value).
 extern "C" __global__ void kda_gate(const Status* status, View g1, View a_log, View dt_bias, View g,
                                     i64 tokens, i64 heads, i64 dim, int form, float lower_bound) {

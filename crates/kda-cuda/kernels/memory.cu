@@ -41,6 +41,13 @@ extern "C" __global__ void kda_status_inherit(Status* status, const u32* slot) {
     }
 }
 
+// At a graph fork's first wait: the fork starts each launch with the origin's failure id
+// (clearing whatever an earlier launch left there; nothing else ever clears a fork's record).
+extern "C" __global__ void kda_status_reset(Status* status, const u32* slot) {
+    status->code = 0;
+    *((volatile u32*)&status->fid) = *((volatile const u32*)slot);
+}
+
 // Before a host function: tell the host (through mapped pinned memory) whether to skip it.
 extern "C" __global__ void kda_status_publish(const Status* status, u32* mailbox) {
     *((volatile u32*)mailbox) = *((volatile const u32*)&status->fid);

@@ -32,6 +32,17 @@ __device__ __forceinline__ u32 e8m0_round_up(float s) {
     return exp + (man != 0 ? 1u : 0u);
 }
 
+// The E8M0 scale byte of a finite block whose largest magnitude has the bits `amax`: alg 0
+// OCP floor (amax's exponent minus E4M3's emax), 1 round up (amax / 448, rounded up to a power of
+// two).
+__device__ __forceinline__ u32 scale_byte(u32 amax, int alg) {
+    if (alg == 0) {
+        u32 e = amax >> 23;
+        return e > EMAX_ELEM ? e - EMAX_ELEM : 0;
+    }
+    return e8m0_round_up(__fmul_rn(__uint_as_float(amax), 1.0f / 448.0f));
+}
+
 // 2^(127 - b) as f32 (b at most 254).
 __device__ __forceinline__ float inverse_scale(u32 b) {
     if (b >= 254) return __uint_as_float(0x00400000u);
@@ -88,12 +99,7 @@ extern "C" __global__ void kda_dynamic_quant(const Status* status, View x, View 
             sbyte = E8M0_NAN;
             for (int j = 0; j < len; ++j) d[drow + (k0 + j) * data.strides[1]] = E4M3_NAN;
         } else {
-            if (alg == 0) {
-                u32 e = amax >> 23;
-                sbyte = e > EMAX_ELEM ? e - EMAX_ELEM : 0;
-            } else {
-                sbyte = e8m0_round_up(__fmul_rn(__uint_as_float(amax), 1.0f / 448.0f));
-            }
+            sbyte = scale_byte(amax, alg);
             float inv = inverse_scale(sbyte);
             for (int j = 0; j < len; ++j) {
                 u32 v = __float_as_uint(__fmul_rn(__uint_as_float(bits[j]), inv));
@@ -159,4 +165,90 @@ extern "C" __global__ void kda_mx_gemm(const Status* status, View a, View a_scal
         __syncthreads();
     }
     if (row < m && col < n) st(y, row * y.strides[0] + col * y.strides[1], acc);
+}
+
+// DynamicQuant at memory bandwidth, bit for bit as kda_dynamic_quant: rows of x (bf16 or f32)
+// and of data dense, k a multiple of 32, rows aligned (16 bytes of x, 8 of data; the host
+// checks). Four lanes own one 32-element block, eight consecutive elements each: one 16-byte
+// load (two for f32), the block's amax across the four lanes, one 8-byte store.
+extern "C" __global__ void kda_dynamic_quant_rows(const Status* status, View x, View data,
+                                                  View scale, i64 m, i64 k, int alg) {
+    if (stream_failed(status)) return;
+    const i64 blocks = k / 32;
+    const int lane = threadIdx.x & 31, sub = lane & 3;
+    // The four lanes of a block shuffle among themselves only.
+    const u32 group = 0xFu << (lane & ~3);
+    for (i64 gi = global_thread() / 4; gi < m * blocks; gi += grid_threads() / 4) {
+        const i64 row = gi / blocks, blk = gi % blocks;
+        const i64 k0 = blk * 32 + sub * 8;
+        u32 bits[8];
+        if (x.dtype == DT_F32) {
+            const uint4* p = (const uint4*)((const float*)x.ptr + row * x.strides[0] + k0);
+            uint4 lo = p[0], hi = p[1];
+            bits[0] = lo.x; bits[1] = lo.y; bits[2] = lo.z; bits[3] = lo.w;
+            bits[4] = hi.x; bits[5] = hi.y; bits[6] = hi.z; bits[7] = hi.w;
+        } else {
+            uint4 w = *(const uint4*)((const u16*)x.ptr + row * x.strides[0] + k0);
+            u32 words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                bits[2 * i] = words[i] << 16;
+                bits[2 * i + 1] = words[i] & 0xFFFF0000u;
+            }
+        }
+        u32 amax = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            u32 a = bits[i] & 0x7FFFFFFFu;
+            amax = a > amax ? a : amax;
+        }
+        amax = max(amax, __shfl_xor_sync(group, amax, 1));
+        amax = max(amax, __shfl_xor_sync(group, amax, 2));
+        u32 sbyte;
+        u32 q[8];
+        if (amax >= 0x7F800000u) {
+            sbyte = E8M0_NAN;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) q[i] = E4M3_NAN;
+        } else {
+            sbyte = scale_byte(amax, alg);
+            float inv = inverse_scale(sbyte);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                u32 s = __float_as_uint(__fmul_rn(__uint_as_float(bits[i]), inv));
+                q[i] = ((s >> 24) & 0x80u) | encode_magnitude(s & 0x7FFFFFFFu);
+            }
+        }
+        uint2 out;
+        out.x = q[0] | (q[1] << 8) | (q[2] << 16) | (q[3] << 24);
+        out.y = q[4] | (q[5] << 8) | (q[6] << 16) | (q[7] << 24);
+        *(uint2*)((u8*)data.ptr + row * data.strides[0] + k0) = out;
+        if (sub == 0) ((u8*)scale.ptr)[row * scale.strides[0] + blk * scale.strides[1]] = (u8)sbyte;
+    }
+}
+
+// The fast MX GEMM's operands: y[m, k] bf16 = decode(q) * 2^(s - 127), dense rows of data and
+// y, k a multiple of 32, rows aligned (8 bytes of data, 16 of y). Exact whenever the value has
+// a bf16 (an E4M3 value has 4 significant bits, so only scales that push it out of bf16's
+// range round); eight elements per thread, one scale each.
+extern "C" __global__ void kda_mx_dequant_bf16(const Status* status, View data, View scale,
+                                               View y, i64 m, i64 k) {
+    if (stream_failed(status)) return;
+    const i64 per_row = k / 8;
+    for (i64 i = global_thread(); i < m * per_row; i += grid_threads()) {
+        const i64 row = i / per_row, k0 = (i % per_row) * 8;
+        uint2 in = *(const uint2*)((const u8*)data.ptr + row * data.strides[0] + k0);
+        u32 s = ((const u8*)scale.ptr)[row * scale.strides[0] + (k0 / 32) * scale.strides[1]];
+        float sc = decode_e8m0(s);
+        u32 bytes[2] = {in.x, in.y};
+        u32 words[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            u32 w = bytes[j / 2] >> (16 * (j % 2));
+            u16 lo = f32_to_bf16(__fmul_rn(decode_e4m3(w & 0xFFu), sc));
+            u16 hi = f32_to_bf16(__fmul_rn(decode_e4m3((w >> 8) & 0xFFu), sc));
+            words[j] = (u32)lo | ((u32)hi << 16);
+        }
+        *(uint4*)((u16*)y.ptr + row * y.strides[0] + k0) = make_uint4(words[0], words[1], words[2], words[3]);
+    }
 }

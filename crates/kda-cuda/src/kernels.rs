@@ -17,7 +17,7 @@ pub struct KernelSource {
 }
 
 /// Every kernel source of the backend.
-pub const SOURCES: [KernelSource; 3] = [
+pub const SOURCES: [KernelSource; 4] = [
     KernelSource {
         name: "memory.cu",
         body: include_str!("../kernels/memory.cu"),
@@ -27,6 +27,7 @@ pub const SOURCES: [KernelSource; 3] = [
             "kda_fill",
             "kda_status_snapshot",
             "kda_status_inherit",
+            "kda_status_reset",
             "kda_status_publish",
             "kda_status_absorb",
             "kda_host_wait",
@@ -35,7 +36,13 @@ pub const SOURCES: [KernelSource; 3] = [
     KernelSource {
         name: "mx.cu",
         body: include_str!("../kernels/mx.cu"),
-        functions: &["kda_dynamic_quant", "kda_mx_dequant", "kda_mx_gemm"],
+        functions: &[
+            "kda_dynamic_quant",
+            "kda_dynamic_quant_rows",
+            "kda_mx_dequant",
+            "kda_mx_dequant_bf16",
+            "kda_mx_gemm",
+        ],
     },
     KernelSource {
         name: "kda.cu",
@@ -55,6 +62,11 @@ pub const SOURCES: [KernelSource; 3] = [
             "kda_recurrent",
             "kda_chunk",
         ],
+    },
+    KernelSource {
+        name: "chunk.cu",
+        body: include_str!("../kernels/chunk.cu"),
+        functions: &["kda_chunk_tc"],
     },
 ];
 
@@ -178,6 +190,17 @@ mod tests {
         assert_eq!(copy, Some(vec![8, 112, 112, 8, 4]));
         assert_eq!(parameter_sizes("extern \"C\" __global__ void k(double x)", "k"), None);
         assert_eq!(parameter_sizes(SOURCES[0].body, "no_such_kernel"), None);
+    }
+
+    /// The tensor-core chunk kernel's shared memory, as the launch sizes it and as its source
+    /// lays it out (chunk.cu asserts its layout adds up to its `TC_SMEM_BYTES`).
+    #[test]
+    fn the_chunk_kernels_shared_memory_is_the_launchs() {
+        let body = SOURCES.iter().find(|s| s.name == "chunk.cu").map(|s| s.body).unwrap_or("");
+        let line = body.lines().find(|l| l.starts_with("#define TC_SMEM_BYTES "));
+        let bytes = line.and_then(|l| l.split_whitespace().nth(2)).and_then(|n| n.parse().ok());
+        assert_eq!(bytes, Some(crate::plan::TC_SHARED_BYTES));
+        const { assert!(crate::plan::TC_SHARED_BYTES <= 232_448, "fits an H100/H200 block") };
     }
 
     #[test]

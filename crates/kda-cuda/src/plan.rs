@@ -16,6 +16,48 @@ pub const MAX_CONV_WINDOW: usize = 64;
 /// Output tile of the MX GEMM kernel (`MX_TILE` in mx.cu).
 pub const MX_TILE: u32 = 16;
 
+/// The tensor-core chunked prefill (`kda_chunk_tc` in chunk.cu): chunk length, value columns per
+/// thread block, key dims it holds, threads, and the smallest within-sub-block decay for which a
+/// diagonal sub-block is factored (`e^-40`; below it the pairs are summed directly).
+pub const TC_CHUNK: usize = 64;
+pub const TC_BV: usize = 32;
+pub const TC_MAX_KEY: usize = 128;
+pub const TC_THREADS: u32 = 256;
+pub const TC_MIN_LEFT: f32 = 4.248_354e-18;
+
+/// Dynamic shared memory of `kda_chunk_tc`, in bytes: the sum of its arrays (`TC_SMEM_BYTES` in
+/// chunk.cu, which checks it matches its layout).
+pub const TC_SHARED_BYTES: u32 = tc_shared_bytes();
+
+const fn tc_shared_bytes() -> u32 {
+    let (c, kp, bv) = (TC_CHUNK, TC_MAX_KEY, TC_BV);
+    let (ldb, ldc) = (kp + 8, c + 8);
+    let bf16 = 2
+        * (
+            2 * c * ldb      // q_b, k_b
+        + 32 * ldb       // opL
+        + c * ldb        // opR, then W
+        + 2 * c * ldc    // m_b, aqk_b
+        + c * ldb        // qg_b
+        + kp * ldc       // kdT
+        + c * ldb        // wrhs_b
+        + bv * ldc       // urhsT
+        + bv * ldb       // sbT
+        + bv * ldc
+            // vnewT
+        );
+    let f32s = 4
+        * (
+            c * kp           // gc, then U
+        + c * (c + 1)    // akk, then M
+        + 3 * 256        // block-inverse temporaries
+        + bv * (kp + 4)  // st
+        + c + kp
+            // beta, decay to the chunk end
+        );
+    (bf16 + f32s) as u32
+}
+
 /// Blocks for a grid-stride loop over `work` items at `per_block` items per block, capped at
 /// `max_blocks` (the loops cover the rest). `None` when there is nothing to do.
 pub fn grid_for(work: usize, per_block: u32, max_blocks: u32) -> Option<u32> {

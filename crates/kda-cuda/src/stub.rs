@@ -4,13 +4,14 @@
 
 use std::convert::Infallible;
 
+use kda_core::graph::Graph;
 use kda_core::hal::Allocation;
 use kda_core::{
     Backend, BackendInfo, BufferHandle, BufferId, Device, EventHandle, EventId, InstanceId,
     Resources, Result, StreamHandle, StreamId, Validated,
 };
 
-use crate::{CudaError, CudaOptions};
+use crate::{CudaError, CudaOptions, FastPaths, GraphRoute};
 
 /// The CUDA backend; built without the `cuda` feature, it cannot be constructed.
 #[derive(Clone, Debug)]
@@ -49,6 +50,35 @@ impl CudaBackend {
 
     /// Unreachable: no instance exists.
     pub fn device_name(&self) -> &str {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn fast_paths(&self) -> FastPaths {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn cublas_library(&self) -> &'static str {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn uses_memory_pool(&self) -> bool {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn instantiate_graph(
+        &self,
+        _graph: &Graph<Self>,
+        _stream: &CudaStream,
+    ) -> Result<GraphRoute> {
+        match self.never {}
+    }
+
+    /// Unreachable: no instance exists.
+    pub fn forget_graph(&self, _graph: &Graph<Self>) {
         match self.never {}
     }
 

@@ -1,7 +1,8 @@
 //! The backend conformance suite (`kda_testkit::conformance_tests!`) on kda-cuda.
 //!
 //! A `harness = false` target: `kda_cuda_trials::test` turns every `#[test]` the macro expands
-//! to into a registered trial, and libtest-mimic runs them. Without a CUDA device (or without
+//! to into a registered trial, and `kda_cuda_trials::run` runs them (libtest-mimic, any number of
+//! name filters). Without a CUDA device (or without
 //! the `cuda` feature) every trial is reported as ignored, by name and counted, never as
 //! passed; `--include-ignored` runs them anyway and each fails with the reason.
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "test setup")]
@@ -9,16 +10,6 @@
 use kda_core::Device;
 use kda_core::sanitize::checked_from_env;
 use kda_cuda::{CudaBackend, CudaOptions};
-use libtest_mimic::{Arguments, Trial};
-
-/// One conformance body, as `kda_cuda_trials::test` registers it.
-#[derive(Debug)]
-pub struct Registered {
-    pub name: &'static str,
-    pub run: fn(),
-}
-
-inventory::collect!(Registered);
 
 /// Checked mode is on unless `KDA_SANITIZE=0` says otherwise (as on the reference).
 fn plain() -> Device<CudaBackend> {
@@ -41,28 +32,9 @@ mod suite {
 }
 
 fn main() {
-    let args = Arguments::from_args();
     let unavailable = CudaBackend::new().err().map(|e| e.to_string());
     if let Some(why) = &unavailable {
         eprintln!("kda-cuda conformance: every trial is ignored: {why}");
     }
-    let mut registered: Vec<&Registered> = inventory::iter::<Registered>.into_iter().collect();
-    registered.sort_by_key(|r| r.name);
-    let trials = registered
-        .into_iter()
-        .map(|r| {
-            // `conformance::suite::name` → `suite::name`.
-            let name = r.name.split_once("::").map_or(r.name, |(_, rest)| rest);
-            let (run, reason) = (r.run, unavailable.clone());
-            Trial::test(name, move || match reason {
-                None => {
-                    run();
-                    Ok(())
-                }
-                Some(why) => Err(format!("cannot run without a CUDA device: {why}").into()),
-            })
-            .with_ignored_flag(unavailable.is_some())
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit();
+    kda_cuda_trials::run(kda_cuda_trials::registered(unavailable.as_deref()));
 }

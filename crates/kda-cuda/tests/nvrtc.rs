@@ -9,7 +9,7 @@
 
 use kda_cuda::kernels::{CHECK_ARCH, CHECK_PTX_ARCH, COMMON, KernelSource, SOURCES};
 use kda_cuda::nvrtc;
-use libtest_mimic::{Arguments, Failed, Trial};
+use kda_cuda_trials::{Failed, Trial};
 
 /// Compile one source to CUBIN and to PTX; every kernel it lists must be a PTX entry.
 fn compiles(source: KernelSource) -> Result<(), Failed> {
@@ -38,7 +38,6 @@ fn rejects_a_broken_kernel() -> Result<(), Failed> {
 }
 
 fn main() {
-    let args = Arguments::from_args();
     let present = nvrtc::present();
     if !present {
         eprintln!("kda-cuda nvrtc: libnvrtc not found; every trial is ignored");
@@ -55,5 +54,5 @@ fn main() {
         Trial::test("nvrtc_rejects_a_broken_kernel", rejects_a_broken_kernel)
             .with_ignored_flag(!present),
     );
-    libtest_mimic::run(&args, trials).exit();
+    kda_cuda_trials::run(trials);
 }

@@ -18,6 +18,7 @@
 
 mod buffer;
 mod exclusion;
+mod forecast;
 mod kernels;
 mod progress;
 pub mod stream;
@@ -38,13 +39,6 @@ pub use buffer::RefBuffer;
 use kernels::Exec;
 use stream::WaitPolicy;
 pub use stream::{Jitter, RefEvent, RefStream};
-
-/// How long, in all, a one-core-per-stream worker polls during one wait for another stream's
-/// work before it sleeps. It polls only through the tail of an op with a forecast, but through
-/// the whole of an op seen for the first time: long enough for a projection GEMM at decode and
-/// small-prefill sizes (where a late start after a wake-up shows); bounded, so a long wait in an
-/// oversubscribed test run still sleeps.
-const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The most threads a shared pool may have: far more than any host's cores, and a bound on
 /// what a number from the command line can make the backend spawn.
@@ -69,6 +63,20 @@ pub struct ReferenceOptions {
     pub checked: bool,
     /// Time every executed op (stream, label, start, end): [`ReferenceBackend::timeline`].
     pub timeline: bool,
+    /// How a stream waits for another's work.
+    pub wait: WaitStrategy,
+}
+
+/// How a stream's worker waits for another stream's work.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub enum WaitStrategy {
+    /// Sleep until the awaited work completes (a futex wake-up later).
+    #[default]
+    Block,
+    /// In one-core-per-stream mode, start within microseconds of the completion without slowing
+    /// the awaited op: for timing the overlapped schedules (`forecast.rs` says what it buys).
+    /// Shared-pool mode always blocks.
+    Forecast,
 }
 
 impl Default for ReferenceOptions {
@@ -80,6 +88,7 @@ impl Default for ReferenceOptions {
             jitter: None,
             checked: checked_from_env(false),
             timeline: false,
+            wait: WaitStrategy::Block,
         }
     }
 }
@@ -208,8 +217,11 @@ impl Backend for ReferenceBackend {
         let inner = &self.inner;
         let id = StreamId { instance: inner.instance, index: inner.next(&inner.next_stream) };
         let wait = match inner.options.mode {
-            ExecutionMode::PerStream => WaitPolicy::Spin(SPIN_LIMIT),
-            ExecutionMode::SharedPool { .. } => WaitPolicy::Block,
+            ExecutionMode::PerStream if inner.options.wait == WaitStrategy::Forecast => {
+                WaitPolicy::Spin(forecast::SPIN_LIMIT)
+            }
+            // In shared-pool mode the cores belong to the pool: a poller would steal them.
+            _ => WaitPolicy::Block,
         };
         RefStream::spawn(id, inner.exec.clone(), wait, inner.options.jitter, inner.timeline.clone())
     }

@@ -6,29 +6,23 @@
 //! that blocks the waiting stream's worker until the recorded stream's `completed` reaches that
 //! count. Because a record only ever names work that is already queued, waits cannot form a cycle.
 //!
-//! In one-core-per-stream mode a waiting worker polls (yielding its core) so that it starts the
-//! moment its dependency completes, instead of one futex wake-up (tens of microseconds on a VM)
-//! later — the difference between vector work hidden under a GEMM on the other stream and vector
-//! work run before that GEMM starts. It polls only through the last moments of the awaited op,
-//! though, and sleeps before: the worker running that op publishes when it started, how long the
-//! same kind of op took last time (`Forecast`) and how far it has got (`progress.rs`),
-//! and the waiter sleeps half the forecast remainder at a time until the end is near. A poller
-//! shares the machine with the GEMM it waits for (a sibling hardware thread, the package's power
-//! budget, a VM's vCPU scheduling): polling through a whole GEMM slows it by 5–20 % here.
+//! A worker waiting on another stream sleeps on that stream's condition variable until the
+//! awaited item completes. Benchmarks of the overlapped schedule opt in to a waiter that starts
+//! within microseconds of the completion instead (`crate::forecast`, [`WaitStrategy::Forecast`](crate::WaitStrategy::Forecast)).
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kda_core::{Error, EventHandle, EventId, Op, Result, StreamHandle, StreamId, Validated};
+use kda_core::{Error, EventHandle, EventId, Result, StreamHandle, StreamId, Validated};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::ReferenceBackend;
+use crate::forecast::{Forecast, Running};
 use crate::kernels::{self, Exec};
 use crate::progress::{self, Progress};
 use crate::timeline::Recorder;
@@ -49,10 +43,10 @@ enum Item {
     },
 }
 
-struct State {
+pub(crate) struct State {
     queue: VecDeque<Item>,
     enqueued: u64,
-    completed: u64,
+    pub(crate) completed: u64,
     /// The first execution failure not yet reported by `synchronize`, with the item's number.
     error: Option<(u64, Error)>,
     closing: bool,
@@ -60,85 +54,36 @@ struct State {
     /// for (`u64::MAX`: none). The worker signals completions only when one reaches it, so a
     /// `synchronize` sleeping on the last item is not woken, to contend for the lock, by every
     /// item before it.
-    wake_at: u64,
-    /// The op being run (set in one-core-per-stream mode only).
-    running: Option<Running>,
-}
-
-/// The op a worker is running: when it started, and how long this kind of op took last time.
-#[derive(Copy, Clone, Debug)]
-struct Running {
-    start: Instant,
-    expected: Option<Duration>,
-}
-
-/// A waiter polls once the awaited op is forecast to end within this; before, it sleeps. A
-/// timed sleep overshoots by tens of microseconds, and waking a halted vCPU takes as long again.
-const POLL_WINDOW: Duration = Duration::from_micros(300);
-
-impl Running {
-    /// When the op will end: extrapolated from its progress once it reports any, else from how
-    /// long the same kind of op took last time; `None` when neither is known.
-    fn forecast_end(&self, progress: &Progress) -> Option<Instant> {
-        progress.forecast_end(self.start).or_else(|| self.expected.map(|e| self.start + e))
-    }
-}
-
-/// How long each kind of op (its name, operand shapes and dtypes) last took on one stream.
-#[derive(Default)]
-struct Forecast(HashMap<u64, Duration>);
-
-/// Kinds remembered at most; a stream that sees more starts over.
-const MAX_FORECASTS: usize = 4096;
-
-impl Forecast {
-    fn signature(op: &Op<ReferenceBackend>) -> u64 {
-        let mut h = DefaultHasher::new();
-        op.name().hash(&mut h);
-        for (param, t) in op.inputs().into_iter().chain(op.outputs()) {
-            (param, t.shape(), t.dtype()).hash(&mut h);
-        }
-        h.finish()
-    }
-
-    fn expect(&self, signature: u64) -> Option<Duration> {
-        self.0.get(&signature).copied()
-    }
-
-    fn learn(&mut self, signature: u64, took: Duration) {
-        if self.0.len() >= MAX_FORECASTS {
-            self.0.clear();
-        }
-        self.0.insert(signature, took);
-    }
+    pub(crate) wake_at: u64,
+    /// The op being run (set when waiters forecast, see `crate::forecast`).
+    pub(crate) running: Option<Running>,
 }
 
 /// What a stream's handle, its worker and events recorded on it share.
 pub(crate) struct Shared {
-    id: StreamId,
-    state: Mutex<State>,
+    pub(crate) id: StreamId,
+    pub(crate) state: Mutex<State>,
     /// Signalled when an item is queued, when an item completes that a sleeper waits for
     /// (`State::wake_at`), or when the stream closes.
-    changed: Condvar,
+    pub(crate) changed: Condvar,
     /// `State::completed`, readable without the lock by waiters that poll.
-    completed: AtomicU64,
-    /// How far the running op has got.
-    progress: Arc<Progress>,
+    pub(crate) completed: AtomicU64,
+    /// How far the running op has got (read by forecast waiters).
+    pub(crate) progress: Arc<Progress>,
 }
 
 /// How a worker waits for another stream's work.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum WaitPolicy {
-    /// Sleep on the upstream's condition variable (shared-pool mode: the cores belong to the
-    /// pool, a poller would steal them).
+    /// Sleep on the upstream's condition variable.
     Block,
     /// Sleep through the forecast part of the awaited op, then poll, yielding the core between
-    /// looks, for up to this long in all; then sleep.
+    /// looks, for up to this long in all; then sleep (`crate::forecast`).
     Spin(Duration),
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave `State` inconsistent (every update is a
         // single assignment), so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -153,7 +98,7 @@ impl Shared {
     }
 
     /// Sleep until `completed >= target`, registered in `wake_at` so the worker signals it.
-    fn sleep_until_completed(&self, target: u64) -> MutexGuard<'_, State> {
+    pub(crate) fn sleep_until_completed(&self, target: u64) -> MutexGuard<'_, State> {
         let mut state = self.lock();
         while state.completed < target {
             state.wake_at = state.wake_at.min(target);
@@ -164,59 +109,9 @@ impl Shared {
 
     /// Wait until `completed >= target` following `policy`; returns the locked state.
     fn wait_completed(&self, target: u64, policy: WaitPolicy) -> MutexGuard<'_, State> {
-        let WaitPolicy::Spin(limit) = policy else {
-            return self.sleep_until_completed(target);
-        };
-        let mut polled = Duration::ZERO;
-        loop {
-            // While the running op is forecast to go on for longer than the poll window, sleep
-            // half the remainder (at most up to the window) and forecast again from fresher
-            // progress; a completion of `target` (registered in `wake_at`) still wakes the
-            // sleeper at once.
-            let mut state = self.lock();
-            let (seen, seen_progress) = loop {
-                if state.completed >= target {
-                    return state;
-                }
-                let now = Instant::now();
-                let end = state.running.and_then(|r| r.forecast_end(&self.progress));
-                match end.map(|end| end.saturating_duration_since(now)) {
-                    Some(left) if left > POLL_WINDOW => {
-                        state.wake_at = state.wake_at.min(target);
-                        state = self
-                            .changed
-                            .wait_timeout(state, (left / 2).min(left - POLL_WINDOW))
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .0;
-                    }
-                    _ => break (state.completed, self.progress.snapshot()),
-                }
-            };
-            drop(state);
-            if polled >= limit {
-                return self.sleep_until_completed(target);
-            }
-            // Poll until `target` completes, or something changes that may give a forecast to
-            // sleep by (an earlier item completes, the op reports progress), or the polling
-            // budget is spent.
-            let start = Instant::now();
-            loop {
-                let completed = self.completed.load(Ordering::Acquire);
-                if completed >= target {
-                    return self.lock();
-                }
-                let changed = completed != seen || self.progress.snapshot() != seen_progress;
-                if changed || polled + start.elapsed() >= limit {
-                    break;
-                }
-                // A few microseconds of pause instructions between yields: few system calls,
-                // and little taken from a sibling hardware thread running the other stream.
-                for _ in 0..64 {
-                    std::hint::spin_loop();
-                }
-                std::thread::yield_now();
-            }
-            polled += start.elapsed();
+        match policy {
+            WaitPolicy::Block => self.sleep_until_completed(target),
+            WaitPolicy::Spin(limit) => self.wait_forecast(target, limit),
         }
     }
 }
@@ -494,7 +389,7 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "test setup")]
 
-    use kda_core::{DType, Device};
+    use kda_core::{DType, Device, Op};
 
     use super::*;
 

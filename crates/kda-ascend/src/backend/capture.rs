@@ -127,7 +127,7 @@ impl AscendBackend {
         let mut steps = Vec::new();
         for node in graph.nodes() {
             if let Node::Launch { stream, label, op } = node {
-                if !capturable(op) {
+                if !capturable(op.op()) {
                     return Err(AscendError::Unsupported {
                         op: "aclmdlRICaptureBegin",
                         message: format!(
@@ -136,8 +136,8 @@ impl AscendBackend {
                     }
                     .into());
                 }
-                op.validate(self.inner.instance)?;
-                steps.push(ops::prepare(self, handles.stream(origin, *stream), op, true)?);
+                let s = handles.stream(origin, *stream);
+                steps.push(ops::prepare(self, s, op.op(), op.dims(), true)?);
             }
         }
         // SAFETY: a live stream.
@@ -178,7 +178,7 @@ impl AscendBackend {
             return Ok(replay.clone());
         }
         let all_capturable = graph.nodes().iter().all(|n| match n {
-            Node::Launch { op, .. } => capturable(op),
+            Node::Launch { op, .. } => capturable(op.op()),
             _ => true,
         });
         let replay = if all_capturable {
@@ -230,7 +230,7 @@ impl AscendBackend {
             .nodes()
             .iter()
             .filter_map(|n| match n {
-                Node::Launch { op, .. } => Some(Op::clone(op)),
+                Node::Launch { op, .. } => Some(op.op().clone()),
                 _ => None,
             })
             .collect();

@@ -287,9 +287,9 @@ impl Backend for AscendBackend {
 
     fn submit(&self, stream: &AscendStream, label: &str, op: Validated<Self>) -> Result<()> {
         self.enter()?;
-        let op = op.into_op();
+        let (op, dims) = op.into_parts();
         let _span = tracing::trace_span!("ascend", op = label, stream = %stream.id()).entered();
-        let steps = ops::prepare(self, stream, &op, false)?;
+        let steps = ops::prepare(self, stream, &op, dims, false)?;
         {
             let mut state = stream.inner.state();
             for step in &steps {

@@ -20,10 +20,10 @@ use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use kda_core::kda::GateDims;
 use kda_core::kda::{GateForm, KdaGate};
 use kda_core::mx::num_blocks;
-use kda_core::op::{gemm_dims, mx_gemm_dims, mx_quant_dims};
-use kda_core::{BufferId, DType, DownloadSlot, HostFn, Layout, Op, Result, Tensor};
+use kda_core::{BufferId, DType, DownloadSlot, HostFn, Layout, Op, OpDims, Result, Tensor};
 
 use super::acl::{HostMemory, check};
 use super::descriptor::{AclScalar, AclTensor, gm};
@@ -310,19 +310,35 @@ pub(crate) fn prepare(
     b: &AscendBackend,
     stream: &AscendStream,
     op: &Op<AscendBackend>,
+    dims: OpDims,
     repeatable: bool,
 ) -> Result<Vec<Step>> {
     let mut p = Prep { b, stream, repeatable, steps: Vec::new() };
-    build(&mut p, op)?;
+    build(&mut p, op, dims)?;
     Ok(p.steps)
 }
 
-fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
-    match op {
-        Op::Gemm { x, w, y } => {
-            gemm_dims(x, w, y)?;
-            p.matmul(x, w, y)
+/// The sizes of `dims` when they are of the kind `op` has (validation made them so).
+macro_rules! dims_of {
+    ($dims:expr, $kind:ident, $op:expr) => {
+        match $dims {
+            OpDims::$kind(d) => d,
+            other => {
+                return Err(kda_core::Error::Backend {
+                    backend: "ascend",
+                    message: format!(
+                        "{}: validated with another op's sizes ({other:?})",
+                        $op.name()
+                    ),
+                })
+            }
         }
+    };
+}
+
+fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
+    match op {
+        Op::Gemm { x, w, y } => p.matmul(x, w, y),
         Op::Copy { src, dst } => p.copy(src, dst),
         Op::Fill { dst, value } => p.fill(dst, *value),
         Op::Upload { dst, data } => upload(p, dst, data),
@@ -345,7 +361,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             Ok(())
         }
         Op::DynamicQuant { x, data, scale, alg } => {
-            let dims = mx_quant_dims(x, data, scale)?;
+            let dims = dims_of!(dims, Mx, op);
             if dims.m == 0 || dims.k == 0 {
                 return Ok(());
             }
@@ -400,7 +416,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             p.kernel(names::MX_DEQUANT, work, &[Some(data), Some(scale), Some(y)], &[])
         }
         Op::MxGemm { a, a_scale, w, w_scale, y } => {
-            let dims = mx_gemm_dims(a, a_scale, w, w_scale, y)?;
+            let dims = dims_of!(dims, Gemm, op);
             if dims.m == 0 || dims.n == 0 {
                 return Ok(());
             }
@@ -460,14 +476,14 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             let work = tiling::sigmoid(x.numel(), x.dtype().size_bytes());
             p.kernel(names::SIGMOID, work, &[Some(x), Some(y)], &[])
         }
-        Op::KdaGate(g) => gate(p, g),
+        Op::KdaGate(g) => gate(p, g, dims_of!(dims, Gate, op)),
         Op::ZeroPadding(z) => {
-            let d = z.validate()?;
+            let d = dims_of!(dims, Padding, op);
             let work = tiling::zero_padding(d.rows, d.row_len, z.x.dtype().size_bytes());
             p.kernel(names::ZERO_PADDING, work, &[Some(&z.x), Some(&z.num_actual_tokens)], &[])
         }
         Op::CausalConvUpdate(c) => {
-            let d = c.validate()?;
+            let d = dims_of!(dims, ConvUpdate, op);
             let work = tiling::conv_update(d.channels, d.width, d.state_len, d.tokens);
             let t = [
                 Some(&c.x),
@@ -480,7 +496,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             p.kernel(names::CONV_UPDATE, work, &t, &[])
         }
         Op::KdaRecurrent(r) => {
-            let d = r.validate()?;
+            let d = dims_of!(dims, Recurrence, op);
             let work = tiling::recurrent(d.batch, d.heads, d.k, d.v);
             let t = [
                 Some(&r.q),
@@ -501,7 +517,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             )
         }
         Op::CausalConv(c) => {
-            let d = c.validate()?;
+            let d = dims_of!(dims, Conv, op);
             // One unit per channel, streaming 64-token tiles.
             let work = tiling::rows(d.channels, (d.width + d.state_len + 2 * 64) * 4);
             let t = [
@@ -516,12 +532,12 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             p.kernel(names::CONV_PREFILL, work, &t, &[])
         }
         Op::L2Norm(n) => {
-            let d = n.validate()?;
+            let d = dims_of!(dims, Rows, op);
             let work = tiling::l2norm(d.rows, d.dim, n.x.dtype().size_bytes());
             p.kernel(names::L2NORM, work, &[Some(&n.x), Some(&n.y)], &[f64::from(n.scale)])
         }
         Op::GatedRmsNorm(n) => {
-            let d = n.validate()?;
+            let d = dims_of!(dims, Rows, op);
             let work = tiling::gated_rms_norm(d.rows, d.dim, n.x.dtype().size_bytes());
             p.kernel(
                 names::GATED_RMS_NORM,
@@ -531,7 +547,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
             )
         }
         Op::KdaChunk(c) => {
-            let d = c.validate()?;
+            let d = dims_of!(dims, Recurrence, op);
             // The in-kernel gate: the chunk kernel takes the activated log decay, so the gate
             // kernel (the one `KdaGate` runs, hence its bits) first fills a scratch buffer.
             let g = match &c.gate {
@@ -545,7 +561,9 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
                         form: params.form,
                         g: activated.clone(),
                     };
-                    gate(p, &op)?;
+                    // A gate the backend composes itself, so its sizes are checked here.
+                    let gate_dims = op.validate()?;
+                    gate(p, &op, gate_dims)?;
                     activated
                 }
             };
@@ -574,8 +592,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>) -> Result<()> {
 }
 
 /// `KdaGate` as the AscendC `kda_gate` kernel.
-fn gate(p: &mut Prep<'_>, g: &KdaGate<AscendBackend>) -> Result<()> {
-    let d = g.validate()?;
+fn gate(p: &mut Prep<'_>, g: &KdaGate<AscendBackend>, d: GateDims) -> Result<()> {
     let work = tiling::gate(d.tokens, d.heads, d.dim, g.g1.dtype().size_bytes());
     let (form, bound) = match g.form {
         GateForm::Softplus => (0.0, 0.0),

@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand, ValueEnum};
 use kda_core::{DType, Device, Op, ScaleAlg};
-use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
+use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions, WaitStrategy};
 
 use super::{median_time, ms};
 use crate::error::CliError;
@@ -102,7 +102,12 @@ pub fn reference_with_threads(threads: usize) -> Result<Device<ReferenceBackend>
         1 => ExecutionMode::PerStream,
         threads => ExecutionMode::SharedPool { threads },
     };
-    Ok(ReferenceBackend::with_options(ReferenceOptions { mode, ..ReferenceOptions::default() })?)
+    let wait = WaitStrategy::Forecast;
+    Ok(ReferenceBackend::with_options(ReferenceOptions {
+        mode,
+        wait,
+        ..ReferenceOptions::default()
+    })?)
 }
 
 fn gemm(args: &GemmArgs) -> Result<(), CliError> {

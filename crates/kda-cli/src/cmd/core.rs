@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use half::bf16;
 use kda_core::kda::{KdaChunk, KdaRecurrent, MAX_HEAD_DIM};
-use kda_core::{Backend, DType, Device, Layout, Op, Tensor};
+use kda_core::{Backend, DType, Device, Layout, Op, Resources, Tensor};
 use kda_reference::ReferenceBackend;
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -424,7 +424,7 @@ const GEMM_SHAPE: (usize, usize, usize) = (256, 3084, 7168);
 /// lower-bound gates from `KdaGate`) and its FLOP rate as a fraction of the reference GEMM's,
 /// measured in the same run. FLOPs are counted as `6TD² + 3TCD + TC²` per head (`C = 64`).
 pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
-    use kda_core::kda::{CHUNK_SIZE, GateForm, KdaGate};
+    use kda_core::kda::CHUNK_SIZE;
 
     let (t, h, d) = (args.t, args.heads, args.dim);
     if t == 0 || h == 0 || d == 0 {
@@ -433,8 +433,6 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
             reason: "must be at least 1".into(),
         });
     }
-    let t_i32 = i32::try_from(t)
-        .map_err(|_| CliError::Argument { arg: "--t", reason: "too large".into() })?;
     let b = super::bench::reference_with_threads(args.threads)?;
     let s = b.new_stream()?;
     let dtype = DType::from(args.dtype);
@@ -442,41 +440,7 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
     let random = |rng: &mut kda_testkit::Gen, dtype, shape: &[usize]| {
         super::random_tensor(&b, &s, rng, dtype, shape)
     };
-    let (q, k, v) = (
-        random(&mut rng, dtype, &[t, h, d])?,
-        random(&mut rng, dtype, &[t, h, d])?,
-        random(&mut rng, dtype, &[t, h, d])?,
-    );
-    // Gates as the layer makes them: K3's lower-bound form, logits in [-3, 1) after the bias.
-    let g = b.alloc(DType::F32, &[t, h, d])?;
-    let gate = KdaGate {
-        g1: random(&mut rng, DType::F32, &[t, h, d])?,
-        a_log: upload_f32(&b, &s, &[h], &vec![0.0; h])?,
-        dt_bias: upload_f32(&b, &s, &[h, d], &vec![-1.0; h * d])?,
-        form: GateForm::LowerBound { lower_bound: -5.0 },
-        g: g.clone(),
-    };
-    b.launch(&s, Op::KdaGate(gate))?;
-    let beta_values: Vec<f32> = rng.uniform_f32(t * h, 0.05, 0.95);
-    let beta = upload_f32(&b, &s, &[t, h], &beta_values)?;
-    let state = b.alloc(DType::F32, &[1, h, d, d])?;
-    let o = b.alloc(DType::F32, &[t, h, d])?;
-    let op = Op::KdaChunk(KdaChunk {
-        q,
-        k,
-        v,
-        g,
-        gate: None,
-        beta,
-        cu_seqlens: upload_i32(&b, &s, &[2], &[0, t_i32])?,
-        state_slots: upload_i32(&b, &s, &[1], &[0])?,
-        has_initial_state: upload_i32(&b, &s, &[1], &[0])?,
-        state,
-        o,
-        scale: 1.0 / (d as f32).sqrt(),
-        qk_l2norm: true,
-    });
-    b.synchronize(&s)?;
+    let (op, flops) = prefill_workload(&b, &s, &mut rng, (t, h, d), dtype)?;
     let time = super::median_time(args.repeats, || {
         b.launch(&s, op.clone())?;
         b.synchronize(&s)
@@ -491,8 +455,7 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
         b.synchronize(&s)
     })?;
 
-    let (tf, df, cf) = (t as f64, d as f64, CHUNK_SIZE as f64);
-    let flops = h as f64 * (6.0 * tf * df * df + 3.0 * tf * cf * df + tf * cf * cf);
+    let tf = t as f64;
     let gflops = flops / time.as_secs_f64() / 1e9;
     let gemm_gflops = 2.0 * (m * n * kk) as f64 / gemm_time.as_secs_f64() / 1e9;
     println!(
@@ -510,6 +473,63 @@ pub fn bench(args: &CoreBenchArgs) -> Result<(), CliError> {
     );
     println!("fraction of the GEMM rate: {:.2} (target >= 0.4)", gflops / gemm_gflops);
     Ok(())
+}
+
+/// The chunked prefill the benchmarks time: one request of `t` tokens, `h` heads of `d`, L2 norm
+/// on, lower-bound gates from `KdaGate`, q/k/v in `dtype`; with its FLOP count
+/// (`6TD² + 3TCD + TC²` per head, `C = 64`).
+pub fn prefill_workload(
+    b: &Device<ReferenceBackend>,
+    s: &<ReferenceBackend as Resources>::Stream,
+    rng: &mut kda_testkit::Gen,
+    (t, h, d): (usize, usize, usize),
+    dtype: DType,
+) -> Result<(Op<ReferenceBackend>, f64), CliError> {
+    use kda_core::kda::{CHUNK_SIZE, GateForm, KdaGate};
+
+    let t_i32 = i32::try_from(t)
+        .map_err(|_| CliError::Argument { arg: "--t", reason: "too large".into() })?;
+    let random = |rng: &mut kda_testkit::Gen, dtype, shape: &[usize]| {
+        super::random_tensor(b, s, rng, dtype, shape)
+    };
+    let (q, k, v) = (
+        random(rng, dtype, &[t, h, d])?,
+        random(rng, dtype, &[t, h, d])?,
+        random(rng, dtype, &[t, h, d])?,
+    );
+    // Gates as the layer makes them: K3's lower-bound form, logits in [-3, 1) after the bias.
+    let g = b.alloc(DType::F32, &[t, h, d])?;
+    let gate = KdaGate {
+        g1: random(rng, DType::F32, &[t, h, d])?,
+        a_log: upload_f32(b, s, &[h], &vec![0.0; h])?,
+        dt_bias: upload_f32(b, s, &[h, d], &vec![-1.0; h * d])?,
+        form: GateForm::LowerBound { lower_bound: -5.0 },
+        g: g.clone(),
+    };
+    b.launch(s, Op::KdaGate(gate))?;
+    let beta_values: Vec<f32> = rng.uniform_f32(t * h, 0.05, 0.95);
+    let beta = upload_f32(b, s, &[t, h], &beta_values)?;
+    let state = b.alloc(DType::F32, &[1, h, d, d])?;
+    let o = b.alloc(DType::F32, &[t, h, d])?;
+    let op = Op::KdaChunk(KdaChunk {
+        q,
+        k,
+        v,
+        g,
+        gate: None,
+        beta,
+        cu_seqlens: upload_i32(b, s, &[2], &[0, t_i32])?,
+        state_slots: upload_i32(b, s, &[1], &[0])?,
+        has_initial_state: upload_i32(b, s, &[1], &[0])?,
+        state,
+        o,
+        scale: 1.0 / (d as f32).sqrt(),
+        qk_l2norm: true,
+    });
+    b.synchronize(s)?;
+    let (tf, df, cf) = (t as f64, d as f64, CHUNK_SIZE as f64);
+    let flops = h as f64 * (6.0 * tf * df * df + 3.0 * tf * cf * df + tf * cf * cf);
+    Ok((op, flops))
 }
 
 /// An f32 tensor holding `values`.

@@ -14,6 +14,7 @@ use kda_core::{DType, Tensor};
 use kda_reference::ReferenceBackend;
 
 use super::model::{ModelArgs, load};
+use super::perf_table::{Paired, Target, timed};
 use super::{median_time, ms};
 use crate::error::CliError;
 
@@ -39,6 +40,15 @@ pub struct LayerBenchArgs {
     /// Timed decode steps (after one warm-up).
     #[arg(long, default_value_t = 20)]
     pub decode_repeats: usize,
+    /// Rounds of the figures table (each figure's two rates timed alternately per round).
+    #[arg(long, default_value_t = 7)]
+    pub rounds: usize,
+    /// Skip the kernel figures of the table (the decode figure is always measured).
+    #[arg(long)]
+    pub no_kernels: bool,
+    /// Also write the figures table as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// One schedule's figures.
@@ -82,6 +92,7 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
 
     let mut figures = Vec::new();
     let mut weight_bytes = 0;
+    let mut table = Vec::new();
     for schedule in [ProjectionSchedule::Serial, ProjectionSchedule::Overlapped] {
         let options = LayerOptions { schedule: Some(schedule), ..LayerOptions::default() };
         let layer = KdaLayer::new(&b, &s, &loaded.weights, options)?;
@@ -111,6 +122,28 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
         );
         println!("{:>10}  prefill ops: {prefill_ops}", "");
         println!("{:>10}  decode ops: {decode_ops}", "");
+        if schedule == ProjectionSchedule::Overlapped {
+            // The table's decode figure: a decode step and one pass over a buffer larger than
+            // the caches, alternately, each round's read rate giving that round's weight read
+            // time.
+            let words: Vec<u64> = (0..weight_bytes.max(256 << 20) / 8).map(|i| i as u64).collect();
+            let p = Paired::run(
+                args.rounds,
+                || timed(|| step(&decode_x, &decode, &mut cache)),
+                || Ok::<_, CliError>(read_pass(&words, args.threads)),
+            )?;
+            let (wb, rb) = (weight_bytes as f64, (words.len() * 8) as f64);
+            let detail = format!(
+                "decode step {:.2} ms (overlapped, {} thread(s) per op); weights {:.1} MB read once in {:.2} ms at {:.1} GB/s",
+                ms(p.median_a()),
+                args.threads,
+                wb / 1e6,
+                ms(p.median_b()) * wb / rb,
+                rb / p.median_b().as_secs_f64() / 1e9,
+            );
+            let name = format!("decode step ({decodes} x 1 token) / time to read the weights once");
+            table.push(p.figure(&name, Target::AtMost(3.0), detail, |td, tr| td / (tr * wb / rb)));
+        }
         figures.push((name, Figures { prefill: prefill_time, decode: decode_time }));
     }
 
@@ -147,6 +180,17 @@ pub fn bench(args: &LayerBenchArgs) -> Result<(), CliError> {
             overlapped.decode.as_secs_f64() / serial.decode.as_secs_f64(),
         );
     }
+    if !args.no_kernels {
+        table.extend(super::perf_table::kernel_figures(args.rounds)?);
+    }
+    println!(
+        "figures (each a ratio of two rates measured alternately in the same run; median of the rounds):"
+    );
+    super::perf_table::print(&table);
+    if let Some(path) = &args.json {
+        let value = serde_json::Value::Array(table.iter().map(|f| f.to_json()).collect());
+        super::write_json(path, &value)?;
+    }
     Ok(())
 }
 
@@ -176,25 +220,24 @@ fn breakdown(timeline: &Timeline) -> String {
         .join(", ")
 }
 
+/// How long `threads` threads take to sum disjoint parts of `words`.
+fn read_pass(words: &[u64], threads: usize) -> Duration {
+    let per = words.len().div_ceil(threads.max(1));
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for part in words.chunks(per.max(1)) {
+            scope.spawn(move || black_box(part.iter().fold(0u64, |a, &w| a.wrapping_add(w))));
+        }
+    });
+    start.elapsed()
+}
+
 /// Bytes per second read by `threads` threads summing disjoint parts of a `bytes`-byte buffer
 /// (median of `repeats`).
 fn read_bandwidth(bytes: usize, threads: usize, repeats: usize) -> f64 {
     let words: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
-    let per = words.len().div_ceil(threads.max(1));
-    let mut times: Vec<Duration> = (0..repeats + 1)
-        .map(|_| {
-            let start = Instant::now();
-            std::thread::scope(|scope| {
-                for part in words.chunks(per.max(1)) {
-                    scope.spawn(move || {
-                        black_box(part.iter().fold(0u64, |a, &w| a.wrapping_add(w)))
-                    });
-                }
-            });
-            start.elapsed()
-        })
-        .skip(1)
-        .collect();
+    let mut times: Vec<Duration> =
+        (0..repeats + 1).map(|_| read_pass(&words, threads)).skip(1).collect();
     times.sort();
     let median = times[times.len() / 2];
     (words.len() * 8) as f64 / median.as_secs_f64()

@@ -7,6 +7,8 @@ pub mod info;
 pub mod layer;
 pub mod layer_bench;
 pub mod model;
+pub mod openblas;
+pub mod perf_table;
 pub mod precision;
 pub mod quant;
 pub mod run;

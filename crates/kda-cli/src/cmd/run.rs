@@ -18,7 +18,7 @@ use kda_core::layer::{KdaLayer, LayerOptions, StateCache};
 use kda_core::schedule::{MatrixOverlap, ProjectionSchedule, labels};
 use kda_core::timeline::{Span, Timeline};
 use kda_core::{DType, Device, Resources, Tensor};
-use kda_reference::{ReferenceBackend, ReferenceOptions};
+use kda_reference::{ReferenceBackend, ReferenceOptions, WaitStrategy};
 use kda_testkit::workload::Workload;
 
 use super::model::{self, ModelArgs, ScheduleArg};
@@ -143,7 +143,12 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     let w = model::workload(&args.model, args.requests, args.tokens, args.decode_steps)?;
     // Checked mode: every launch is analysed for stream hazards (cheap next to the GEMMs); the
     // timeline gives each op's own time.
-    let options = ReferenceOptions { checked: true, timeline: true, ..ReferenceOptions::default() };
+    let options = ReferenceOptions {
+        checked: true,
+        timeline: true,
+        wait: WaitStrategy::Forecast,
+        ..ReferenceOptions::default()
+    };
     let b = ReferenceBackend::with_options(options)?;
     let info = b.info();
     let main = b.new_stream()?;

@@ -28,7 +28,7 @@ use kda_core::schedule::{
 };
 use kda_core::timeline::{Span, Timeline};
 use kda_core::{DType, Device, Op, Resources, ScaleAlg, Tensor};
-use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
+use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions, WaitStrategy};
 use kda_testkit::Gen;
 use rand::seq::SliceRandom;
 
@@ -316,6 +316,7 @@ pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
         mode: ExecutionMode::PerStream,
         checked: false,
         timeline: true,
+        wait: WaitStrategy::Forecast,
         ..ReferenceOptions::default()
     };
     let b = ReferenceBackend::with_options(options)?;

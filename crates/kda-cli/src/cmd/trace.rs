@@ -8,7 +8,7 @@ use clap::Args;
 use kda_core::layer::{KdaLayer, LayerOptions};
 use kda_core::timeline::SvgOptions;
 use kda_core::{DType, StreamHandle};
-use kda_reference::{ReferenceBackend, ReferenceOptions};
+use kda_reference::{ReferenceBackend, ReferenceOptions, WaitStrategy};
 
 use super::model::{self, ModelArgs, ScheduleArg};
 use crate::error::CliError;
@@ -52,7 +52,11 @@ pub fn run(args: &TraceArgs) -> Result<(), CliError> {
         });
     }
     let w = model::workload(&args.model, args.requests, args.tokens, 1)?;
-    let options = ReferenceOptions { timeline: true, ..ReferenceOptions::default() };
+    let options = ReferenceOptions {
+        timeline: true,
+        wait: WaitStrategy::Forecast,
+        ..ReferenceOptions::default()
+    };
     let b = ReferenceBackend::with_options(options)?;
     let main = b.new_stream()?;
     let loaded = model::load(&args.model)?;

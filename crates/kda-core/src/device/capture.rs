@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use crate::error::CaptureError;
 use crate::error::Result;
 use crate::graph::{Graph, Node};
-use crate::op::Op;
+use crate::op::Validated;
 use crate::resource::{EventId, InstanceId, Resources, StreamId};
 
 /// Per captured stream: its index, nodes so far, and its vector clock over captured streams.
@@ -80,7 +80,7 @@ impl<B: Resources> Capture<B> {
         index
     }
 
-    pub(crate) fn launch(&mut self, stream: StreamId, label: &str, op: Op<B>) {
+    pub(crate) fn launch(&mut self, stream: StreamId, label: &str, op: Validated<B>) {
         let index = self.tick(stream, label);
         self.nodes.push(Node::Launch { stream: index, label: label.to_string(), op: Box::new(op) });
     }

@@ -110,7 +110,7 @@ impl<B: Resources> Instrumentation<B> {
     ) -> Result<()> {
         let mut state = self.lock();
         if let Some(capture) = state.capture.as_mut().filter(|c| c.is_captured(stream)) {
-            capture.launch(stream, label, op.into_op());
+            capture.launch(stream, label, op);
             return Ok(());
         }
         let access = |(param, t): (&'static str, &crate::tensor::Tensor<B>)| Access {

@@ -55,7 +55,7 @@ pub use instrumentation::Instrumentation;
 use crate::dtype::{DType, Element};
 use crate::error::{CaptureError, Error, Result};
 use crate::graph::{Graph, Node};
-use crate::hal::{Allocation, Backend};
+use crate::hal::{Allocation, Backend, Validated};
 use crate::layout::Layout;
 use crate::op::{DownloadSlot, Op};
 use crate::resource::{BackendInfo, BufferHandle, EventHandle, InstanceId, StreamHandle, StreamId};
@@ -302,7 +302,7 @@ impl<B: Backend> Device<B> {
             for node in graph.nodes() {
                 match node {
                     Node::Launch { stream, label, op } => {
-                        self.launch_labeled(stream_of(*stream), label, Op::clone(op))?
+                        self.launch_labeled(stream_of(*stream), label, op.op().clone())?
                     }
                     Node::Record { stream, event } => {
                         self.record(&replay.events[*event], stream_of(*stream))?
@@ -341,8 +341,7 @@ impl<B: Backend> Device<B> {
             match node {
                 Node::Launch { stream, label, op } => {
                     let s: StreamId = stream_of(*stream).id();
-                    let op = Op::clone(op).validate_for(self.instance())?;
-                    instrumentation.launch(s, label, op, |_| {
+                    instrumentation.launch(s, label, Validated::clone(op), |_| {
                         run = true;
                         Ok(())
                     })?;

@@ -5,12 +5,12 @@
 //! cuBLAS calls are not skipped after an earlier failure on the stream (only kernels check
 //! the stream's failure record); the failure is still reported at `synchronize`.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
-use cudarc::cublas::{CudaBlas, result as blas_result, sys as blas_sys};
 use kda_core::{DType, Layout, Result};
 
-use super::ops::Scratch;
+use super::cublas::{self, BlasHandle};
+use super::scratch::Scratch;
 use super::{CudaBackend, CudaStream};
 use crate::CudaError;
 use crate::plan::{MatrixOperand, gemm_dtypes, matrix_operand};
@@ -18,16 +18,12 @@ use crate::view::KernelView;
 
 type T = kda_core::Tensor<CudaBackend>;
 
-fn cuda_dtype(dtype: DType) -> blas_sys::cudaDataType {
+fn cuda_dtype(dtype: DType) -> c_int {
     match dtype {
-        DType::BF16 => blas_sys::cudaDataType::CUDA_R_16BF,
-        DType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
-        _ => blas_sys::cudaDataType::CUDA_R_32F,
+        DType::BF16 => cublas::R_16BF,
+        DType::F16 => cublas::R_16F,
+        _ => cublas::R_32F,
     }
-}
-
-fn blas_error(call: &'static str) -> impl Fn(blas_result::CublasError) -> CudaError {
-    move |e| CudaError::Driver { call, message: format!("{e:?}") }
 }
 
 fn int(param: &'static str, v: usize) -> Result<c_int> {
@@ -40,18 +36,28 @@ fn int(param: &'static str, v: usize) -> Result<c_int> {
 }
 
 /// An operand ready for cuBLAS: its address, dtype and column-major description.
-struct Ready {
-    ptr: u64,
-    dtype: DType,
-    operand: MatrixOperand,
+pub(super) struct Ready {
+    pub(super) ptr: u64,
+    pub(super) dtype: DType,
+    pub(super) operand: MatrixOperand,
+}
+
+impl Ready {
+    /// A dense row-major matrix of `cols` columns at `ptr`.
+    pub(super) fn dense(ptr: u64, dtype: DType, cols: usize) -> Self {
+        Self { ptr, dtype, operand: MatrixOperand { transposed: false, ld: cols.max(1) } }
+    }
 }
 
 impl CudaBackend {
-    fn blas<'a>(&self, stream: &'a CudaStream) -> Result<&'a CudaBlas> {
+    /// The stream's cuBLAS handle, created on first use (before a graph capture, for every
+    /// stream the capture uses: creating one allocates).
+    pub(super) fn blas<'a>(&self, stream: &'a CudaStream) -> Result<&'a BlasHandle> {
         if let Some(blas) = stream.inner.blas.get() {
             return Ok(blas);
         }
-        let blas = CudaBlas::new(stream.inner.cuda.clone()).map_err(blas_error("cublasCreate"))?;
+        let blas = BlasHandle::new(&self.inner.ctx, stream.raw())?;
+        // Two threads may race here; the loser's handle is destroyed unused.
         Ok(stream.inner.blas.get_or_init(|| blas))
     }
 
@@ -75,28 +81,45 @@ impl CudaBackend {
         let s = self.scratch(stream, t.numel() * dtype.size_bytes())?;
         let dense = KernelView::new("gemm", param, &Layout::contiguous(dtype, &shape), s.ptr)?;
         self.convert_views(stream, here, dense, t.numel())?;
-        let ready = Ready {
-            ptr: s.ptr,
-            dtype,
-            operand: MatrixOperand { transposed: false, ld: shape[1].max(1) },
-        };
+        let ready = Ready::dense(s.ptr, dtype, shape[1]);
         scratch.push(s);
         Ok(ready)
     }
 
-    pub(super) fn gemm(&self, stream: &CudaStream, x: &T, w: &T, y: &T) -> Result<()> {
-        let dims = kda_core::op::gemm_dims(x, w, y)?;
+    pub(super) fn gemm(
+        &self,
+        stream: &CudaStream,
+        x: &T,
+        w: &T,
+        y: &T,
+        dims: kda_core::GemmDims,
+    ) -> Result<()> {
         let (m, n, k) = (dims.m, dims.n, dims.k);
         if m == 0 || n == 0 {
             return Ok(());
         }
         if k == 0 {
-            return self.run(stream, "gemm", kda_core::Op::Fill { dst: y.clone(), value: 0.0 });
+            let zero = kda_core::Op::Fill { dst: y.clone(), value: 0.0 };
+            return self.run(stream, "gemm", zero, kda_core::OpDims::None);
         }
         let (input, output) = gemm_dtypes(x.dtype(), w.dtype(), y.dtype());
         let mut scratch = Vec::new();
         let xr = self.gemm_input(stream, "x", x, input, &mut scratch)?;
         let wr = self.gemm_input(stream, "w", w, input, &mut scratch)?;
+        self.gemm_ready(stream, (&xr, &wr), (m, n, k), y, output, scratch)
+    }
+
+    /// `y = x · w^T` for operands already in cuBLAS's terms (`output`: the dtype cuBLAS writes,
+    /// see [`gemm_dtypes`]); `scratch` is released after the call.
+    pub(super) fn gemm_ready(
+        &self,
+        stream: &CudaStream,
+        (xr, wr): (&Ready, &Ready),
+        (m, n, k): (usize, usize, usize),
+        y: &T,
+        output: DType,
+        mut scratch: Vec<Scratch>,
+    ) -> Result<()> {
         let y_here = KernelView::new("gemm", "y", y.layout(), y.buffer().device_ptr())?;
         let direct = matrix_operand([m, n], [y.layout().strides()[0], y.layout().strides()[1]])
             .filter(|op| !op.transposed && y.dtype() == output);
@@ -113,48 +136,21 @@ impl CudaBackend {
         };
         // Column-major: C[N, M] = op(W)[N, K] · op(X)[K, M], where row-major y[M, N] is
         // column-major C with ld = y's row stride.
-        let op = |transposed_in_row_major: bool| {
-            if transposed_in_row_major {
-                blas_sys::cublasOperation_t::CUBLAS_OP_N
-            } else {
-                blas_sys::cublasOperation_t::CUBLAS_OP_T
-            }
-        };
-        let opb = if xr.operand.transposed {
-            blas_sys::cublasOperation_t::CUBLAS_OP_T
-        } else {
-            blas_sys::cublasOperation_t::CUBLAS_OP_N
-        };
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let op_w = if wr.operand.transposed { cublas::OP_N } else { cublas::OP_T };
+        let op_x = if xr.operand.transposed { cublas::OP_T } else { cublas::OP_N };
         let blas = self.blas(stream)?;
         // SAFETY: the handle is bound to `stream`; every pointer addresses validated device
         // memory of the sizes the dimensions and leading dimensions describe (checked by
-        // `matrix_operand` or dense scratch); alpha and beta are host f32 as fp32 compute reads
-        // them in the default host pointer mode.
+        // `matrix_operand` or dense scratch).
         unsafe {
-            blas_result::gemm_ex(
-                *blas.handle(),
-                op(wr.operand.transposed),
-                opb,
-                int("N", n)?,
-                int("M", m)?,
-                int("K", k)?,
-                &alpha as *const f32 as *const c_void,
-                wr.ptr as *const c_void,
-                cuda_dtype(wr.dtype),
-                int("ld(w)", wr.operand.ld)?,
-                xr.ptr as *const c_void,
-                cuda_dtype(xr.dtype),
-                int("ld(x)", xr.operand.ld)?,
-                &beta as *const f32 as *const c_void,
-                y_ptr as *mut c_void,
-                cuda_dtype(output),
-                int("ld(y)", ldc)?,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            blas.gemm(
+                (op_w, op_x),
+                (int("N", n)?, int("M", m)?, int("K", k)?),
+                (wr.ptr, cuda_dtype(wr.dtype), int("ld(w)", wr.operand.ld)?),
+                (xr.ptr, cuda_dtype(xr.dtype), int("ld(x)", xr.operand.ld)?),
+                (y_ptr, cuda_dtype(output), int("ld(y)", ldc)?),
             )
-        }
-        .map_err(blas_error("cublasGemmEx"))?;
+        }?;
         if let Some(dense) = y_stage {
             self.convert_views(stream, dense, y_here, m * n)?;
         }

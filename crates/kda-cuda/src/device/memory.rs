@@ -41,14 +41,18 @@ impl DeviceMemory {
         Ok(Self { ptr, bytes, ctx: ctx.clone() })
     }
 
-    /// Set every byte to zero, synchronously.
+    /// Set every byte to zero and wait until that is done. `cuMemsetD8` runs on the legacy
+    /// default stream, which kda's non-blocking streams do not wait for; only the context
+    /// synchronisation makes the zeros visible to them (otherwise a kernel could still read
+    /// what an earlier owner of the memory left, e.g. a stale failure record).
     pub(super) fn zero(&self) -> Result<(), CudaError> {
         if self.bytes == 0 {
             return Ok(());
         }
         self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         // SAFETY: `ptr` holds `bytes` bytes of this context's memory.
-        unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }.map_err(driver("cuMemsetD8"))
+        unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }.map_err(driver("cuMemsetD8"))?;
+        self.ctx.synchronize().map_err(driver("cuCtxSynchronize"))
     }
 }
 
@@ -63,6 +67,18 @@ impl Drop for DeviceMemory {
             let _ = unsafe { result::free_sync(self.ptr) };
         }
     }
+}
+
+/// Zero `bytes` bytes at `ptr` in the order of `stream` (a failure record, after
+/// `synchronize` has read it).
+pub(super) fn clear_on_stream(
+    stream: sys::CUstream,
+    ptr: u64,
+    bytes: usize,
+) -> Result<(), CudaError> {
+    // SAFETY: `ptr` addresses `bytes` bytes of device memory owned by the caller's instance;
+    // the memset is ordered after everything queued on `stream` so far.
+    unsafe { result::memset_d8_async(ptr, 0, bytes, stream) }.map_err(driver("cuMemsetD8Async"))
 }
 
 /// Page-locked host memory, mapped into the device's address space.

@@ -1,27 +1,33 @@
 //! The CUDA backend proper (feature `cuda`).
 
 mod blas;
+mod cublas;
+mod fast;
+mod graph;
 mod memory;
 mod module;
 mod ops;
+mod scratch;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, mpsc};
 
-use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, result, sys};
-use kda_core::hal::Allocation;
+use kda_core::graph::Graph;
+use kda_core::hal::{Allocation, GraphReplay};
 use kda_core::{
     Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, EventHandle,
     EventId, InstanceId, Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use crate::status::{self, HostFailure, StatusRecord};
-use crate::{CudaError, CudaOptions, kernels};
+use crate::{CudaError, CudaOptions, FastPaths, kernels};
 use memory::{DeviceMemory, OwnedPinned, PinnedPool, driver};
 use module::Kernels;
+
+pub use graph::MAX_GRAPHS;
 
 /// Streams one instance can create (each owns a status record and a mailbox).
 const STREAMS_PER_INSTANCE: usize = 4096;
@@ -48,6 +54,10 @@ struct Inner {
     /// Event snapshot slots (u32 failure ids).
     snapshots: DeviceMemory,
     staging: Arc<PinnedPool>,
+    scratch: scratch::ScratchAllocator,
+    graphs: graph::GraphCache,
+    /// The fast paths in effect (those requested that the device can take).
+    fast: FastPaths,
     host_failures: Arc<Mutex<HashMap<u32, HostFailure>>>,
     /// Host functions already run, kept until a host thread drops them (a callback must not
     /// drop anything that may call CUDA).
@@ -99,7 +109,7 @@ struct StreamInner {
     next_ticket: AtomicU32,
     /// The thread that runs this stream's host functions, in order (started on first use).
     host_worker: OnceLock<mpsc::Sender<HostJob>>,
-    blas: OnceLock<CudaBlas>,
+    blas: OnceLock<cublas::BlasHandle>,
 }
 
 /// A host function's run on its stream's worker thread.
@@ -237,13 +247,10 @@ impl CudaBackend {
                 reason: "the CUDA driver library (libcuda) could not be loaded".into(),
             });
         }
-        // SAFETY: only tries to open the library (cudarc panics on first use otherwise).
-        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
-            return Err(CudaError::NoCudaDevice {
-                ordinal,
-                reason: "cuBLAS (libcublas.so.12) could not be loaded".into(),
-            });
-        }
+        cublas::origin().map_err(|e| match e {
+            CudaError::NoCudaDevice { reason, .. } => CudaError::NoCudaDevice { ordinal, reason },
+            other => other,
+        })?;
         let count = CudaContext::device_count().map_err(no_device(ordinal))?;
         if ordinal >= count.max(0) as usize {
             return Err(CudaError::NoCudaDevice {
@@ -272,15 +279,23 @@ impl CudaBackend {
             reason: format!("compute capability {major}.{minor} has no CUBIN target in NVRTC 12"),
         })?;
         let kernels = Kernels::load(&ctx, arch)?;
+        let fast = fast::effective(&ctx, &kernels, major, options.fast)?;
         let record = std::mem::size_of::<StatusRecord>();
         let status = DeviceMemory::new(&ctx, STREAMS_PER_INSTANCE * record)?;
-        status.zero()?;
         let snapshots = DeviceMemory::new(&ctx, SNAPSHOT_SLOTS * 4)?;
+        // Zeroed before any stream of this instance can read them (see `DeviceMemory::zero`).
+        status.zero()?;
         snapshots.zero()?;
         let mailboxes = OwnedPinned::new(&ctx, 2 * STREAMS_PER_INSTANCE * 4)?;
+        let probe = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        let scratch = scratch::ScratchAllocator::new(&ctx, probe.cu_stream());
+        drop(probe);
         let inner = Inner {
             instance: InstanceId::fresh(),
             staging: Arc::new(PinnedPool::new(&ctx)),
+            scratch,
+            graphs: graph::GraphCache::default(),
+            fast,
             ctx,
             name,
             sms,
@@ -459,11 +474,9 @@ impl Backend for CudaBackend {
         if record.fid == 0 {
             return Ok(());
         }
-        // SAFETY: as above; clearing the record makes the stream healthy again.
-        unsafe {
-            result::memset_d8_sync(stream.inner.status, 0, std::mem::size_of::<StatusRecord>())
-        }
-        .map_err(driver("cuMemsetD8"))?;
+        // Cleared in the stream's own order: a memset on the legacy default stream would be
+        // unordered against kda's non-blocking streams.
+        memory::clear_on_stream(stream.raw(), stream.inner.status, size_of::<StatusRecord>())?;
         let failures = self.inner.host_failures.lock().unwrap_or_else(PoisonError::into_inner);
         Err(status::to_error(
             stream.id,
@@ -501,9 +514,20 @@ impl Backend for CudaBackend {
     fn submit(&self, stream: &CudaStream, label: &str, op: Validated<Self>) -> Result<()> {
         // Only the façade makes a `Validated` op: the kernels' preconditions (views inside their
         // buffers, no aliasing outputs) hold for every op that reaches here.
-        let op = op.into_op();
+        let (op, dims) = op.into_parts();
         self.bind()?;
         let _span = tracing::trace_span!("cuda", op = label, stream = %stream.id).entered();
-        self.run(stream, label, op)
+        self.run(stream, label, op, dims)
+    }
+
+    /// A graph runs as one CUDA graph instantiated for its origin (see `graph.rs`), or, with
+    /// host work in it, replays op by op.
+    fn prepare_graph(&self, graph: &Graph<Self>, origin: &CudaStream) -> Result<GraphReplay<Self>> {
+        self.prepare_captured(graph, origin)
+    }
+
+    /// One `cuGraphLaunch`.
+    fn launch_native_graph(&self, graph: &Graph<Self>, origin: &CudaStream) -> Result<()> {
+        self.launch_captured(graph, origin)
     }
 }

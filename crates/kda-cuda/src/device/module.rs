@@ -88,7 +88,26 @@ impl Kernels {
                 functions.insert(name, (f, sizes));
             }
         }
+        load_eagerly(functions.values().map(|(f, _)| f))?;
         Ok(Self { functions })
+    }
+
+    /// Allow kernel `name` up to `bytes` of dynamic shared memory (beyond the default 48 KiB).
+    pub(super) fn allow_shared(&self, name: &'static str, bytes: u32) -> Result<(), CudaError> {
+        let (f, _) = self.function(name)?;
+        let attribute = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        // SAFETY: `f` is a loaded function of this context.
+        unsafe {
+            result::function::set_function_attribute(f.cu_function(), attribute, bytes as i32)
+        }
+        .map_err(driver("cuFuncSetAttribute"))
+    }
+
+    fn function(&self, name: &'static str) -> Result<&(CudaFunction, Vec<usize>), CudaError> {
+        self.functions.get(name).ok_or(CudaError::Driver {
+            call: "cuModuleGetFunction",
+            message: format!("kernel {name} is not loaded"),
+        })
     }
 
     /// Launch kernel `name` on `stream`; `params` point at the argument values, in order
@@ -101,10 +120,20 @@ impl Kernels {
         block: (u32, u32, u32),
         params: Args<'_>,
     ) -> Result<(), CudaError> {
-        let (f, sizes) = self.functions.get(name).ok_or(CudaError::Driver {
-            call: "cuModuleGetFunction",
-            message: format!("kernel {name} is not loaded"),
-        })?;
+        self.launch_shared(stream, name, grid, block, 0, params)
+    }
+
+    /// [`Self::launch`] with `shared` bytes of dynamic shared memory.
+    pub(super) fn launch_shared(
+        &self,
+        stream: sys::CUstream,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+        params: Args<'_>,
+    ) -> Result<(), CudaError> {
+        let (f, sizes) = self.function(name)?;
         if params.sizes != sizes.as_slice() {
             return Err(CudaError::Driver {
                 call: "cuLaunchKernel",
@@ -117,9 +146,36 @@ impl Kernels {
         // SAFETY: `f` belongs to this context; `params.ptrs` point at live values whose sizes
         // match the kernel's parameters one for one (checked above), in order; the views among
         // them were validated against their buffers.
-        unsafe { result::launch_kernel(f.cu_function(), grid, block, 0, stream, params.ptrs) }
+        unsafe { result::launch_kernel(f.cu_function(), grid, block, shared, stream, params.ptrs) }
             .map_err(driver("cuLaunchKernel"))
     }
+}
+
+/// Load every function now when the driver loads modules lazily (CUDA 12.2 and later by
+/// default): a lazily loaded kernel is loaded at its first launch, which waits for the device,
+/// so launching it behind a kernel that spins until the host acts (`kda_host_wait`) could
+/// deadlock, and a first launch inside a graph capture or a timed region pays for the load.
+fn load_eagerly<'a>(functions: impl Iterator<Item = &'a CudaFunction>) -> Result<(), CudaError> {
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING;
+    // SAFETY: writes the process's loading mode into `mode`.
+    let queried = unsafe { sys::cuModuleGetLoadingMode(&mut mode) };
+    if queried != sys::CUresult::CUDA_SUCCESS
+        || mode != sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING
+    {
+        return Ok(());
+    }
+    let mut version = 0;
+    // SAFETY: writes the driver's CUDA version into `version`.
+    let known = unsafe { sys::cuDriverGetVersion(&mut version) } == sys::CUresult::CUDA_SUCCESS;
+    // cuFuncLoad exists from CUDA 12.4 on; older drivers load at first launch.
+    if !known || version < 12040 {
+        return Ok(());
+    }
+    for f in functions {
+        // SAFETY: `f` is a function of a module loaded in the current context.
+        unsafe { sys::cuFuncLoad(f.cu_function()) }.result().map_err(driver("cuFuncLoad"))?;
+    }
+    Ok(())
 }
 
 /// Kernel arguments, in order, for [`Kernels::launch`]: each value's address and size.

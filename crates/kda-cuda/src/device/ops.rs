@@ -6,13 +6,14 @@ use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::result;
 use kda_core::kda::{
-    CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, GateForm, KdaChunk, KdaGate,
+    CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, GateDims, GateForm, KdaChunk, KdaGate,
     KdaRecurrent, PaddingDims, RecurrenceDims, RowDims,
 };
-use kda_core::{DType, DownloadSlot, HostFn, Layout, Op, Result, Tensor};
+use kda_core::{DType, DownloadSlot, HostFn, Layout, Op, OpDims, Result, Tensor};
 
-use super::memory::{driver, enqueue_host};
+use super::memory::{OwnedPinned, driver, enqueue_host};
 use super::module::{Args, args};
+use super::scratch::{self, Owned, Scratch};
 use super::{CudaBackend, CudaStream};
 use crate::plan::{self, BLOCK, MAX_CONV_WINDOW, MAX_KEY_DIM, MX_TILE, ROWS_PER_BLOCK};
 use crate::status::{CheckedOp, FailureId, HostFailure};
@@ -41,39 +42,44 @@ fn gate_form(form: GateForm) -> (i32, f32) {
     }
 }
 
-/// Stream-ordered device scratch, freed on the stream after its last use.
-pub(super) struct Scratch {
-    pub(super) ptr: u64,
+/// The sizes of `dims` when they are of the kind the op has (validation made them so).
+macro_rules! dims_of {
+    ($dims:expr, $kind:ident, $name:expr) => {
+        match $dims {
+            OpDims::$kind(d) => d,
+            other => {
+                return Err(kda_core::Error::Backend {
+                    backend: "cuda",
+                    message: format!("{}: validated with another op's sizes ({other:?})", $name),
+                })
+            }
+        }
+    };
 }
 
 impl CudaBackend {
-    pub(super) fn run(&self, stream: &CudaStream, label: &str, op: Op<Self>) -> Result<()> {
+    /// Queue a validated op with the sizes its validation computed.
+    pub(super) fn run(
+        &self,
+        stream: &CudaStream,
+        label: &str,
+        op: Op<Self>,
+        dims: OpDims,
+    ) -> Result<()> {
+        let name = op.name();
         match op {
-            Op::Gemm { x, w, y } => self.gemm(stream, &x, &w, &y),
+            Op::Gemm { x, w, y } => self.gemm(stream, &x, &w, &y, dims_of!(dims, Gemm, name)),
             Op::Copy { src, dst } => self.copy(stream, &src, &dst),
             Op::Fill { dst, value } => self.fill(stream, &dst, value),
             Op::Upload { dst, data } => self.upload(stream, &dst, &data),
             Op::Download { src, slot } => self.download(stream, &src, slot),
             Op::Host { f, .. } => self.host(stream, label, f),
             Op::DynamicQuant { x, data, scale, alg } => {
-                let dims = kda_core::op::mx_quant_dims(&x, &data, &scale)?;
-                let (m, k) = (dims.m as i64, dims.k as i64);
-                let Some(grid) = self.grid(dims.m * dims.blocks, BLOCK) else { return Ok(()) };
-                let (xv, dv, sv) = (
-                    view("dynamic_quant", "x", &x)?,
-                    view("dynamic_quant", "data", &data)?,
-                    view("dynamic_quant", "scale", &scale)?,
-                );
-                let alg = i32::from(alg.code());
-                self.kernel(
-                    stream,
-                    "kda_dynamic_quant",
-                    grid,
-                    args!(stream.inner.status, xv, dv, sv, m, k, alg),
-                )
+                let dims = dims_of!(dims, Mx, name);
+                self.dynamic_quant(stream, (&x, &data, &scale), alg, dims)
             }
             Op::MxDequant { data, scale, y } => {
-                let dims = kda_core::op::mx_dequant_dims(&data, &scale, &y)?;
+                let dims = dims_of!(dims, Mx, name);
                 let (m, k) = (dims.m as i64, dims.k as i64);
                 let Some(grid) = self.grid(dims.m * dims.k, BLOCK) else { return Ok(()) };
                 let (dv, sv, yv) = (
@@ -89,9 +95,12 @@ impl CudaBackend {
                 )
             }
             Op::MxGemm { a, a_scale, w, w_scale, y } => {
-                let dims = kda_core::op::mx_gemm_dims(&a, &a_scale, &w, &w_scale, &y)?;
+                let dims = dims_of!(dims, Gemm, name);
                 if dims.m == 0 || dims.n == 0 {
                     return Ok(());
+                }
+                if self.inner.fast.mx_gemm && dims.k > 0 {
+                    return self.mx_gemm_fast(stream, (&a, &a_scale), (&w, &w_scale), &y, dims);
                 }
                 const OP: &str = "mx_gemm";
                 let views = [
@@ -124,9 +133,9 @@ impl CudaBackend {
                     (view("sigmoid", "x", &x)?, view("sigmoid", "y", &y)?, x.numel() as i64);
                 self.kernel(stream, "kda_sigmoid", grid, args!(stream.inner.status, xv, yv, n))
             }
-            Op::KdaGate(op) => self.gate(stream, &op),
+            Op::KdaGate(op) => self.gate(stream, &op, dims_of!(dims, Gate, name)),
             Op::L2Norm(op) => {
-                let RowDims { rows, dim } = op.validate()?;
+                let RowDims { rows, dim } = dims_of!(dims, Rows, name);
                 let Some(grid) = self.grid(rows * 32, BLOCK) else { return Ok(()) };
                 let (xv, yv) = (view("l2norm", "x", &op.x)?, view("l2norm", "y", &op.y)?);
                 let (rows, dim, scale) = (rows as i64, dim as i64, op.scale);
@@ -138,7 +147,7 @@ impl CudaBackend {
                 )
             }
             Op::GatedRmsNorm(op) => {
-                let RowDims { rows, dim } = op.validate()?;
+                let RowDims { rows, dim } = dims_of!(dims, Rows, name);
                 let Some(grid) = self.grid(rows * 32, BLOCK) else { return Ok(()) };
                 const OP: &str = "gated_rms_norm";
                 let (xv, gv, wv, yv) = (
@@ -156,7 +165,7 @@ impl CudaBackend {
                 )
             }
             Op::ZeroPadding(op) => {
-                let PaddingDims { rows, row_len } = op.validate()?;
+                let PaddingDims { rows, row_len } = dims_of!(dims, Padding, name);
                 let grid = self.grid(rows * row_len, BLOCK).unwrap_or(1);
                 let fid = self.fid(stream, CheckedOp::ZeroPadding);
                 let (xv, lv) = (
@@ -172,10 +181,12 @@ impl CudaBackend {
                     args!(stream.inner.status, fid, xv, lv, rows, row_len, elsize),
                 )
             }
-            Op::CausalConv(op) => self.conv_prefill(stream, &op),
-            Op::CausalConvUpdate(op) => self.conv_update(stream, &op),
-            Op::KdaRecurrent(op) => self.recurrent(stream, &op),
-            Op::KdaChunk(op) => self.chunk(stream, &op),
+            Op::CausalConv(op) => self.conv_prefill(stream, &op, dims_of!(dims, Conv, name)),
+            Op::CausalConvUpdate(op) => {
+                self.conv_update(stream, &op, dims_of!(dims, ConvUpdate, name))
+            }
+            Op::KdaRecurrent(op) => self.recurrent(stream, &op, dims_of!(dims, Recurrence, name)),
+            Op::KdaChunk(op) => self.chunk(stream, &op, dims_of!(dims, Recurrence, name)),
         }
     }
 
@@ -215,7 +226,7 @@ impl CudaBackend {
     }
 
     /// A grid-stride kernel of `grid` blocks of [`BLOCK`] threads.
-    fn kernel(
+    pub(super) fn kernel(
         &self,
         stream: &CudaStream,
         name: &'static str,
@@ -230,18 +241,13 @@ impl CudaBackend {
         FailureId::Kernel { stream: stream.id.index, op }.encode()
     }
 
+    /// Scratch for work queued on `stream` until [`Self::release`] (see `scratch.rs`).
     pub(super) fn scratch(&self, stream: &CudaStream, bytes: usize) -> Result<Scratch> {
-        // SAFETY: stream-ordered allocation on a live stream of the bound context; used only by
-        // work queued on this stream before `release`.
-        let ptr = unsafe { result::malloc_async(stream.raw(), bytes.max(1)) }
-            .map_err(driver("cuMemAllocAsync"))?;
-        Ok(Scratch { ptr })
+        Ok(self.inner.scratch.take(stream.raw(), bytes)?)
     }
 
     pub(super) fn release(&self, stream: &CudaStream, scratch: Scratch) -> Result<()> {
-        // SAFETY: allocated on this stream by `scratch`; every use was queued before this.
-        Ok(unsafe { result::free_async(scratch.ptr, stream.raw()) }
-            .map_err(driver("cuMemFreeAsync"))?)
+        Ok(self.inner.scratch.release(stream.raw(), scratch)?)
     }
 
     /// A dense row-major view of `shape` in `dtype` over scratch memory.
@@ -287,17 +293,29 @@ impl CudaBackend {
         self.kernel(stream, "kda_fill", grid, args!(stream.inner.status, dv, n, elsize, bits))
     }
 
+    /// Staged through pinned memory: from the pool (returned by a host callback once the copy
+    /// is done), or, while a graph is being captured, a buffer the CUDA graph owns (each launch
+    /// copies the same bytes, as a replayed upload does).
     fn upload(&self, stream: &CudaStream, dst: &T, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
         }
-        let staging = self.inner.staging.take(data.len())?;
+        let (pooled, owned) = if scratch::capturing() {
+            (None, Some(OwnedPinned::new(&self.inner.ctx, data.len())?))
+        } else {
+            (Some(self.inner.staging.take(data.len())?), None)
+        };
+        let staging = match (&pooled, &owned) {
+            (Some(p), _) => p.host,
+            (None, Some(o)) => o.host(),
+            (None, None) => return Ok(()),
+        };
         // SAFETY: the staging buffer holds at least `data.len()` bytes and no queued work uses
-        // it (it was free in the pool).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staging.host, data.len()) };
+        // it (it was free in the pool, or is new).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), staging, data.len()) };
         // SAFETY: the slice covers the staging bytes just written; it stays alive (in the
-        // callback below) until the copy, queued before the callback, has finished.
-        let host = unsafe { std::slice::from_raw_parts(staging.host, data.len()) };
+        // callback below, or with the graph) until the copy, queued before, has finished.
+        let host = unsafe { std::slice::from_raw_parts(staging, data.len()) };
         if dst.layout().is_contiguous() {
             let at = view("upload", "dst", dst)?.ptr;
             // SAFETY: `at` starts `data.len()` bytes of `dst`'s buffer (validated view).
@@ -318,8 +336,18 @@ impl CudaBackend {
             )?;
             self.release(stream, scratch)?;
         }
-        let pool = Arc::clone(&self.inner.staging);
-        Ok(enqueue_host(stream.raw(), move || pool.give(staging))?)
+        match (pooled, owned) {
+            (Some(staging), _) => {
+                let pool = Arc::clone(&self.inner.staging);
+                Ok(enqueue_host(stream.raw(), move || pool.give(staging))?)
+            }
+            // The graph owns it now.
+            (None, Some(owned)) => {
+                drop(scratch::keep(Owned::Pinned(owned)));
+                Ok(())
+            }
+            (None, None) => Ok(()),
+        }
     }
 
     fn download(&self, stream: &CudaStream, src: &T, slot: DownloadSlot) -> Result<()> {
@@ -409,8 +437,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn gate(&self, stream: &CudaStream, op: &KdaGate<Self>) -> Result<()> {
-        let dims = op.validate()?;
+    fn gate(&self, stream: &CudaStream, op: &KdaGate<Self>, dims: GateDims) -> Result<()> {
         let Some(grid) = self.grid(dims.tokens * dims.heads * dims.dim, BLOCK) else {
             return Ok(());
         };
@@ -431,9 +458,14 @@ impl CudaBackend {
         )
     }
 
-    fn conv_prefill(&self, stream: &CudaStream, op: &CausalConv<Self>) -> Result<()> {
+    fn conv_prefill(
+        &self,
+        stream: &CudaStream,
+        op: &CausalConv<Self>,
+        dims: ConvDims,
+    ) -> Result<()> {
         const OP: &str = "causal_conv";
-        let ConvDims { tokens, channels, width, batch, slots, .. } = op.validate()?;
+        let ConvDims { tokens, channels, width, batch, slots, .. } = dims;
         if channels == 0 {
             return Ok(());
         }
@@ -476,9 +508,14 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn conv_update(&self, stream: &CudaStream, op: &CausalConvUpdate<Self>) -> Result<()> {
+    fn conv_update(
+        &self,
+        stream: &CudaStream,
+        op: &CausalConvUpdate<Self>,
+        dims: ConvUpdateDims,
+    ) -> Result<()> {
         const OP: &str = "causal_conv_update";
-        let ConvUpdateDims { batch, tokens, channels, width, slots, state_len } = op.validate()?;
+        let ConvUpdateDims { batch, tokens, channels, width, slots, state_len } = dims;
         if channels == 0 {
             return Ok(());
         }
@@ -517,9 +554,13 @@ impl CudaBackend {
         )
     }
 
-    fn recurrent(&self, stream: &CudaStream, op: &KdaRecurrent<Self>) -> Result<()> {
+    fn recurrent(
+        &self,
+        stream: &CudaStream,
+        op: &KdaRecurrent<Self>,
+        dims: RecurrenceDims,
+    ) -> Result<()> {
         const OP: &str = "kda_recurrent";
-        let dims = op.validate()?;
         let grid = Self::recurrence_grid(OP, &dims)?;
         let fid = self.fid(stream, CheckedOp::KdaRecurrent);
         let (q, k, v, g, beta, slots, state, o) = (
@@ -549,9 +590,8 @@ impl CudaBackend {
         self.recurrence(stream, "kda_recurrent", grid, params)
     }
 
-    fn chunk(&self, stream: &CudaStream, op: &KdaChunk<Self>) -> Result<()> {
+    fn chunk(&self, stream: &CudaStream, op: &KdaChunk<Self>, dims: RecurrenceDims) -> Result<()> {
         const OP: &str = "kda_chunk";
-        let dims = op.validate()?;
         let grid = Self::recurrence_grid(OP, &dims)?;
         let fid = self.fid(stream, CheckedOp::KdaChunk);
         let (q, k, v, g, beta, starts, slots, init, state, o) = (
@@ -583,6 +623,20 @@ impl CudaBackend {
         let validate = args!(status, fid, param, starts, slots, b, t, n_slots);
         self.single(stream, "kda_validate_varlen", validate)?;
         let Some(grid) = grid else { return Ok(()) };
+        // The tensor-core chunked form (FastPaths::chunk): the same operands, a block per
+        // (32 value columns, head, request).
+        let tensor_cores = self.inner.fast.chunk && dims.k <= plan::TC_MAX_KEY;
+        let (name, grid, block, shared) = if tensor_cores {
+            let tiles = dims.v.div_ceil(plan::TC_BV) as u32;
+            (
+                "kda_chunk_tc",
+                (tiles, grid.1, grid.2),
+                (plan::TC_THREADS, 1, 1),
+                plan::TC_SHARED_BYTES,
+            )
+        } else {
+            ("kda_chunk", grid, (32 * ROWS_PER_BLOCK, 1, 1), 0)
+        };
         let params = args!(
             status,
             q,
@@ -604,6 +658,6 @@ impl CudaBackend {
             form,
             lower_bound
         );
-        self.recurrence(stream, "kda_chunk", grid, params)
+        Ok(self.inner.kernels.launch_shared(stream.raw(), name, grid, block, shared, params)?)
     }
 }

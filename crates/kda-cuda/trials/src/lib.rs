@@ -1,53 +1,153 @@
-//! An attribute named `test` that keeps the function and registers it with `inventory` as
-//! `crate::Registered { name, run }`, instead of handing it to libtest.
+//! kda-cuda's test harness: trials that decide at run time whether they can run (a CUDA device,
+//! libnvrtc), and the runner of its `harness = false` test targets.
 //!
-//! Why: `kda_testkit::conformance_tests!` expands to `#[test] fn name() { ... }`. A test target
-//! with `harness = false` that brings this attribute into scope (`use kda_cuda_trials::test;`)
-//! before invoking the macro collects every body as a trial, so it can report each one as
-//! ignored, by name, when no CUDA device is present, rather than passing it silently. New
-//! bodies added to the macro come along without a change here.
+//! - [`test`]: an attribute that registers `fn name()` as a [`Registered`] trial instead of
+//!   handing it to libtest. A test target that brings it into scope (`use kda_cuda_trials::test;`)
+//!   before invoking `kda_testkit::conformance_tests!` collects every conformance body; new
+//!   bodies come along without a change here. [`registered`] turns them into trials, each
+//!   reported ignored, by name, when the device is unavailable, never passed silently.
+//! - [`run`]: libtest-mimic with the command line `cargo test` passes, except that any number
+//!   of name filters is accepted (`cargo test --workspace -- NAME1 NAME2`, as libtest does):
+//!   libtest-mimic alone takes one and rejects the run otherwise.
 
-use proc_macro::{TokenStream, TokenTree};
+pub use inventory;
+pub use kda_cuda_trials_macros::test;
+pub use libtest_mimic::{Failed, Trial};
 
-/// Register `fn name() { ... }` as a trial named after its module path and `name`.
-#[proc_macro_attribute]
-pub fn test(attr: TokenStream, item: TokenStream) -> TokenStream {
-    if !attr.is_empty() {
-        return compile_error("#[test] as a kda-cuda trial takes no arguments");
-    }
-    let Some(name) = function_name(&item) else {
-        return compile_error("#[test] as a kda-cuda trial applies to a function");
-    };
-    let registration = format!(
-        "::inventory::submit! {{ crate::Registered {{ \
-         name: ::core::concat!(::core::module_path!(), \"::{name}\"), run: {name} }} }}"
-    );
-    let mut out = item;
-    match registration.parse::<TokenStream>() {
-        Ok(tokens) => out.extend(tokens),
-        Err(e) => return compile_error(&format!("cannot register {name}: {e}")),
-    }
-    out
+use libtest_mimic::Arguments;
+
+/// One trial body, as [`test`] registers it: its full path and the function.
+#[derive(Debug)]
+pub struct Registered {
+    pub name: &'static str,
+    pub run: fn(),
 }
 
-/// The identifier after the first `fn`.
-fn function_name(item: &TokenStream) -> Option<String> {
-    let mut after_fn = false;
-    for token in item.clone() {
-        match token {
-            TokenTree::Ident(ident) => {
-                let text = ident.to_string();
-                if after_fn {
-                    return Some(text);
+inventory::collect!(Registered);
+
+/// Every registered body as a trial, sorted by name, named without the test crate
+/// (`conformance::suite::name` → `suite::name`). With `unavailable` (why the device cannot be
+/// used), each is ignored, and fails with that reason under `--include-ignored`.
+pub fn registered(unavailable: Option<&str>) -> Vec<Trial> {
+    let mut all: Vec<&Registered> = inventory::iter::<Registered>.into_iter().collect();
+    all.sort_by_key(|r| r.name);
+    all.into_iter()
+        .map(|r| {
+            let name = r.name.split_once("::").map_or(r.name, |(_, rest)| rest);
+            let (run, reason) = (r.run, unavailable.map(str::to_string));
+            Trial::test(name, move || match reason {
+                None => {
+                    run();
+                    Ok(())
                 }
-                after_fn = text == "fn";
-            }
-            _ => after_fn = false,
+                Some(why) => Err(format!("cannot run without a CUDA device: {why}").into()),
+            })
+            .with_ignored_flag(unavailable.is_some())
+        })
+        .collect()
+}
+
+/// Run `trials` under the process's command line (see the crate docs) and exit with its status.
+pub fn run(trials: Vec<Trial>) -> ! {
+    let (args, trials) = arguments(std::env::args().collect(), trials);
+    libtest_mimic::run(&args, trials).exit()
+}
+
+/// Options of libtest-mimic's command line that take a value as the next argument.
+const WITH_VALUE: [&str; 6] =
+    ["--test-threads", "--logfile", "--skip", "--color", "--format", "-Z"];
+
+/// The command line split into everything but the name filters, and the filters.
+fn split_filters(command_line: Vec<String>) -> (Vec<String>, Vec<String>) {
+    let mut rest = Vec::with_capacity(command_line.len());
+    let mut filters = Vec::new();
+    let mut args = command_line.into_iter();
+    rest.extend(args.next());
+    while let Some(arg) = args.next() {
+        if WITH_VALUE.contains(&arg.as_str()) {
+            rest.push(arg);
+            rest.extend(args.next());
+        } else if arg.starts_with('-') {
+            rest.push(arg);
+        } else {
+            filters.push(arg);
         }
     }
-    None
+    (rest, filters)
 }
 
-fn compile_error(message: &str) -> TokenStream {
-    format!("::core::compile_error!({message:?});").parse().unwrap_or_default()
+/// libtest-mimic's arguments for `command_line`, and the trials left after the name filters:
+/// one filter is libtest-mimic's own; with several, a trial runs when any of them matches it
+/// (its name contains the filter, or equals it under `--exact`), as under libtest.
+fn arguments(command_line: Vec<String>, mut trials: Vec<Trial>) -> (Arguments, Vec<Trial>) {
+    let (rest, filters) = split_filters(command_line);
+    let mut args = Arguments::from_iter(rest);
+    match filters.as_slice() {
+        [] => {}
+        [one] => args.filter = Some(one.clone()),
+        many => {
+            let exact = args.exact;
+            trials.retain(|t| {
+                many.iter()
+                    .any(|f| if exact { t.name() == f } else { t.name().contains(f.as_str()) })
+            });
+        }
+    }
+    (args, trials)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Trial, arguments, split_filters};
+
+    fn line(args: &[&str]) -> Vec<String> {
+        std::iter::once("harness").chain(args.iter().copied()).map(String::from).collect()
+    }
+
+    fn trials(names: &[&str]) -> Vec<Trial> {
+        names.iter().map(|n| Trial::test(*n, || Ok(()))).collect()
+    }
+
+    fn names(trials: &[Trial]) -> Vec<&str> {
+        trials.iter().map(Trial::name).collect()
+    }
+
+    #[test]
+    fn filters_are_the_positional_arguments() {
+        let (rest, filters) = split_filters(line(&[
+            "alpha",
+            "--test-threads",
+            "2",
+            "beta",
+            "--skip",
+            "gamma",
+            "--exact",
+            "--color=never",
+        ]));
+        assert_eq!(filters, ["alpha", "beta"]);
+        assert_eq!(
+            rest,
+            ["harness", "--test-threads", "2", "--skip", "gamma", "--exact", "--color=never"]
+        );
+    }
+
+    #[test]
+    fn several_filters_keep_every_trial_any_of_them_matches() {
+        let all = ["suite::streams_order", "suite::gemm_bf16", "suite::mx_gemm", "nvrtc_x"];
+        let (args, kept) = arguments(line(&["gemm", "streams", "-q"]), trials(&all));
+        assert_eq!(names(&kept), ["suite::streams_order", "suite::gemm_bf16", "suite::mx_gemm"]);
+        assert_eq!(args.filter, None);
+        assert!(args.quiet);
+        let (_, kept) = arguments(line(&["--exact", "suite::gemm_bf16", "gemm"]), trials(&all));
+        assert_eq!(names(&kept), ["suite::gemm_bf16"]);
+    }
+
+    #[test]
+    fn one_filter_or_none_is_libtest_mimics_own() {
+        let all = ["a", "b"];
+        let (args, kept) = arguments(line(&["a"]), trials(&all));
+        assert_eq!((args.filter.as_deref(), names(&kept)), (Some("a"), vec!["a", "b"]));
+        let (args, kept) = arguments(line(&[]), trials(&all));
+        assert_eq!((args.filter, kept.len()), (None, 2));
+    }
 }

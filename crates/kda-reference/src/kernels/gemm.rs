@@ -100,6 +100,9 @@ pub(super) fn gemm(x: &T, w: &T, y: &T, exec: &Exec) -> Result<(), String> {
     if k == 0 {
         return super::memory::fill(y, 0.0);
     }
+    if m <= super::gemm_small::MAX_ROWS && w.layout().is_contiguous() {
+        return gemm_few_rows(x, w, y, (m, n, k), exec);
+    }
     let parallelism = match exec.threads() {
         1 => Parallelism::None,
         threads => Parallelism::Rayon(threads),
@@ -153,6 +156,52 @@ pub(super) fn gemm(x: &T, w: &T, y: &T, exec: &Exec) -> Result<(), String> {
             store_rounded(&y_block, acc, exec);
         }
         crate::progress::report(n0 + nb, n);
+    }
+    Ok(())
+}
+
+/// A few rows (decode): the weight read once in its dtype ([`super::gemm_small`]).
+fn gemm_few_rows(
+    x: &T,
+    w: &T,
+    y: &T,
+    (m, n, k): (usize, usize, usize),
+    exec: &Exec,
+) -> Result<(), String> {
+    use super::gemm_small::{self, Weight};
+    let mut x_scratch = exec.scratch();
+    let x32: &[f32] = if x.dtype() == DType::F32 && x.layout().is_contiguous() {
+        // SAFETY: a validated, contiguous f32 input view; stream contract.
+        unsafe { x.buffer().slice::<f32>(x.layout()) }
+    } else if x.dtype() == DType::F32 {
+        let out = x_scratch.take(m * k);
+        // SAFETY: a validated input view; stream contract.
+        out.copy_from_slice(&unsafe { x.buffer().gather::<f32>(x.layout()) });
+        out
+    } else {
+        let out = x_scratch.take(m * k);
+        widen(x, exec, out);
+        out
+    };
+    let layout = w.layout();
+    // SAFETY: a validated, contiguous input view of the matched dtype; stream contract.
+    let weight = unsafe {
+        match w.dtype() {
+            DType::BF16 => Weight::BF16 { data: w.buffer().slice(layout), row_stride: k },
+            DType::F16 => Weight::F16 { data: w.buffer().slice(layout), row_stride: k },
+            _ => Weight::F32 { data: w.buffer().slice(layout), row_stride: k },
+        }
+    };
+    let threads = exec.threads();
+    let out =
+        exec.install(|| gemm_small::gemm(x32, weight, (m, n, k), threads, crate::progress::report));
+    match y.dtype() {
+        DType::F32 => {
+            // SAFETY: a validated output view of `m · n` elements overlapping no input; stream
+            // contract.
+            unsafe { y.buffer().scatter::<f32>(y.layout(), &out) }
+        }
+        _ => store_rounded(y, &out, exec),
     }
     Ok(())
 }

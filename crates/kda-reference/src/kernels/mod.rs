@@ -5,9 +5,11 @@
 //! their inputs; what remains is the stream contract (see [`crate::buffer`]).
 
 mod gemm;
+mod gemm_small;
 mod kda;
 mod memory;
 mod mx;
+mod mx_gemm;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -123,4 +125,38 @@ pub(crate) fn execute(valid: &Validated<ReferenceBackend>, exec: &Exec) -> Resul
             Err(format!("{}: validated with the sizes of another op ({dims:?})", op.name()))
         }
     }
+}
+
+/// Whether this CPU runs the AVX2/FMA builds of the hot loops.
+pub(crate) fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Ask for the cache lines of `bytes` to be brought in ahead of their use (a hint: no effect on
+/// results). Weight streams read a few hundred bytes from each of many rows, a pattern the
+/// hardware prefetchers do not follow.
+#[inline(always)]
+pub(crate) fn prefetch<E>(bytes: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let (start, len) = (bytes.as_ptr().cast::<i8>(), std::mem::size_of_val(bytes));
+        for offset in (0..len).step_by(64) {
+            // SAFETY: a prefetch never faults and has no architectural effect; the address lies
+            // within `bytes`. SSE is part of the x86_64 baseline.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(offset)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }

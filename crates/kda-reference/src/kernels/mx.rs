@@ -2,20 +2,15 @@
 //! codec in [`kda_core::mx`] (the specification); these kernels only arrange the work.
 //!
 //! The GEMM follows [`kda_core::mx::gemm`]'s definition: per 32-wide K block an exact block sum,
-//! scaled and rounded once to f32, accumulated over blocks in order in f32. Exact block sums come
-//! from the `gemm` crate's f64 kernel: E4M3 products and their 32-term sums are exact in f64 in
-//! any order (see the core module docs), so its blocking and FMAs cannot change a bit. The work is
-//! tiled over `[M, N]` so a tile's block sums and accumulators stay in cache; tiles are
-//! independent and run across the pool when there is one.
+//! scaled and rounded once to f32, accumulated over blocks in order in f32; its engine
+//! (`mx_gemm.rs`) reads the E4M3 bytes as they are stored.
 
 use std::borrow::Cow;
 
 use bytemuck::Pod;
-use gemm::Parallelism;
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
-use kda_core::mx::gemm::scale_block_sum;
-use kda_core::mx::{self, BLOCK_SIZE, MxFloat};
+use kda_core::mx::{self, MxFloat};
 use kda_core::op::{MxDims, mx_dequant_dims, mx_gemm_dims, mx_quant_dims};
 use kda_core::{DType, GemmDims, ScaleAlg, Tensor};
 use rayon::prelude::*;
@@ -27,9 +22,6 @@ type T = Tensor<ReferenceBackend>;
 
 /// Elements a parallel task of the element-wise kernels handles at least.
 const TASK_ELEMENTS: usize = 1 << 16;
-/// GEMM tile: rows of `a` and of `w` per tile.
-const TILE_M: usize = 256;
-const TILE_N: usize = 256;
 
 /// The elements of `t` in row-major order, borrowed when the view is contiguous.
 fn read<E: Pod>(t: &T) -> Cow<'_, [E]> {
@@ -154,20 +146,6 @@ fn dequant_rows<E: Send>(
     }
 }
 
-/// The operands of the GEMM as row-major bytes and decoded scales.
-struct GemmOperands<'a> {
-    a: Cow<'a, [u8]>,
-    w: Cow<'a, [u8]>,
-    /// `a_scale` decoded, `[m, blocks]`.
-    a_factor: Vec<f64>,
-    /// `w_scale` decoded and transposed to `[blocks, n]`, so a block's factors are contiguous.
-    w_factor: Vec<f64>,
-    /// Every E4M3 byte's value.
-    decode: [f64; 256],
-    dims: GemmDims,
-    blocks: usize,
-}
-
 pub(super) fn gemm(
     a: &T,
     a_scale: &T,
@@ -184,118 +162,15 @@ pub(super) fn gemm(
     if k == 0 {
         return super::memory::fill(y, 0.0);
     }
-    let blocks = mx::num_blocks(k);
-    let a_factor = read::<u8>(a_scale).iter().map(|&s| mx::decode_e8m0_f64(s)).collect();
-    let w_scale = read::<u8>(w_scale);
-    let mut w_factor = vec![0.0; n * blocks];
-    for (j, row) in w_scale.chunks_exact(blocks).enumerate() {
-        for (b, &s) in row.iter().enumerate() {
-            w_factor[b * n + j] = mx::decode_e8m0_f64(s);
-        }
-    }
-    let ops = GemmOperands {
-        a: read::<u8>(a),
-        w: read::<u8>(w),
-        a_factor,
-        w_factor,
-        decode: std::array::from_fn(|b| f64::from(mx::decode_e4m3(b as u8))),
-        dims,
-        blocks,
-    };
-    let tiles: Vec<(usize, usize)> = (0..m)
-        .step_by(TILE_M)
-        .flat_map(|m0| (0..n).step_by(TILE_N).map(move |n0| (m0, n0)))
-        .collect();
-    let results: Vec<Vec<f32>> = if exec.threads() == 1 {
-        let tile = |(i, &tile): (usize, &(usize, usize))| {
-            let acc = gemm_tile(&ops, tile);
-            crate::progress::report(i + 1, tiles.len());
-            acc
-        };
-        tiles.iter().enumerate().map(tile).collect()
-    } else {
-        exec.install(|| tiles.par_iter().map(|&tile| gemm_tile(&ops, tile)).collect())
-    };
-    let mut out = vec![0.0f32; m * n];
-    for (&(m0, n0), acc) in tiles.iter().zip(&results) {
-        let nt = TILE_N.min(n - n0);
-        for (i, row) in acc.chunks_exact(nt).enumerate() {
-            out[(m0 + i) * n + n0..][..nt].copy_from_slice(row);
-        }
-    }
+    let (a, a_scale, w, w_scale) =
+        (read::<u8>(a), read::<u8>(a_scale), read::<u8>(w), read::<u8>(w_scale));
+    let ops =
+        super::mx_gemm::Operands { a: &a, a_scale: &a_scale, w: &w, w_scale: &w_scale, m, n, k };
+    let threads = exec.threads();
+    let out = exec.install(|| super::mx_gemm::gemm(&ops, threads, crate::progress::report));
     match y.dtype() {
         DType::BF16 => write::<bf16, _>(y, |dst| dst.convert_from_f32_slice(&out)),
         _ => write::<f32, _>(y, |dst| dst.copy_from_slice(&out)),
     }
     Ok(())
-}
-
-/// One `[TILE_M, TILE_N]` tile of the output (smaller at the edges), row-major.
-fn gemm_tile(ops: &GemmOperands<'_>, (m0, n0): (usize, usize)) -> Vec<f32> {
-    let GemmDims { m, n, k } = ops.dims;
-    let (mt, nt) = (TILE_M.min(m - m0), TILE_N.min(n - n0));
-    let mut acc = vec![0.0f32; mt * nt];
-    let mut a64 = vec![0.0f64; mt * BLOCK_SIZE];
-    let mut w64 = vec![0.0f64; nt * BLOCK_SIZE];
-    let mut sums = vec![0.0f64; mt * nt];
-    for b in 0..ops.blocks {
-        let k0 = b * BLOCK_SIZE;
-        let kb = BLOCK_SIZE.min(k - k0);
-        decode_block(&ops.decode, &ops.a, k, (m0, mt), (k0, kb), &mut a64);
-        decode_block(&ops.decode, &ops.w, k, (n0, nt), (k0, kb), &mut w64);
-        // SAFETY: `a64` holds `[mt, kb]` and `w64` `[nt, kb]` row-major (read as its transpose
-        // `[kb, nt]`), `sums` `[mt, nt]` row-major; all are live, distinct vectors of this thread,
-        // large enough for the strides given.
-        unsafe {
-            gemm::gemm(
-                mt,
-                nt,
-                kb,
-                sums.as_mut_ptr(),
-                1,
-                nt as isize,
-                false,
-                a64.as_ptr(),
-                1,
-                kb as isize,
-                w64.as_ptr(),
-                kb as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            );
-        }
-        let w_factor = &ops.w_factor[b * n + n0..][..nt];
-        for (i, (acc_row, sum_row)) in
-            acc.chunks_exact_mut(nt).zip(sums.chunks_exact(nt)).enumerate()
-        {
-            let a_factor = ops.a_factor[(m0 + i) * ops.blocks + b];
-            for ((acc, &sum), &wf) in acc_row.iter_mut().zip(sum_row).zip(w_factor) {
-                *acc += scale_block_sum(sum, a_factor, wf);
-            }
-        }
-    }
-    acc
-}
-
-/// Decode rows `r0..r0 + rows`, columns `k0..k0 + kb` of a row-major `[_, k]` byte matrix into
-/// `out` as `[rows, kb]` row-major f64.
-fn decode_block(
-    decode: &[f64; 256],
-    bytes: &[u8],
-    k: usize,
-    (r0, rows): (usize, usize),
-    (k0, kb): (usize, usize),
-    out: &mut [f64],
-) {
-    for (r, dst) in out.chunks_exact_mut(kb).take(rows).enumerate() {
-        let src = &bytes[(r0 + r) * k + k0..][..kb];
-        for (d, &q) in dst.iter_mut().zip(src) {
-            *d = decode[usize::from(q)];
-        }
-    }
 }

@@ -224,3 +224,19 @@ pub fn rejects_bad_operands<B: Backend>(make: &impl Factory<B>) {
     }
     b.synchronize(&s).expect("rejected ops never reach the stream");
 }
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_gemm {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            gemm_matches_f64_at_small_shapes => gemm::matches_f64_at_small_shapes(&$plain),
+            gemm_matches_f64_at_k3_tp8_shapes => gemm::matches_f64_at_k3_tp8_shapes(&$plain),
+            gemm_reads_and_writes_strided_views => gemm::reads_and_writes_strided_views(&$plain),
+            gemm_rejects_bad_operands => gemm::rejects_bad_operands(&$plain),
+        );
+    };
+}

@@ -1322,3 +1322,31 @@ pub fn chunk_reads_and_writes_a_transposed_state_view<B: Backend>(make: &impl Fa
         (&o_ref, &s_ref),
     );
 }
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_kda {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            kda_conv_prefill_matches_f64 => kda::conv_prefill_matches_f64(&$plain),
+            kda_conv_prefill_then_decode_equals_one_prefill => kda::conv_prefill_then_decode_equals_one_prefill(&$plain),
+            kda_conv_speculative_update_equals_accepted_decodes => kda::conv_speculative_update_equals_accepted_decodes(&$plain),
+            kda_l2norm_matches_f64 => kda::l2norm_matches_f64(&$plain),
+            kda_gate_forms_match_f64_at_extremes => kda::gate_forms_match_f64_at_extremes(&$plain),
+            kda_gated_rms_norm_matches_f64 => kda::gated_rms_norm_matches_f64(&$plain),
+            kda_zero_padding_clears_rows => kda::zero_padding_clears_rows(&$plain),
+            kda_recurrence_and_chunk_match_f64 => kda::recurrence_and_chunk_match_f64(&$plain),
+            kda_chunk_split_equals_one_call => kda::chunk_split_equals_one_call(&$plain),
+            kda_chunk_varlen_batch_matches_f64 => kda::chunk_varlen_batch_matches_f64(&$plain),
+            kda_chunk_in_kernel_gate_equals_gate_then_chunk => kda::chunk_in_kernel_gate_equals_gate_then_chunk(&$plain),
+            kda_recurrent_speculative_reads_and_writes_slots => kda::recurrent_speculative_reads_and_writes_slots(&$plain),
+            kda_ops_reject_bad_operands => kda::kda_ops_reject_bad_operands(&$plain),
+            kda_bad_metadata_fails_at_synchronize => kda::kda_bad_metadata_fails_at_synchronize(&$plain),
+            kda_nan_inputs_propagate_without_crashing => kda::nan_inputs_propagate_without_crashing(&$plain),
+            kda_chunk_reads_and_writes_a_transposed_state_view => kda::chunk_reads_and_writes_a_transposed_state_view(&$plain),
+        );
+    };
+}

@@ -990,3 +990,28 @@ pub fn jittered_overlapped_equals_serial<B: Backend>(make: &impl Factory<B>, rou
         assert!(run(options) == serial, "round {round} ({policy:?}) differs from serial");
     }
 }
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_layer {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            layer_matches_f64_oracle => layer::matches_f64_oracle(&$plain),
+            layer_staged_loader_equals_composed_loader => layer::staged_loader_equals_composed_loader(&$plain),
+            layer_norm_uses_the_checkpoint_eps => layer::norm_uses_the_checkpoint_eps(&$plain),
+            layer_prefill_whole_equals_parts_and_decodes => layer::prefill_whole_equals_parts_and_decodes(&$plain),
+            layer_speculative_equals_single_decodes => layer::speculative_equals_single_decodes(&$plain),
+            layer_batch_equals_each_alone => layer::batch_equals_each_alone(&$plain),
+            layer_tp_partials_sum_to_tp1 => layer::tp_partials_sum_to_tp1(&$plain),
+            layer_padding_and_empty_batch => layer::padding_and_empty_batch(&$plain),
+            layer_beta_paths_and_intermediate_shapes => layer::beta_paths_and_intermediate_shapes(&$checked),
+            layer_prefill_passes_the_raw_gate_to_the_chunk => layer::prefill_passes_the_raw_gate_to_the_chunk(&$checked),
+            layer_overlapped_forward_is_clean_and_replays => layer::overlapped_forward_is_clean_and_replays(&$checked),
+            layer_bad_input_leaves_the_cache_unchanged => layer::bad_input_leaves_the_cache_unchanged(&$plain),
+            layer_jittered_overlapped_equals_serial => layer::jittered_overlapped_equals_serial(&$jittered, 20),
+        );
+    };
+}

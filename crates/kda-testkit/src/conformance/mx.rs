@@ -689,3 +689,23 @@ pub fn mx_rejects_bad_operands<B: Backend>(make: &impl Factory<B>) {
     }
     b.synchronize(&s).expect("rejected ops never reach the stream");
 }
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_mx {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            mx_dynamic_quant_matches_the_codec => mx::dynamic_quant_matches_the_codec(&$plain),
+            mx_dynamic_quant_edge_shapes_and_views => mx::dynamic_quant_edge_shapes_and_views(&$plain),
+            mx_dequant_matches_the_codec => mx::mx_dequant_matches_the_codec(&$plain),
+            mx_gemm_matches_the_spec_bit_for_bit => mx::mx_gemm_matches_the_spec_bit_for_bit(&$plain),
+            mx_gemm_matches_dequantized_f64_gemm => mx::mx_gemm_matches_dequantized_f64_gemm(&$plain),
+            mx_gemm_error_against_bf16_gemm_within_the_derived_bound => mx::mx_gemm_error_against_bf16_gemm_within_the_derived_bound(&$plain),
+            mx_special_values_flow_through => mx::mx_special_values_flow_through(&$plain),
+            mx_rejects_bad_operands => mx::mx_rejects_bad_operands(&$plain),
+        );
+    };
+}

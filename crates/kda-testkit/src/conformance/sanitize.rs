@@ -356,3 +356,23 @@ pub fn capture_bad_calls_are_typed_errors<B: Backend>(make: &impl Factory<B>) {
         CaptureError::ForeignGraph { graph: b.instance(), backend: b2.instance() }
     );
 }
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_sanitize {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            sanitize_fork_join_is_clean => sanitize::fork_join_is_clean(&$checked),
+            sanitize_missing_join_names_the_consumer => sanitize::missing_join_names_the_consumer(&$checked),
+            sanitize_disjoint_views_do_not_conflict => sanitize::disjoint_views_do_not_conflict(&$checked),
+            sanitize_free_while_in_use_is_reported => sanitize::free_while_in_use_is_reported(&$checked),
+            sanitize_log_can_be_edited_and_reanalysed => sanitize::log_can_be_edited_and_reanalysed(&$checked),
+            capture_fork_join_replays_to_identical_results => sanitize::capture_fork_join_replays_to_identical_results(&$checked),
+            capture_invalid_cases_are_rejected => sanitize::capture_invalid_cases_are_rejected(&$plain),
+            capture_bad_calls_are_typed_errors => sanitize::capture_bad_calls_are_typed_errors(&$plain),
+        );
+    };
+}

@@ -956,7 +956,7 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
             .iter()
             .enumerate()
             .filter_map(|(i, n)| match n {
-                Node::Launch { stream, label, op } => match op.as_ref() {
+                Node::Launch { stream, label, op } => match op.op() {
                     Op::DynamicQuant { alg, .. } => Some((i, label.clone(), *stream, *alg)),
                     _ => None,
                 },
@@ -1045,4 +1045,37 @@ pub fn projection_rejects_bad_input<B: Backend>(make: &impl Factory<B>) {
     let qkv = QkvWeight::Mxfp8 { data, scale, alg: ScaleAlg::OcpFloor };
     let err = ProjectionWeights::new(dims, qkv, weights.bfg().clone());
     assert!(matches!(err, Err(Error::DType { param: "qkv.data", .. })), "{err:?}");
+}
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_schedule {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            schedule_overlapped_trace_is_the_seeds_sequence => schedule::overlapped_trace_is_the_seeds_sequence(&$checked),
+            schedule_aux_stream_is_created_once_per_instance => schedule::aux_stream_is_created_once_per_instance(&$checked),
+            schedule_serial_and_overlapped_are_bit_identical => schedule::serial_and_overlapped_are_bit_identical(&$plain),
+            schedule_projection_matches_host_computation => schedule::projection_matches_host_computation(&$plain),
+            schedule_overlapped_is_hazard_free => schedule::overlapped_schedule_is_hazard_free(&$checked),
+            schedule_mutation_drop_record_hidden_ready => schedule::mutation_drop_record_hidden_ready(&$checked),
+            schedule_mutation_drop_wait_hidden_ready => schedule::mutation_drop_wait_hidden_ready(&$checked),
+            schedule_mutation_drop_record_bfg_projection_ready => schedule::mutation_drop_record_bfg_projection_ready(&$checked),
+            schedule_mutation_drop_wait_bfg_projection_ready => schedule::mutation_drop_wait_bfg_projection_ready(&$checked),
+            schedule_mutation_drop_record_quant_ready => schedule::mutation_drop_record_quant_ready(&$checked),
+            schedule_mutation_drop_wait_quant_ready => schedule::mutation_drop_wait_quant_ready(&$checked),
+            schedule_mutation_drop_record_bfg_ready => schedule::mutation_drop_record_bfg_ready(&$checked),
+            schedule_mutation_drop_wait_bfg_ready => schedule::mutation_drop_wait_bfg_ready(&$checked),
+            schedule_mutation_record_bfg_ready_before_postprocess => schedule::mutation_record_bfg_ready_before_postprocess(&$checked),
+            schedule_capture_replays_equal_eager => schedule::capture_replays_equal_eager(&$checked),
+            schedule_stress_jittered_overlapped_equals_serial => schedule::stress_jittered_overlapped_equals_serial(&$jittered, 1000),
+            schedule_prepare_beta_slices_and_applies_the_sigmoid_once => schedule::prepare_beta_slices_and_applies_the_sigmoid_once(&$checked),
+            schedule_postprocess_shapes => schedule::postprocess_shapes(&$checked),
+            schedule_mixed_path_passes_preprocessed_beta => schedule::mixed_path_passes_preprocessed_beta(&$plain),
+            schedule_dynamic_quant_split_decision => schedule::dynamic_quant_split_decision(&$plain),
+            schedule_projection_rejects_bad_input => schedule::projection_rejects_bad_input(&$checked),
+        );
+    };
 }

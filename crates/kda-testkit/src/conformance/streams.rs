@@ -209,3 +209,21 @@ pub fn handles_of_another_instance_are_rejected<B: Backend>(make: &impl Factory<
         "stream",
     );
 }
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_streams {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            streams_run_concurrently => streams::run_concurrently(&$plain),
+            wait_before_record_is_a_no_op => streams::wait_before_record_is_a_no_op(&$plain),
+            rerecord_after_wait_keeps_the_earlier_snapshot => streams::rerecord_after_wait_keeps_the_earlier_snapshot(&$plain),
+            event_chain_across_two_streams_under_jitter => streams::event_chain_across_two_streams(&$jittered, 1000),
+            execution_errors_surface_at_synchronize => streams::execution_errors_surface_at_synchronize(&$plain),
+            handles_of_another_instance_are_rejected => streams::handles_of_another_instance_are_rejected(&$plain),
+        );
+    };
+}

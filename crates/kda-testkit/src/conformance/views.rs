@@ -127,3 +127,18 @@ pub fn bad_input_is_an_error<B: Backend>(make: &impl Factory<B>) {
     }
     b.synchronize(&s).expect("rejected ops never reach the stream");
 }
+
+/// This module's bodies, each registered for every backend: [`crate::conformance_tests!`] calls
+/// this with the backend's factories. A public body missing here fails
+/// `conformance::tests::every_body_is_registered`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! conformance_views {
+    ($plain:expr, $jittered:expr, $checked:expr) => {
+        $crate::conformance_tests!(@tests
+            views_share_the_buffer => views::share_the_buffer(&$plain),
+            views_copy_and_fill_address_the_right_elements => views::copy_and_fill_address_the_right_elements(&$plain),
+            views_bad_input_is_an_error => views::bad_input_is_an_error(&$plain),
+        );
+    };
+}

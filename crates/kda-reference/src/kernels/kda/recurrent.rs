@@ -83,6 +83,28 @@ pub(in crate::kernels) fn recurrent(
         initial.push(first);
         writes.push(after);
     }
+    let (q, k, v, g, beta) =
+        (read_f32(&op.q), read_f32(&op.k), read_f32(&op.v), read_f32(&op.g), read_f32(&op.beta));
+    let (scale, l2) = (op.scale, op.qk_l2norm);
+    // Normalised, scaled q and k of token `at` (a `[.., H]` row index) into `qt`, `kt`.
+    let load = |at: usize, qt: &mut [f32], kt: &mut [f32]| {
+        qt.copy_from_slice(&q[at * kd..(at + 1) * kd]);
+        kt.copy_from_slice(&k[at * kd..(at + 1) * kd]);
+        if l2 {
+            l2norm_row(qt, scale);
+            l2norm_row(kt, 1.0);
+        } else {
+            qt.iter_mut().for_each(|x| *x *= scale);
+        }
+    };
+    if n == 1 && in_place(&initial, &writes) {
+        return decode_in_place(op, exec, &initial, (heads, kd, vd), |at, s, o, scratch| {
+            let [qt, kt, decay] = scratch;
+            load(at, qt, kt);
+            let (vt, gt) = (&v[at * vd..(at + 1) * vd], &g[at * kd..(at + 1) * kd]);
+            step(s, qt, kt, vt, gt, beta[at], decay, o);
+        });
+    }
     // Every initial state is read before anything is written.
     let mut states = Vec::with_capacity(batch * heads);
     for &first in &initial {
@@ -93,9 +115,6 @@ pub(in crate::kernels) fn recurrent(
             });
         }
     }
-    let (q, k, v, g, beta) =
-        (read_f32(&op.q), read_f32(&op.k), read_f32(&op.v), read_f32(&op.g), read_f32(&op.beta));
-    let (scale, l2) = (op.scale, op.qk_l2norm);
     let results = par_map(exec, batch * heads, |task| {
         let (b, h) = (task / heads, task % heads);
         let mut o = vec![0.0f32; n * vd];
@@ -107,14 +126,7 @@ pub(in crate::kernels) fn recurrent(
         let (mut qt, mut kt, mut decay) = (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd]);
         for t in 0..n {
             let at = (b * n + t) * heads + h;
-            qt.copy_from_slice(&q[at * kd..(at + 1) * kd]);
-            kt.copy_from_slice(&k[at * kd..(at + 1) * kd]);
-            if l2 {
-                l2norm_row(&mut qt, scale);
-                l2norm_row(&mut kt, 1.0);
-            } else {
-                qt.iter_mut().for_each(|x| *x *= scale);
-            }
+            load(at, &mut qt, &mut kt);
             let (vt, gt) = (&v[at * vd..(at + 1) * vd], &g[at * kd..(at + 1) * kd]);
             step(&mut s, &qt, &kt, vt, gt, beta[at], &mut decay, &mut o[t * vd..(t + 1) * vd]);
             if let Some(slot) = writes[b][t] {
@@ -135,6 +147,57 @@ pub(in crate::kernels) fn recurrent(
             write_f32(&head_state(&op.state, slot, h)?, &s);
         }
     }
+    write_f32(&op.o, &o_all);
+    Ok(())
+}
+
+/// Whether one decode token per request can update the states where they lie: every live
+/// request writes back to the slot it reads and to no other, and no two requests share a slot
+/// (so no request reads a state another one writes).
+fn in_place(initial: &[Option<usize>], writes: &[Vec<Option<usize>>]) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    initial.iter().zip(writes).all(|(&first, after)| match first {
+        None => after.iter().all(Option::is_none),
+        Some(s) => after == &[Some(s)] && seen.insert(s),
+    })
+}
+
+/// One token per request, each head's state updated in place in the cache (no copy of the
+/// states, which at decode are most of the bytes the op moves): `run(at, state, o, scratch)`
+/// advances one head's state by token row `at`.
+fn decode_in_place(
+    op: &KdaRecurrent<ReferenceBackend>,
+    exec: &Exec,
+    initial: &[Option<usize>],
+    (heads, kd, vd): (usize, usize, usize),
+    run: impl Fn(usize, &mut [f32], &mut [f32], [&mut [f32]; 3]) + Sync,
+) -> Result<(), String> {
+    let batch = initial.len();
+    let mut o_all = vec![0.0f32; batch * heads * vd];
+    if heads == 0 || vd == 0 {
+        write_f32(&op.o, &o_all);
+        return Ok(());
+    }
+    let mut tasks = Vec::with_capacity(batch * heads);
+    for (b, (o_req, first)) in o_all.chunks_mut(heads * vd).zip(initial).enumerate() {
+        let Some(s) = *first else { continue };
+        for (h, o) in o_req.chunks_mut(vd).enumerate() {
+            let view = head_state(&op.state, s, h)?;
+            if !view.layout().is_contiguous() {
+                return Err("kda_recurrent: a head state is not contiguous".into());
+            }
+            // SAFETY: a validated f32 view (the state is checked f32) of one (slot, head) of the
+            // state buffer: the slots of the live requests are distinct (`in_place`), so these
+            // slices are disjoint; the stream contract keeps every other thread off the cache
+            // while the op runs.
+            let state = unsafe { op.state.buffer().slice_mut::<f32>(view.layout()) };
+            tasks.push((b * heads + h, state, o));
+        }
+    }
+    super::io::par_for_each(exec, tasks, |(at, state, o)| {
+        let (mut qt, mut kt, mut decay) = (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd]);
+        run(at, state, o, [&mut qt, &mut kt, &mut decay]);
+    });
     write_f32(&op.o, &o_all);
     Ok(())
 }

@@ -87,20 +87,7 @@ pub(super) fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// Whether this CPU runs the AVX2/FMA builds of the hot loops.
-pub(super) fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
+pub(super) use crate::kernels::has_avx2_fma;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,321 @@
+//! The dense GEMM for a few rows (decode): `y[M, N] = x[M, K] · w[N, K]^T` with `M` at most
+//! [`MAX_ROWS`], the weight read once, in its stored dtype, straight from its buffer.
+//!
+//! A large-M GEMM packs and reuses weight panels across many rows; with a few rows each weight
+//! element serves only `M` products, so the weight is the traffic and packing it (or widening a
+//! bf16 weight to f32 first) costs as much as the products. Here `[NR]` weight rows at a time
+//! are widened `KC` elements at a time into a small buffer that stays in the first-level cache,
+//! and every group of `[MR]` activation rows takes its products from it.
+//!
+//! Each output is a dot product along K in eight interleaved f32 lanes (lane `l` takes
+//! `k ≡ l mod 8` in order, by fused multiply-adds), the lanes combined in a fixed tree at the
+//! end. So an entry's bits depend only on its row of `x`, its row of `w` and `K`: not on `M`,
+//! the tiling, the split across threads, or whether the AVX2 kernel ran (the portable one
+//! computes the same fused operations).
+
+use rayon::prelude::*;
+
+/// Rows of `x` that take this path at most.
+pub(super) const MAX_ROWS: usize = 64;
+/// Activation rows per micro-kernel tile.
+const MR: usize = 3;
+/// Weight rows per micro-kernel tile.
+const NR: usize = 3;
+/// f32 lanes of one accumulator.
+const LANES: usize = 8;
+/// K elements widened at once (a multiple of [`LANES`]).
+const KC: usize = 256;
+/// Weight rows per task when the work is split across threads.
+const ROWS_PER_TASK: usize = 32 * NR;
+
+/// A weight matrix `[N, K]` with contiguous rows, in its stored dtype.
+#[derive(Copy, Clone, Debug)]
+pub(super) enum Weight<'a> {
+    F32 { data: &'a [f32], row_stride: usize },
+    BF16 { data: &'a [half::bf16], row_stride: usize },
+    F16 { data: &'a [half::f16], row_stride: usize },
+}
+
+impl Weight<'_> {
+    /// Prefetch elements `k0 .. k0 + len` of row `r` (clamped to `k`).
+    #[inline(always)]
+    fn prefetch(&self, r: usize, k0: usize, len: usize, k: usize) {
+        let len = len.min(k.saturating_sub(k0));
+        if len == 0 {
+            return;
+        }
+        match *self {
+            Weight::F32 { data, row_stride } => {
+                super::prefetch(&data[r * row_stride + k0..][..len])
+            }
+            Weight::BF16 { data, row_stride } => {
+                super::prefetch(&data[r * row_stride + k0..][..len])
+            }
+            Weight::F16 { data, row_stride } => {
+                super::prefetch(&data[r * row_stride + k0..][..len])
+            }
+        }
+    }
+
+    /// Elements `k0 .. k0 + out.len()` of row `r`, widened (exactly) into `out`.
+    #[inline(always)]
+    fn widen_into(&self, r: usize, k0: usize, out: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        let len = out.len();
+        match *self {
+            Weight::F32 { data, row_stride } => {
+                out.copy_from_slice(&data[r * row_stride + k0..][..len]);
+            }
+            Weight::BF16 { data, row_stride } => {
+                let src = &data[r * row_stride + k0..][..len];
+                for (d, s) in out.iter_mut().zip(src) {
+                    *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+                }
+            }
+            Weight::F16 { data, row_stride } => {
+                data[r * row_stride + k0..][..len].convert_to_f32_slice(out);
+            }
+        }
+    }
+}
+
+/// `y = x · w^T` as `[m, n]` f32 row-major, `x` `[m, k]` f32 row-major (`m <= MAX_ROWS`);
+/// `threads > 1` splits the weight rows across the current rayon pool. `progress` is told of
+/// each finished group of weight rows when it runs serially.
+pub(super) fn gemm(
+    x: &[f32],
+    w: Weight<'_>,
+    (m, n, k): (usize, usize, usize),
+    threads: usize,
+    progress: impl Fn(usize, usize),
+) -> Vec<f32> {
+    debug_assert!(m <= MAX_ROWS && x.len() == m * k);
+    let mut y = vec![0.0f32; m * n];
+    if m == 0 || n == 0 {
+        return y;
+    }
+    // x padded to whole lanes and whole KC chunks, zeros after K (the products there are 0 · 0).
+    let kp = k.div_ceil(KC) * KC;
+    let mut xp = vec![0.0f32; m.div_ceil(MR) * MR * kp];
+    for (dst, src) in xp.chunks_exact_mut(kp).zip(x.chunks_exact(k.max(1))) {
+        dst[..k].copy_from_slice(src);
+    }
+    let rows = |range: std::ops::Range<usize>| weight_rows(&xp, w, m, k, range);
+    let tasks = n.div_ceil(ROWS_PER_TASK);
+    let copy = |y: &mut [f32], r0: usize, part: &[f32]| {
+        let width = part.len() / m;
+        for (dst, src) in y.chunks_exact_mut(n).zip(part.chunks_exact(width)) {
+            dst[r0..r0 + width].copy_from_slice(src);
+        }
+    };
+    if threads <= 1 {
+        for t in 0..tasks {
+            let r0 = t * ROWS_PER_TASK;
+            copy(&mut y, r0, &rows(r0..(r0 + ROWS_PER_TASK).min(n)));
+            progress(t + 1, tasks);
+        }
+    } else {
+        let parts: Vec<Vec<f32>> = (0..tasks)
+            .into_par_iter()
+            .map(|t| rows(t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(n)))
+            .collect();
+        for (t, part) in parts.iter().enumerate() {
+            copy(&mut y, t * ROWS_PER_TASK, part);
+        }
+    }
+    y
+}
+
+/// Outputs of weight rows `range` for every row of `xp` (`[_, kp]`, padded), `[m, range.len()]`.
+fn weight_rows(
+    xp: &[f32],
+    w: Weight<'_>,
+    m: usize,
+    k: usize,
+    range: std::ops::Range<usize>,
+) -> Vec<f32> {
+    let kp = xp.len() / m.div_ceil(MR) / MR;
+    let width = range.len();
+    let mut out = vec![0.0f32; m * width];
+    let groups = m.div_ceil(MR);
+    let mut wbuf = [[0.0f32; KC]; NR];
+    let mut acc = vec![[[0.0f32; LANES]; NR * MR]; groups];
+    for j0 in range.clone().step_by(NR) {
+        let nr = NR.min(range.end - j0);
+        acc.iter_mut().for_each(|a| *a = [[0.0; LANES]; NR * MR]);
+        for k0 in (0..kp).step_by(KC) {
+            let kc = KC.min(k - k0);
+            for (j, row) in wbuf.iter_mut().enumerate() {
+                let len = if j < nr { kc } else { 0 };
+                if len > 0 {
+                    w.widen_into(j0 + j, k0, &mut row[..len]);
+                }
+                row[len..].fill(0.0);
+            }
+            // The next chunk of these rows (or the first of the next rows) streams in while
+            // this one is used.
+            let (next_rows, next_k) = if k0 + KC < k {
+                (j0..j0 + nr, k0 + KC)
+            } else {
+                (j0 + nr..(j0 + 2 * nr).min(range.end), 0)
+            };
+            for r in next_rows {
+                w.prefetch(r, next_k, KC, k);
+            }
+            for (g, a) in acc.iter_mut().enumerate() {
+                let xs = &xp[g * MR * kp..][..MR * kp];
+                micro_kernel(xs, kp, k0, &wbuf, a);
+            }
+        }
+        for (g, a) in acc.iter().enumerate() {
+            for i in 0..MR.min(m - g * MR) {
+                for j in 0..nr {
+                    out[(g * MR + i) * width + (j0 - range.start) + j] = reduce(&a[i * NR + j]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The lanes of an accumulator, combined in a fixed order.
+#[inline(always)]
+fn reduce(l: &[f32; LANES]) -> f32 {
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// `acc[i·NR + j][l] += Σ x[i][k0 + 8t + l] · w[j][8t + l]` over the chunk, `t` in order.
+fn micro_kernel(
+    xs: &[f32],
+    kp: usize,
+    k0: usize,
+    w: &[[f32; KC]; NR],
+    acc: &mut [[f32; LANES]; NR * MR],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        unsafe { micro_kernel_avx2(xs, kp, k0, w, acc) };
+        return;
+    }
+    micro_kernel_portable(xs, kp, k0, w, acc);
+}
+
+/// The definition, lane by lane, with the same fused multiply-adds as the vector kernel.
+fn micro_kernel_portable(
+    xs: &[f32],
+    kp: usize,
+    k0: usize,
+    w: &[[f32; KC]; NR],
+    acc: &mut [[f32; LANES]; NR * MR],
+) {
+    for i in 0..MR {
+        let x = &xs[i * kp + k0..][..KC];
+        for (j, wj) in w.iter().enumerate() {
+            let a = &mut acc[i * NR + j];
+            for (xc, wc) in x.chunks_exact(LANES).zip(wj.chunks_exact(LANES)) {
+                for l in 0..LANES {
+                    a[l] = xc[l].mul_add(wc[l], a[l]);
+                }
+            }
+        }
+    }
+}
+
+/// [`micro_kernel_portable`] with the nine accumulators of a `3 × 3` tile in AVX registers.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn micro_kernel_avx2(
+    xs: &[f32],
+    kp: usize,
+    k0: usize,
+    w: &[[f32; KC]; NR],
+    acc: &mut [[f32; LANES]; NR * MR],
+) {
+    use std::arch::x86_64::*;
+    const { assert!(MR == 3 && NR == 3 && KC % LANES == 0) };
+    assert!(xs.len() >= (MR - 1) * kp + k0 + KC);
+    let mut a = [_mm256_setzero_ps(); MR * NR];
+    for (v, s) in a.iter_mut().zip(acc.iter()) {
+        // SAFETY: `s` holds 8 f32.
+        *v = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+    }
+    let x0 = xs[k0..].as_ptr();
+    for t in (0..KC).step_by(LANES) {
+        // SAFETY: `t + 8 <= KC`: within each weight row, and within each of the MR activation
+        // rows at `i·kp + k0` (asserted above).
+        unsafe {
+            let wv = [
+                _mm256_loadu_ps(w[0].as_ptr().add(t)),
+                _mm256_loadu_ps(w[1].as_ptr().add(t)),
+                _mm256_loadu_ps(w[2].as_ptr().add(t)),
+            ];
+            for i in 0..MR {
+                let xv = _mm256_loadu_ps(x0.add(i * kp + t));
+                for j in 0..NR {
+                    a[i * NR + j] = _mm256_fmadd_ps(xv, wv[j], a[i * NR + j]);
+                }
+            }
+        }
+    }
+    for (v, s) in a.iter().zip(acc.iter_mut()) {
+        // SAFETY: `s` holds 8 f32.
+        unsafe { _mm256_storeu_ps(s.as_mut_ptr(), *v) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+    use kda_testkit::Gen;
+
+    /// Each entry by its definition: eight lanes of fused multiply-adds, the fixed tree.
+    fn by_definition(x: &[f32], w: &[f32]) -> f32 {
+        let mut lanes = [0.0f32; LANES];
+        for (t, (&a, &b)) in x.iter().zip(w).enumerate() {
+            lanes[t % LANES] = a.mul_add(b, lanes[t % LANES]);
+        }
+        reduce(&lanes)
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Shapes with partial tiles, chunks and lanes, f32 and bf16 weights with a row stride,
+    /// serial and split: every entry equals its definition bit for bit, whatever `M`.
+    #[test]
+    fn every_entry_is_its_definition_whatever_the_rows() {
+        let mut rng = Gen::new(5);
+        for &(m, n, k) in &[(1, 1, 1), (2, 7, 9), (5, 100, 300), (32, 97, 700), (64, 5, 256)] {
+            let x = rng.uniform_f32(m * k, -1.0, 1.0);
+            let stride = k + 3;
+            let w32 = rng.uniform_f32(n * stride, -1.0, 1.0);
+            let w16: Vec<bf16> = w32.iter().map(|&v| bf16::from_f32(v)).collect();
+            let wide: Vec<f32> = w16.iter().map(|v| v.to_f32()).collect();
+            let cases = [
+                (Weight::F32 { data: &w32, row_stride: stride }, &w32),
+                (Weight::BF16 { data: &w16, row_stride: stride }, &wide),
+            ];
+            for (w, values) in cases {
+                let want: Vec<f32> = (0..m * n)
+                    .map(|e| {
+                        let (i, j) = (e / n, e % n);
+                        by_definition(&x[i * k..][..k], &values[j * stride..][..k])
+                    })
+                    .collect();
+                for threads in [1, 2] {
+                    let got = gemm(&x, w, (m, n, k), threads, |_, _| {});
+                    assert_eq!(bits(&got), bits(&want), "[{m}, {n}, {k}] threads {threads}");
+                }
+                // One row alone gives that row's bits.
+                let one = gemm(&x[(m - 1) * k..], w, (1, n, k), 1, |_, _| {});
+                assert_eq!(bits(&one), bits(&want[(m - 1) * n..]));
+            }
+        }
+    }
+}
