@@ -2,6 +2,8 @@
 
 mod cmd;
 mod error;
+mod fsio;
+mod signals;
 
 use std::process::ExitCode;
 
@@ -86,6 +88,7 @@ fn report(error: &CliError) {
 }
 
 fn main() -> ExitCode {
+    signals::install();
     let cli = Cli::parse();
     init_logging(cli.verbose, cli.quiet);
     let result: Result<(), CliError> = match cli.command {

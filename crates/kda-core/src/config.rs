@@ -30,8 +30,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::kda::GateForm;
+use crate::kda::{GateForm, MAX_HEAD_DIM};
 use crate::mx::{self, ScaleAlg};
+
+/// The largest `rms_norm_eps` a config may give (see [`KdaConfig::validate`]).
+pub const MAX_RMS_NORM_EPS: f64 = 1.0;
 
 /// What a configuration or a tensor-parallel position can be rejected for. Every message names
 /// the key, the expected and the actual value.
@@ -248,7 +251,7 @@ impl KdaConfig {
     /// Read and validate a `config.json` file.
     pub fn from_file(path: &Path) -> Result<KdaConfig, ConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
+        let text = crate::file::read_regular_text(path, crate::file::MAX_CONFIG_BYTES)
             .map_err(|e| ConfigError::Io { path: origin.clone(), message: e.to_string() })?;
         KdaConfig::from_json_str(&text, &origin)
     }
@@ -273,11 +276,20 @@ impl KdaConfig {
                 return Err(ConfigError::Zero { key });
             }
         }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+        // eps is added to a mean of squares of activations: above 1 it would swamp the norm of
+        // any ordinary input (checkpoints use 1e-6 to 1e-5), and the kernels take it as f32.
+        if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps <= MAX_RMS_NORM_EPS) {
             return Err(ConfigError::Invalid {
                 key: "rms_norm_eps",
-                expected: "a finite positive number".into(),
-                actual: self.rms_norm_eps.to_string(),
+                expected: format!("a positive number at most {MAX_RMS_NORM_EPS}"),
+                actual: format!("{:?}", self.rms_norm_eps),
+            });
+        }
+        if attn.head_dim > MAX_HEAD_DIM {
+            return Err(ConfigError::Invalid {
+                key: "linear_attn_config.head_dim",
+                expected: format!("at most {MAX_HEAD_DIM} (kda's bound on a head's state)"),
+                actual: attn.head_dim.to_string(),
             });
         }
         if let Some(lb) = attn.gate_lower_bound {
@@ -468,6 +480,18 @@ mod tests {
         );
         assert!(err(&|c| c.hidden_size = 0).contains("hidden_size = 0"));
         assert!(err(&|c| c.rms_norm_eps = -1.0).contains("rms_norm_eps = -1"));
+        // Issue #21, item 6: 1e300 is not an epsilon (nor an f32); item 2: a head dim that would
+        // make one state 4 TiB.
+        assert_eq!(
+            err(&|c| c.rms_norm_eps = 1e300),
+            "rms_norm_eps = 1e300, expected a positive number at most 1"
+        );
+        assert!(err(&|c| c.rms_norm_eps = f64::NAN).contains("rms_norm_eps = NaN"));
+        assert_eq!(
+            err(&|c| c.linear_attn_config.head_dim = 1 << 20),
+            "linear_attn_config.head_dim = 1048576, expected at most 512 (kda's bound on a \
+             head's state)"
+        );
         assert!(err(&|c| c.linear_attn_config.gate_lower_bound = Some(2.0)).contains("= 2"));
         let m = err(&|c| c.qkv_quantization.as_mut().unwrap().group_size = 16);
         assert!(m.contains("group_size = 16, expected 32"), "{m}");

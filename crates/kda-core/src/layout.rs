@@ -3,6 +3,12 @@
 //!
 //! Strides and offsets count elements, not bytes; a stride may be zero only along a dimension of
 //! size one. Views are pure arithmetic on a [`Layout`], so they are the same for every backend.
+//!
+//! Element counts and byte sizes are computed here and only here ([`checked_numel`],
+//! [`checked_size_bytes`]), with checked arithmetic: a shape whose count or size does not fit the
+//! address space is an error ([`ViewError::TooLarge`]), never a count that wrapped around to a
+//! small number. [`crate::Tensor::new`] rejects such a layout, so every tensor's element count
+//! and byte span are exact (`docs/design/reliability.md`).
 
 use std::ops::Range;
 
@@ -28,6 +34,11 @@ pub enum ViewError {
     RankMismatch { op: &'static str, shape: Vec<usize>, strides: Vec<usize> },
     #[error("{op}: element offsets overflow")]
     Overflow { op: &'static str },
+    #[error(
+        "shape {shape:?} of {dtype} is too large: its element count or byte size does not fit \
+         the address space (at most isize::MAX bytes)"
+    )]
+    TooLarge { shape: Vec<usize>, dtype: DType },
 }
 
 /// Shape, strides and offset of a strided view over one buffer.
@@ -39,11 +50,33 @@ pub struct Layout {
     offset: usize,
 }
 
-/// Row-major strides of a contiguous tensor of `shape`.
+/// The largest byte size of one tensor: Rust's limit for one allocation.
+pub const MAX_BYTES: usize = isize::MAX as usize;
+
+/// Elements of `shape` (the product of its sizes; 0 when any size is 0), or `None` when the
+/// product does not fit a `usize`.
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// Bytes of a dense tensor of `dtype` and `shape`, or [`ViewError::TooLarge`] when they exceed
+/// [`MAX_BYTES`] (or the element count overflows).
+pub fn checked_size_bytes(dtype: DType, shape: &[usize]) -> Result<usize, ViewError> {
+    checked_numel(shape)
+        .and_then(|n| n.checked_mul(dtype.size_bytes()))
+        .filter(|&bytes| bytes <= MAX_BYTES)
+        .ok_or_else(|| ViewError::TooLarge { shape: shape.to_vec(), dtype })
+}
+
+/// Row-major strides of a contiguous tensor of `shape` (saturating: the strides of a shape too
+/// large to exist are never used, because no tensor can have it).
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
+    let mut strides = vec![1usize; shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1].max(1);
+        strides[d] = strides[d + 1].saturating_mul(shape[d + 1].max(1));
     }
     strides
 }
@@ -95,8 +128,15 @@ impl Layout {
         self.shape.len()
     }
 
+    /// Elements of the view. Saturates at `usize::MAX` for a shape whose count overflows, which
+    /// no [`crate::Tensor`] can have ([`Layout::checked_byte_span`] rejects it).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        checked_numel(&self.shape).unwrap_or(usize::MAX)
+    }
+
+    /// Bytes of a dense tensor of this dtype and shape (see [`checked_size_bytes`]).
+    pub fn size_bytes(&self) -> Result<usize, ViewError> {
+        checked_size_bytes(self.dtype, &self.shape)
     }
 
     /// Size of dimension `dim`, or an error naming the op that asked.
@@ -106,12 +146,12 @@ impl Layout {
 
     /// True when the elements are dense and in row-major order (size-1 dims may have any stride).
     pub fn is_contiguous(&self) -> bool {
-        let mut expected = 1;
+        let mut expected = 1usize;
         for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
             if size != 1 && stride != expected {
                 return false;
             }
-            expected *= size;
+            expected = expected.saturating_mul(size);
         }
         true
     }
@@ -152,13 +192,27 @@ impl Layout {
 
     /// The bytes of the buffer this view can touch: from its first to one past its last element.
     /// Empty for a view with no elements. Strided views may skip bytes inside the range.
+    /// Saturates for a layout no tensor can have (see [`Layout::checked_byte_span`]).
     pub fn byte_span(&self) -> Range<usize> {
+        self.checked_byte_span().unwrap_or(MAX_BYTES..MAX_BYTES)
+    }
+
+    /// [`Layout::byte_span`], or [`ViewError::TooLarge`] when the element count, an offset or a
+    /// byte position does not fit (beyond [`MAX_BYTES`]).
+    pub fn checked_byte_span(&self) -> Result<Range<usize>, ViewError> {
+        let too_large = || ViewError::TooLarge { shape: self.shape.clone(), dtype: self.dtype };
         let size = self.dtype.size_bytes();
-        if self.numel() == 0 {
-            return self.offset * size..self.offset * size;
+        let numel = checked_numel(&self.shape).ok_or_else(too_large)?;
+        let first = self.offset;
+        let end =
+            if numel == 0 { Some(first) } else { self.max_offset().and_then(|l| l.checked_add(1)) };
+        let bytes = |elements: Option<usize>| {
+            elements.and_then(|e| e.checked_mul(size)).filter(|&b| b <= MAX_BYTES)
+        };
+        match (bytes(Some(first)), bytes(end)) {
+            (Some(start), Some(end)) => Ok(start..end),
+            _ => Err(too_large()),
         }
-        let last = self.max_offset().unwrap_or(usize::MAX / size - 1);
-        self.offset * size..(last + 1) * size
     }
 
     /// Narrow dimension `dim` to `start..start + len`.
@@ -237,7 +291,7 @@ impl Layout {
 /// Walks both shapes from the innermost dimension, grouping old dimensions into chunks that are
 /// contiguous with each other; every chunk must be re-divided exactly by the new dimensions.
 fn view_strides(shape: &[usize], strides: &[usize], new_shape: &[usize]) -> Option<Vec<usize>> {
-    if shape.iter().product::<usize>() == 0 || shape.is_empty() {
+    if checked_numel(shape) == Some(0) || shape.is_empty() {
         return Some(contiguous_strides(new_shape));
     }
     let mut new_strides = vec![0; new_shape.len()];
@@ -358,6 +412,27 @@ mod tests {
         assert!(matches!(cols.reshape(&[24]), Err(ViewError::ReshapeIncompatible { .. })));
         assert!(Layout::strided(DType::F32, &[2], &[1, 1], 0).is_err());
         assert!(Layout::strided(DType::F32, &[3], &[usize::MAX], 0).is_err());
+    }
+
+    /// Issue #21, item 1: `[2^32, 2^32]` has 2^64 elements, which an unchecked product wraps
+    /// to 0 (a 0-byte buffer that a kernel then reads through).
+    #[test]
+    fn sizes_that_overflow_are_errors_not_wrapped_counts() {
+        let huge = [1usize << 32, 1 << 32];
+        assert_eq!(checked_numel(&huge), None);
+        assert_eq!(checked_numel(&[1 << 40, 1 << 40, 0]), Some(0));
+        assert_eq!(checked_numel(&[]), Some(1));
+        assert_eq!(l(&huge).numel(), usize::MAX);
+        assert_eq!(checked_size_bytes(DType::BF16, &[3, 5]), Ok(30));
+        let too_large = ViewError::TooLarge { shape: vec![1 << 62], dtype: DType::F32 };
+        assert_eq!(checked_size_bytes(DType::F32, &[1 << 62]), Err(too_large));
+        let state = l(&[1, 1, 1 << 32, 1 << 32]);
+        assert!(matches!(state.size_bytes(), Err(ViewError::TooLarge { .. })));
+        assert!(matches!(state.checked_byte_span(), Err(ViewError::TooLarge { .. })));
+        let far = Layout::strided(DType::F32, &[2], &[1], usize::MAX / 2).unwrap();
+        assert!(far.checked_byte_span().is_err());
+        assert_eq!(l(&[0, 1 << 40, 1 << 40]).checked_byte_span(), Ok(0..0));
+        assert_eq!(l(&[4, 10]).narrow(1, 3, 5).unwrap().checked_byte_span(), Ok(12..152));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! - [`hal`]: the [`Backend`] trait (streams, events, buffers, one `launch` entry point) and its
 //!   stream/event and error-reporting semantics;
 //! - [`dtype`]: element types (bf16, f16, f32, i32, u8, E4M3, E8M0);
+//! - [`file`](mod@file): opening the files kda reads: regular files only, with size bounds;
 //! - [`layout`] and [`tensor`]: strided device tensors and their copy-free views;
 //! - [`op`]: device ops described as data;
 //! - [`mx`]: the MXFP8 codec (E4M3, E8M0, both scale algorithms, layouts), the bit-exact spec;
@@ -22,6 +23,7 @@ pub mod config;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod file;
 pub mod graph;
 pub mod hal;
 pub mod kda;

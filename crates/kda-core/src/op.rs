@@ -353,7 +353,7 @@ fn check_copy<B: Resources>(src: &Tensor<B>, dst: &Tensor<B>) -> Result<OpDims> 
 }
 
 fn check_upload<B: Resources>(dst: &Tensor<B>, data: &[u8]) -> Result<OpDims> {
-    let expected = dst.numel() * dst.dtype().size_bytes();
+    let expected = dst.layout().size_bytes()?;
     if data.len() != expected {
         return Err(Error::HostSize { op: "upload", param: "data", expected, actual: data.len() });
     }

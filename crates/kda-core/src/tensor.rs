@@ -33,9 +33,11 @@ impl<B: Resources> fmt::Debug for Tensor<B> {
 }
 
 impl<B: Resources> Tensor<B> {
-    /// Wrap `buffer` with `layout`; fails if the view reaches past the end of the buffer.
+    /// Wrap `buffer` with `layout`; fails if the view reaches past the end of the buffer, or
+    /// if its element count or byte span does not fit the address space (so `numel` and
+    /// `byte_span` of every tensor are exact).
     pub fn new(buffer: B::Buffer, layout: Layout) -> Result<Self> {
-        let span = layout.byte_span();
+        let span = layout.checked_byte_span()?;
         if span.end > buffer.len_bytes() {
             return Err(Error::OutOfBounds {
                 param: "tensor",

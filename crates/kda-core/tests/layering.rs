@@ -12,6 +12,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("mx", 1),
     ("resource", 1),
     ("layout", 1),
+    // Opening files: regular files only, bounded reads (imports nothing of kda's).
+    ("file", 1),
     ("timeline", 2),
     // Checked mode's analysis: log entries, happens-before, hazards (no device needed).
     ("sanitize", 2),

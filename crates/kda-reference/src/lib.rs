@@ -40,6 +40,10 @@ use kernels::Exec;
 use stream::WaitPolicy;
 pub use stream::{Jitter, RefEvent, RefStream};
 
+/// The most threads a shared pool may have: far more than any host's cores, and a bound on
+/// what a number from the command line can make the backend spawn.
+pub const MAX_POOL_THREADS: usize = 1024;
+
 /// How the reference backend uses the host's cores.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum ExecutionMode {
@@ -122,6 +126,14 @@ impl ReferenceBackend {
         let exec = match options.mode {
             ExecutionMode::PerStream => Exec::serial(),
             ExecutionMode::SharedPool { threads } => {
+                if threads > MAX_POOL_THREADS {
+                    return Err(Error::Param {
+                        op: "reference backend",
+                        param: "threads",
+                        expected: format!("at most {MAX_POOL_THREADS}"),
+                        actual: threads.to_string(),
+                    });
+                }
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads.max(1))
                     .thread_name(|i| format!("kda-ref-pool-{i}"))

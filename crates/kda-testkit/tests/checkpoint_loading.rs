@@ -626,3 +626,137 @@ fn the_fuzz_seed_file_is_valid() {
     let (config, bytes) = small_file();
     assert!(try_load(&config, bytes));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Hostile checkpoints (issue #21).
+
+/// `map` with element `index` of tensor `suffix` (layer 0) replaced by `value` (floats) or the
+/// byte `value as u8` (one-byte dtypes).
+fn poisoned(
+    map: &BTreeMap<String, HostTensor>,
+    suffix: &str,
+    index: usize,
+    value: f32,
+) -> BTreeMap<String, HostTensor> {
+    let name = format!("{}{suffix}", layer_prefix(0));
+    let t = &map[&name];
+    let bad = match t.to_f32_vec() {
+        Some(mut v) => {
+            v[index] = value;
+            HostTensor::from_f32_as(t.dtype(), t.shape(), &v).unwrap()
+        }
+        None => {
+            let mut bytes = t.as_u8().unwrap().to_vec();
+            bytes[index] = value as u8;
+            HostTensor::from_bytes(t.dtype(), t.shape(), bytes).unwrap()
+        }
+    };
+    let mut m = map.clone();
+    m.insert(name, bad);
+    m
+}
+
+/// Item 6: NaN or infinite weights, a NaN E4M3 weight byte or a NaN E8M0 scale (0xFF) are
+/// refused at load, naming the tensor and the first bad element's flat index in the whole
+/// tensor (not in this rank's slice); before, they loaded and gave NaN outputs with exit 0.
+#[test]
+fn non_finite_weights_are_refused_naming_the_tensor_and_index() {
+    let config = k3_small();
+    let good = materialise(&synthetic(config.clone(), 71));
+    let tp = Tp::new(2, 1).unwrap();
+    assert!(load_layer(&good, &config, tp, 0, LoadOptions::default()).is_ok());
+    let pre = layer_prefix(0);
+    // q_proj is [32, 48] E4M3 bytes with [32, 2] scales; rank 1 of 2 reads rows 16..32.
+    for (suffix, index, value, what) in [
+        ("o_proj.weight", 48 * 2 + 30, f32::NAN, "NaN"),
+        ("f_a_proj.weight", 5, f32::INFINITY, "inf"),
+        ("b_proj.weight", 7 * 48 + 1, f32::NEG_INFINITY, "-inf"),
+        ("A_log", 6, f32::NAN, "NaN"),
+        ("q_proj.weight", 20 * 48 + 3, 255.0, "NaN (E4M3 byte 0xff)"),
+        ("k_proj.weight_scale", 17 * 2 + 1, 255.0, "NaN (E8M0 scale byte 0xff)"),
+    ] {
+        let e = load_layer(
+            &poisoned(&good, suffix, index, value),
+            &config,
+            tp,
+            0,
+            LoadOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            WeightError::NonFinite { param: format!("{pre}{suffix}"), index, value: what.into() },
+            "{suffix}"
+        );
+        assert!(e.to_string().contains("a weight must be finite"), "{e}");
+    }
+    // Rows another rank owns are not this rank's to judge: rank 1 never reads q_proj row 3.
+    let other_rank = poisoned(&good, "q_proj.weight", 3 * 48, 255.0);
+    assert!(load_layer(&other_rank, &config, tp, 0, LoadOptions::default()).is_ok());
+}
+
+/// A source that counts the tensors read from it.
+struct CountingSource<'a> {
+    inner: &'a dyn TensorSource,
+    reads: std::cell::Cell<usize>,
+}
+
+#[derive(Debug)]
+struct CountingTensor<'a> {
+    inner: Box<dyn kda_core::weights::TensorRead + 'a>,
+    reads: &'a std::cell::Cell<usize>,
+}
+
+impl kda_core::weights::TensorRead for CountingTensor<'_> {
+    fn dtype(&self) -> DType {
+        self.inner.dtype()
+    }
+    fn shape(&self) -> &[usize] {
+        self.inner.shape()
+    }
+    fn read(&self, region: &[std::ops::Range<usize>]) -> Result<HostTensor, WeightError> {
+        self.reads.set(self.reads.get() + 1);
+        self.inner.read(region)
+    }
+}
+
+impl TensorSource for CountingSource<'_> {
+    fn origin(&self) -> String {
+        self.inner.origin()
+    }
+    fn names(&self) -> Vec<String> {
+        self.inner.names()
+    }
+    fn tensor(
+        &self,
+        name: &str,
+    ) -> Result<Box<dyn kda_core::weights::TensorRead + '_>, WeightError> {
+        Ok(Box::new(CountingTensor { inner: self.inner.tensor(name)?, reads: &self.reads }))
+    }
+}
+
+/// Item 2: a config the checkpoint does not back (a head dim of 512 against tensors of 4, or
+/// a tensor missing) fails before a single tensor is read, so before the fused weights'
+/// storage (sized by the config) is allocated. Before, `A_log` and `b_proj` were read and the
+/// packed BFG weight allocated at the config's size first.
+#[test]
+fn a_config_the_checkpoint_does_not_back_fails_before_anything_is_read() {
+    let config = k3_small();
+    let good = materialise(&synthetic(config.clone(), 72));
+    let mut wide = config.clone();
+    wide.linear_attn_config.head_dim = 512;
+    let source = CountingSource { inner: &good, reads: std::cell::Cell::new(0) };
+    let e = load_layer(&source, &wide, Tp::SINGLE, 0, LoadOptions::default()).unwrap_err();
+    assert!(matches!(e, WeightError::Shape { .. }), "{e}");
+    assert_eq!(source.reads.get(), 0, "{e}");
+
+    let mut m = good.clone();
+    m.remove(&format!("{}g_proj.weight", layer_prefix(0)));
+    let source = CountingSource { inner: &m, reads: std::cell::Cell::new(0) };
+    let e = load_layer(&source, &config, Tp::SINGLE, 0, LoadOptions::default()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "layer 0: 1 tensor(s) missing: model.layers.0.self_attn.g_proj.weight"
+    );
+    assert_eq!(source.reads.get(), 0);
+}

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 use half::bf16;
-use kda_core::kda::{KdaChunk, KdaRecurrent};
+use kda_core::kda::{KdaChunk, KdaRecurrent, MAX_HEAD_DIM};
 use kda_core::{Backend, DType, Device, Layout, Op, Tensor};
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -95,6 +95,7 @@ pub struct Tensor32 {
 }
 
 pub fn run(args: &CoreArgs) -> Result<(), CliError> {
+    crate::fsio::check_outputs(&[("--output", &args.output)], &[&args.input])?;
     let file = tensor_file::read(&args.input)?;
     let inputs = read_inputs(&args.input, &file)?;
     let CoreDims { batch, tokens, heads, k, v } = inputs.dims;
@@ -158,6 +159,7 @@ pub fn read_inputs(path: &Path, file: &[u8]) -> Result<CoreInputs, CliError> {
         let Ok(view) = tensors.tensor(name) else { return Ok(None) };
         let shape = view.shape().to_vec();
         let values = decode(name, &view)?;
+        tensor_file::warn_non_finite(path, name, values.values.iter().copied());
         Ok(Some((shape, values)))
     };
     let need = |name: &'static str| {
@@ -170,9 +172,15 @@ pub fn read_inputs(path: &Path, file: &[u8]) -> Result<CoreInputs, CliError> {
     let (q_shape, q) = need("q")?;
     let [batch, tokens, heads, k] = <[usize; 4]>::try_from(q_shape.as_slice())
         .map_err(|_| shape_error("q", q.dtype, &q_shape, "expected [B, T, H, K]".into()))?;
-    if k == 0 {
-        return Err(shape_error("q", q.dtype, &q_shape, "K must be at least 1".into()));
+    // Every size at least 1, so B·T·H ≤ the elements of beta: what is sized by B (the slots, the
+    // state) is backed by data in the file, not by a header number alone.
+    for (dim, size) in [("B", batch), ("T", tokens), ("H", heads), ("K", k)] {
+        if size == 0 {
+            let why = format!("{dim} must be at least 1");
+            return Err(shape_error("q", q.dtype, &q_shape, why));
+        }
     }
+    check_head_dim("q", &q, &q_shape, "K", k)?;
     let expect = |name: &'static str, t: &Tensor32, shape: &[usize], want: &[usize], what: &str| {
         if shape == want {
             Ok(())
@@ -191,15 +199,16 @@ pub fn read_inputs(path: &Path, file: &[u8]) -> Result<CoreInputs, CliError> {
     expect("g", &g, &g_shape, &q_shape, "[B, T, H, K]")?;
     let (v_shape, v) = need("v")?;
     let vdim = match v_shape[..] {
-        [b, t, h, vd] if [b, t, h] == [batch, tokens, heads] => vd,
+        [b, t, h, vd] if [b, t, h] == [batch, tokens, heads] && vd > 0 => vd,
         _ => {
             let want = format!(
-                "expected [B, T, H, V] with [B, T, H] = {:?} (from q {q_shape:?})",
+                "expected [B, T, H, V] with [B, T, H] = {:?} (from q {q_shape:?}) and V at least 1",
                 [batch, tokens, heads]
             );
             return Err(shape_error("v", v.dtype, &v_shape, want));
         }
     };
+    check_head_dim("v", &v, &v_shape, "V", vdim)?;
     let (beta_shape, beta) = need("beta")?;
     expect("beta", &beta, &beta_shape, &[batch, tokens, heads], "[B, T, H]")?;
     let initial_state = match get("initial_state")? {
@@ -217,6 +226,23 @@ pub fn read_inputs(path: &Path, file: &[u8]) -> Result<CoreInputs, CliError> {
     };
     let dims = CoreDims { batch, tokens, heads, k, v: vdim };
     Ok(CoreInputs { dims, q, k: kt, v, g, beta, initial_state })
+}
+
+/// K and V size the state `[B, H, K, V]` together, which the file need not hold (a zero
+/// initial state): both are bounded by [`MAX_HEAD_DIM`].
+fn check_head_dim(
+    name: &str,
+    t: &Tensor32,
+    shape: &[usize],
+    dim: &str,
+    size: usize,
+) -> Result<(), CliError> {
+    if size <= MAX_HEAD_DIM {
+        return Ok(());
+    }
+    let why =
+        format!("{dim} = {size}, expected at most {MAX_HEAD_DIM} (kda's bound on a head dim)");
+    Err(shape_error(name, t.dtype, shape, why))
 }
 
 fn shape_error(name: &str, dtype: DType, shape: &[usize], reason: String) -> CliError {
@@ -302,6 +328,11 @@ pub fn compute<B: Backend>(
     };
     let tokens_i32 = i32::try_from(tokens).map_err(|_| too_big("T tokens"))?;
     let batch_i32 = i32::try_from(batch).map_err(|_| too_big("B requests"))?;
+    // The chunked form's offsets run up to B·T.
+    let n = batch
+        .checked_mul(tokens)
+        .filter(|&n| i32::try_from(n).is_ok())
+        .ok_or_else(|| too_big("B·T tokens"))?;
     // The K-first state the file speaks of, and the v-first view of it that the ops take.
     let state_kfirst = b.alloc(DType::F32, &[batch, heads, k, v])?;
     match &inputs.initial_state {
@@ -317,7 +348,6 @@ pub fn compute<B: Backend>(
     let op = match algo {
         Algo::Chunk => {
             // The B requests back to back: one flat batch of B·T tokens.
-            let n = batch * tokens;
             let cu_seqlens: Vec<i32> = (0..=batch_i32).map(|r| r * tokens_i32).collect();
             Op::KdaChunk(KdaChunk {
                 q: upload(b, &s, &inputs.q, &[n, heads, k])?,
@@ -338,7 +368,7 @@ pub fn compute<B: Backend>(
         Algo::Recurrent => {
             // Request r starts from slot r (read at its last token, the one accepted) and keeps
             // only the state after its last token, in slot r.
-            let mut state_slots = vec![-1i32; batch * tokens];
+            let mut state_slots = vec![-1i32; n];
             for (r, &slot) in slots.iter().enumerate() {
                 if tokens > 0 {
                     state_slots[r * tokens + tokens - 1] = slot;

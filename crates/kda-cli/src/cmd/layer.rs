@@ -10,7 +10,7 @@
 //! and `mixed_qkv` `[N, 3 lp]`, all f32 (padding rows zero).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use half::bf16;
@@ -69,6 +69,11 @@ pub fn run(args: &LayerArgs) -> Result<(), CliError> {
         .map_err(kda_core::weights::WeightError::from)?;
     let tp = Tp::new(args.tp_size, args.tp_rank).map_err(kda_core::weights::WeightError::from)?;
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
+    crate::signals::name_mapped_files(&checkpoint.mapped_files());
+    let config_path = args.checkpoint.join("config.json");
+    let mut inputs: Vec<&Path> = vec![&args.input, &config_path];
+    inputs.extend(checkpoint.files().into_iter().chain(checkpoint.index_file()).map(Path::new));
+    crate::fsio::check_outputs(&[("--output", &args.output)], &inputs)?;
     let input = read_input(args, config.hidden_size)?;
     let settings = Settings { threads: args.threads, ..Settings::default() };
     on_backend!(args.device.backend, &settings, |b| {
@@ -149,6 +154,7 @@ fn read_input(args: &LayerArgs, hidden_size: usize) -> Result<LayerInput, CliErr
     };
     let view = get("hidden_states")?;
     let (dtype, hidden) = tensor_file::floats("hidden_states", &view)?;
+    tensor_file::warn_non_finite(path, "hidden_states", hidden.iter().copied());
     let shape_error = |name: &str, dtype: String, shape: &[usize], reason: String| {
         CliError::Tensor { name: name.into(), dtype, shape: shape.to_vec(), reason }
     };
@@ -165,20 +171,8 @@ fn read_input(args: &LayerArgs, hidden_size: usize) -> Result<LayerInput, CliErr
         let why = "expected [B + 1]".to_string();
         return Err(shape_error("query_start_loc", "i32".into(), qsl_view.shape(), why));
     }
-    let offsets =
-        qsl.iter().map(|&o| usize::try_from(o)).collect::<Result<Vec<usize>, _>>().map_err(
-            |_| {
-                let why = format!("offsets must be non-negative, got {qsl:?}");
-                shape_error("query_start_loc", "i32".into(), qsl_view.shape(), why)
-            },
-        )?;
-    let requests = offsets.len().saturating_sub(1);
-    let meta = BatchMeta {
-        num_actual_tokens: offsets.last().copied().unwrap_or(0),
-        query_start_loc: offsets,
-        num_computed_tokens: vec![0; requests],
-        slots: (0..requests).map(kda_core::layer::RequestSlots::Single).collect(),
-    };
+    // Checked against the rows before anything (the state cache) is sized by it.
+    let meta = BatchMeta::fresh_prefills(&qsl, rows).map_err(kda_core::layer::LayerError::from)?;
     Ok(LayerInput { dtype, rows, hidden, meta })
 }
 

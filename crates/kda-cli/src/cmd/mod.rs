@@ -69,11 +69,11 @@ pub fn progress_bar(len: u64, unit: &str) -> indicatif::ProgressBar {
     indicatif::ProgressBar::new(len).with_style(style)
 }
 
-/// Write `value` as pretty JSON to `path`.
+/// Write `value` as pretty JSON to `path` (atomically).
 pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(), CliError> {
     let io = |source| CliError::Io { action: "write", path: path.display().to_string(), source };
     let text = serde_json::to_string_pretty(value).map_err(|e| io(std::io::Error::other(e)))?;
-    std::fs::write(path, text + "\n").map_err(io)
+    crate::fsio::write_atomic(path, (text + "\n").as_bytes())
 }
 
 /// Milliseconds, for reports.

@@ -98,6 +98,9 @@ pub struct Loaded {
     pub weights: LayerWeights,
     /// Where the weights came from, for reports.
     pub origin: String,
+    /// The files read (config and checkpoint files; none for a synthetic checkpoint): what no
+    /// output may overwrite.
+    pub files: Vec<PathBuf>,
     /// Reading (or generating) the checkpoint and composing the fused weights.
     pub load_time: Duration,
 }
@@ -121,13 +124,19 @@ pub fn workload(
 /// Load the layer `args` names.
 pub fn load(args: &ModelArgs) -> Result<Loaded, CliError> {
     let start = Instant::now();
+    let mut files = Vec::new();
     let (config, source, origin): (KdaConfig, Box<dyn TensorSource>, String) =
         match &args.checkpoint {
             Some(dir) => {
-                let config =
-                    KdaConfig::from_file(&dir.join("config.json")).map_err(WeightError::from)?;
+                let config_path = dir.join("config.json");
+                let config = KdaConfig::from_file(&config_path).map_err(WeightError::from)?;
                 let origin = format!("checkpoint {}", dir.display());
-                (config, Box::new(Checkpoint::open(dir)?), origin)
+                let checkpoint = Checkpoint::open(dir)?;
+                crate::signals::name_mapped_files(&checkpoint.mapped_files());
+                files.push(config_path);
+                let read = checkpoint.files().into_iter().chain(checkpoint.index_file());
+                files.extend(read.map(PathBuf::from));
+                (config, Box::new(checkpoint), origin)
             }
             None => {
                 let config = args.preset.config();
@@ -150,5 +159,5 @@ pub fn load(args: &ModelArgs) -> Result<Loaded, CliError> {
         args.layer,
         LoadOptions::default(),
     )?;
-    Ok(Loaded { config, tp, weights: loaded.weights, origin, load_time: start.elapsed() })
+    Ok(Loaded { config, tp, weights: loaded.weights, origin, files, load_time: start.elapsed() })
 }

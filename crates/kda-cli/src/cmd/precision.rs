@@ -236,6 +236,9 @@ fn activate(
 }
 
 pub fn run(args: &PrecisionArgs) -> Result<(), CliError> {
+    if let Some(path) = &args.write {
+        crate::fsio::check_outputs(&[("--write", path)], &[])?;
+    }
     if args.heads == 0 || args.tokens == 0 {
         return Err(CliError::Argument {
             arg: "--heads/--tokens",
@@ -288,11 +291,7 @@ pub fn run(args: &PrecisionArgs) -> Result<(), CliError> {
     print!("{table}");
     if let Some(path) = &args.write {
         let doc = render_doc(args, &rows, &table);
-        std::fs::write(path, doc).map_err(|source| CliError::Io {
-            action: "write",
-            path: path.display().to_string(),
-            source,
-        })?;
+        crate::fsio::write_atomic(path, doc.as_bytes())?;
         println!("wrote {}", path.display());
     }
     Ok(())

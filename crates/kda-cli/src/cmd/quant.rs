@@ -69,6 +69,7 @@ impl ScaleLayoutArg {
 }
 
 pub fn run(args: &QuantArgs) -> Result<(), CliError> {
+    crate::fsio::check_outputs(&[("--output", &args.output)], &[&args.input])?;
     on_backend!(args.device.backend, &Settings::default(), |b| run_on(args, b))
 }
 
@@ -84,7 +85,8 @@ fn run_on<B: Backend>(args: &QuantArgs, b: Device<B>) -> Result<(), CliError> {
         let view = tensors
             .tensor(name)
             .map_err(|e| CliError::Safetensors { path: input.clone(), message: e.to_string() })?;
-        let (data, scale) = quantize_tensor(&b, &stream, name, &view, args.scale_alg, args.layout)?;
+        let (data, scale) =
+            quantize_tensor(&b, &stream, &args.input, name, &view, args.scale_alg, args.layout)?;
         println!(
             "{name} {:?} {} -> {}.data {:?} u8, {}.scale {:?} u8",
             view.shape(),
@@ -127,10 +129,11 @@ fn dtype_name(dtype: Dtype) -> String {
     }
 }
 
-/// Quantize one tensor on `b` into its `.data` and `.scale` outputs.
+/// Quantize one tensor (of the file `path`) on `b` into its `.data` and `.scale` outputs.
 fn quantize_tensor<B: Backend>(
     b: &Device<B>,
     s: &B::Stream,
+    path: &Path,
     name: &str,
     view: &TensorView<'_>,
     alg: ScaleAlg,
@@ -156,6 +159,7 @@ fn quantize_tensor<B: Backend>(
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
+            tensor_file::warn_non_finite(path, name, values.iter().copied());
             quantize_on(b, s, &values, rows, k, alg)?
         }
         Dtype::BF16 => {
@@ -163,6 +167,7 @@ fn quantize_tensor<B: Backend>(
                 .chunks_exact(2)
                 .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
                 .collect();
+            tensor_file::warn_non_finite(path, name, values.iter().map(|v| v.to_f32()));
             quantize_on(b, s, &values, rows, k, alg)?
         }
         _ => return Err(error("only f32 and bf16 tensors can be quantized")),

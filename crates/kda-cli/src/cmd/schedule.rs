@@ -301,6 +301,9 @@ impl std::fmt::Display for Ratio {
 }
 
 pub fn bench(args: &ScheduleBenchArgs) -> Result<(), CliError> {
+    if let Some(path) = &args.json {
+        crate::fsio::check_outputs(&[("--json", path)], &[])?;
+    }
     let alg = ScaleAlg::try_from(args.scale_alg)
         .map_err(|e| CliError::Argument { arg: "--scale-alg", reason: e.to_string() })?;
     if args.tokens.is_empty() || args.tokens.contains(&0) {

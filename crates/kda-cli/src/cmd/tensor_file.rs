@@ -17,13 +17,9 @@ pub struct OutTensor {
     pub bytes: Vec<u8>,
 }
 
-/// The bytes of the file at `path`.
+/// The bytes of the regular file at `path`.
 pub fn read(path: &Path) -> Result<Vec<u8>, CliError> {
-    std::fs::read(path).map_err(|source| CliError::Io {
-        action: "read",
-        path: path.display().to_string(),
-        source,
-    })
+    crate::fsio::read_input(path)
 }
 
 /// `bytes` (read from `path`) as safetensors.
@@ -31,7 +27,8 @@ pub fn parse<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>, CliErr
     SafeTensors::deserialize(bytes).map_err(|e| safetensors_error(path, e))
 }
 
-/// Write `tensors` and `metadata` to `path` as one safetensors file.
+/// Write `tensors` and `metadata` to `path` as one safetensors file (atomically: the previous
+/// file stays whole if anything fails).
 pub fn write(
     path: &Path,
     tensors: &[OutTensor],
@@ -44,11 +41,7 @@ pub fn write(
         .map_err(|e| safetensors_error(path, e))?;
     let bytes =
         safetensors::serialize(views, Some(metadata)).map_err(|e| safetensors_error(path, e))?;
-    std::fs::write(path, bytes).map_err(|source| CliError::Io {
-        action: "write",
-        path: path.display().to_string(),
-        source,
-    })
+    crate::fsio::write_atomic(path, &bytes)
 }
 
 fn safetensors_error(path: &Path, e: safetensors::SafeTensorError) -> CliError {
@@ -85,6 +78,19 @@ pub fn i32s(name: &str, view: &TensorView<'_>) -> Result<Vec<i32>, CliError> {
             .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect()),
         other => Err(dtype_error(name, other, view.shape(), "expected i32")),
+    }
+}
+
+/// Warn on stderr when input tensor `name` of `path` holds a NaN or an infinity. kda computes
+/// with inputs as given (non-finite in, non-finite out, as the library does), but never
+/// silently: the warning names the tensor and its first non-finite element.
+pub fn warn_non_finite(path: &Path, name: &str, values: impl IntoIterator<Item = f32>) {
+    if let Some((index, value)) = values.into_iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        tracing::warn!(
+            "{}: input tensor {name:?} holds non-finite values (the first: element {index} = \
+             {value}); what is computed from them will not be finite either",
+            path.display()
+        );
     }
 }
 

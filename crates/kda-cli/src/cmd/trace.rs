@@ -65,6 +65,13 @@ fn trace_on<B: CliBackend>(args: &TraceArgs, w: Workload, b: Device<B>) -> Resul
     backend::require_timeline(&b, "kda trace")?;
     let main = b.new_stream()?;
     let loaded = model::load(&args.model)?;
+    let outputs: Vec<(&'static str, &std::path::Path)> =
+        [("--svg", &args.svg), ("--chrome", &args.chrome)]
+            .into_iter()
+            .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+            .collect();
+    let inputs: Vec<&std::path::Path> = loaded.files.iter().map(PathBuf::as_path).collect();
+    crate::fsio::check_outputs(&outputs, &inputs)?;
     let options = LayerOptions { schedule: Some(args.schedule.into()), ..LayerOptions::default() };
     let layer = KdaLayer::new(&b, &main, &loaded.weights, options)?;
     let hidden = layer.dims().hidden;
@@ -116,11 +123,7 @@ fn trace_on<B: CliBackend>(args: &TraceArgs, w: Workload, b: Device<B>) -> Resul
             lane_names: lanes.clone(),
             width: 0,
         });
-        std::fs::write(path, svg).map_err(|source| CliError::Io {
-            action: "write",
-            path: path.display().to_string(),
-            source,
-        })?;
+        crate::fsio::write_atomic(path, svg.as_bytes())?;
         println!("  SVG timeline: {}", path.display());
     }
     if let Some(path) = &args.chrome {

@@ -190,10 +190,7 @@ impl<B: Backend> Device<B> {
     /// Allocate a dense tensor of `dtype` and `shape`.
     pub fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor<B>> {
         let layout = Layout::contiguous(dtype, shape);
-        let bytes = layout
-            .numel()
-            .checked_mul(dtype.size_bytes())
-            .ok_or(Error::OutOfMemory { bytes: usize::MAX })?;
+        let bytes = layout.size_bytes()?;
         Tensor::new(self.alloc_buffer(bytes)?, layout)
     }
 

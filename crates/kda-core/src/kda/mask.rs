@@ -49,6 +49,8 @@ impl<B: Resources> ZeroPadding<B> {
                 actual: vec![],
             });
         };
-        Ok(PaddingDims { rows, row_len: rest.iter().product() })
+        // A tensor's element count is exact, so the count of its trailing dims is too.
+        let row_len = crate::layout::checked_numel(rest).unwrap_or(usize::MAX);
+        Ok(PaddingDims { rows, row_len })
     }
 }

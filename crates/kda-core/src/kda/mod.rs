@@ -28,3 +28,9 @@ pub use gate::{ChunkGate, GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
 pub use mask::{PaddingDims, ZeroPadding};
 pub use norm::{GatedRmsNorm, L2NORM_EPS, L2Norm, RowDims};
 pub use recurrence::{CHUNK_SIZE, KdaChunk, KdaRecurrent, RecurrenceDims};
+
+/// The largest head dimension (`K`, `V`, a config's `head_dim`) kda accepts from a file: four
+/// times the 128 of every released KDA model. One head's recurrent state is `K · V` f32 (1 MiB
+/// at 512), and it is the one size a file names without holding it (a state cache, a zero
+/// initial state), so it is bounded (`docs/design/reliability.md`).
+pub const MAX_HEAD_DIM: usize = 512;

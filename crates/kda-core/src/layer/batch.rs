@@ -56,6 +56,30 @@ impl BatchMeta {
         meta
     }
 
+    /// Fresh prefills from the i32 `query_start_loc` a file holds (`kda layer`'s input):
+    /// request `b` owns rows `query_start_loc[b]..query_start_loc[b + 1]` and state slot `b`.
+    /// Checked as [`DispatchPlan::new`] checks a batch over `rows` rows of hidden states, so the
+    /// request count (what a state cache is sized by) is known to be at most `rows` before
+    /// anything is allocated for it.
+    pub fn fresh_prefills(query_start_loc: &[i32], rows: usize) -> Result<Self, BatchError> {
+        let offsets = query_start_loc
+            .iter()
+            .enumerate()
+            .map(|(index, &value)| {
+                usize::try_from(value).map_err(|_| BatchError::NegativeOffset { index, value })
+            })
+            .collect::<Result<Vec<usize>, _>>()?;
+        let requests = offsets.len().saturating_sub(1);
+        let meta = Self {
+            num_actual_tokens: offsets.last().copied().unwrap_or(0),
+            query_start_loc: offsets,
+            num_computed_tokens: vec![0; requests],
+            slots: (0..requests).map(RequestSlots::Single).collect(),
+        };
+        DispatchPlan::new(&meta, rows, CacheLimits { slots: requests, num_spec: 0 })?;
+        Ok(meta)
+    }
+
     /// Append a request of `len` tokens after the current ones.
     pub fn push(&mut self, len: usize, num_computed: usize, slots: RequestSlots) -> &mut Self {
         if self.query_start_loc.is_empty() {
@@ -81,6 +105,8 @@ impl BatchMeta {
 pub enum BatchError {
     #[error("batch metadata: {param} has {actual} entries, expected {expected}")]
     Length { param: &'static str, expected: String, actual: usize },
+    #[error("batch metadata: query_start_loc[{index}] = {value}: offsets must be non-negative")]
+    NegativeOffset { index: usize, value: i32 },
     #[error("batch metadata: query_start_loc[0] = {actual}, expected 0")]
     FirstOffset { actual: usize },
     #[error(
@@ -391,6 +417,34 @@ mod tests {
             let plan = DispatchPlan::new(&meta, 4, CACHE).unwrap();
             assert!(plan.is_empty() && plan.groups().count() == 0);
         }
+    }
+
+    /// Issue #21, item 2: `kda layer` sized its state cache by `len(query_start_loc)` before
+    /// checking it; the offsets are now checked against the rows first, so a million offsets
+    /// over a few rows are an error, not a million-slot cache.
+    #[test]
+    fn fresh_prefills_from_file_offsets_are_checked_against_the_rows() {
+        let meta = BatchMeta::fresh_prefills(&[0, 5, 8], 9).unwrap();
+        assert_eq!(meta, BatchMeta::prefills(&[5, 3], &[0, 1]));
+        assert_eq!(BatchMeta::fresh_prefills(&[], 0).unwrap(), BatchMeta::empty());
+        let many = vec![0i32; 1 << 20];
+        assert_eq!(
+            BatchMeta::fresh_prefills(&many, 4).unwrap_err(),
+            BatchError::NotIncreasing { request: 0, start: 0, end: 0 }
+        );
+        let climbing: Vec<i32> = (0..1 << 20).collect();
+        assert_eq!(
+            BatchMeta::fresh_prefills(&climbing, 4).unwrap_err(),
+            BatchError::TooManyTokens { live: (1 << 20) - 1, rows: 4 }
+        );
+        assert_eq!(
+            BatchMeta::fresh_prefills(&[0, 2, -1], 4).unwrap_err(),
+            BatchError::NegativeOffset { index: 2, value: -1 }
+        );
+        assert_eq!(
+            BatchMeta::fresh_prefills(&[3, 4], 4).unwrap_err(),
+            BatchError::FirstOffset { actual: 3 }
+        );
     }
 
     #[test]

@@ -6,10 +6,15 @@
 //! every tensor's byte count matches its dtype and shape), so a truncated or corrupt file is an
 //! error there, naming the file; tensor bytes are only touched when a loader reads its region.
 //!
-//! There is no cargo-fuzz target (it needs a nightly toolchain): property tests in
-//! `kda-testkit/tests/checkpoint_loading.rs` play its part, feeding random truncations and byte
-//! flips of a valid file, edited `config.json` texts and random shard indexes through the whole
-//! load path and requiring `Ok` or a clean error, never a panic.
+//! Only regular files are opened ([`crate::file`]): a directory, FIFO or device in a file's place
+//! is an error naming it. Files below [`COPY_BELOW_BYTES`] are read into memory, larger ones are
+//! memory-mapped (see [`Checkpoint::open`]).
+//!
+//! There is no cargo-fuzz target (it needs a nightly toolchain): the property tests of
+//! `kda-core/tests/fuzz_parsers.rs` play its part, mutating a committed seed corpus (safetensors
+//! files, `config.json` texts, shard indexes, batch metadata) and requiring `Ok` or a clean
+//! error, never a panic; `kda-testkit/tests/checkpoint_loading.rs` adds truncations and byte
+//! flips through the whole load path.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -24,6 +29,9 @@ use super::WeightError;
 use super::host::{HostTensor, gather_bytes};
 use super::source::{TensorRead, TensorSource};
 use crate::dtype::DType;
+use crate::file::{
+    COPY_BELOW_BYTES, MAX_INDEX_BYTES, open_regular, read_exact_len, read_regular_text,
+};
 
 /// The file name of a single-file checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -57,7 +65,8 @@ pub fn dtype_to_safetensors(dtype: DType) -> Dtype {
     }
 }
 
-/// The bytes of one file: mapped from disk, or owned (tests, in-memory checkpoints).
+/// The bytes of one file: mapped from disk (large files), or owned (small files read whole,
+/// in-memory checkpoints).
 enum Bytes {
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
@@ -93,6 +102,8 @@ struct Entry {
 /// The tensors of a checkpoint: one safetensors file or a sharded set.
 pub struct Checkpoint {
     origin: String,
+    /// The shard index file, when the checkpoint was opened from one on disk.
+    index: Option<String>,
     shards: Vec<Shard>,
     entries: BTreeMap<String, Entry>,
 }
@@ -169,32 +180,51 @@ fn io_error(path: &Path, action: &'static str, e: std::io::Error) -> WeightError
     WeightError::Io { path: path.display().to_string(), action, message: e.to_string() }
 }
 
-/// Map `path` read-only.
-fn map_file(path: &Path) -> Result<Bytes, WeightError> {
-    let file = File::open(path).map_err(|e| io_error(path, "open", e))?;
+/// The bytes of the regular file `path`: read whole below [`COPY_BELOW_BYTES`], else mapped
+/// read-only.
+fn load_file(path: &Path) -> Result<Bytes, WeightError> {
+    let (file, len) = open_regular(path).map_err(|e| io_error(path, "open", e))?;
+    if len < COPY_BELOW_BYTES {
+        let bytes =
+            read_exact_len(file, len, COPY_BELOW_BYTES).map_err(|e| io_error(path, "read", e))?;
+        return Ok(Bytes::Owned(bytes));
+    }
+    map_file(path, &file)
+}
+
+/// Map the open `file` read-only.
+fn map_file(path: &Path, file: &File) -> Result<Bytes, WeightError> {
     // SAFETY: the mapping is read-only and lives as long as the Checkpoint that owns it. The
     // contract a caller accepts (see `Checkpoint::open`) is that checkpoint files are not
     // modified or truncated while a Checkpoint maps them: then the bytes behind every slice we
     // hand out stay valid and unchanged, which is all `Mmap`'s `Deref` requires.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_error(path, "map", e))?;
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| io_error(path, "map", e))?;
     Ok(Bytes::Mapped(map))
 }
 
 impl Checkpoint {
     /// Open a checkpoint: a directory (its [`INDEX_FILE`] if present, else its [`SINGLE_FILE`]),
-    /// a `.json` shard index, or one `.safetensors` file. Files are memory-mapped.
+    /// a `.json` shard index, or one `.safetensors` file. Every file must be a regular file (a
+    /// directory, FIFO, device or symlink loop in its place is an error naming it).
     ///
-    /// The files must not be modified or truncated while the checkpoint is open (a mapped file
-    /// that shrinks makes later reads fault); serving stacks treat checkpoints as read-only, and
-    /// writers that replace a file by renaming a new one over it are safe.
+    /// Files below [`COPY_BELOW_BYTES`] are read into memory: nothing that happens to them
+    /// afterwards can affect kda. Larger files are memory-mapped, because a shard of a real
+    /// checkpoint is gigabytes of which one TP rank of one layer reads a few megabytes; those
+    /// must not be modified or truncated while the checkpoint is open (a mapped file that
+    /// shrinks makes later reads fault with SIGBUS, which the `kda` binary reports naming the
+    /// mapped files). Serving stacks treat checkpoints as read-only, and writers that replace a
+    /// file by renaming a new one over it, as kda's own do, are safe.
     pub fn open(path: &Path) -> Result<Checkpoint, WeightError> {
         if path.is_dir() {
+            // An entry that exists in any form is the one meant: if it is not a readable
+            // regular file, say so rather than that it does not exist.
+            let exists = |p: &Path| std::fs::symlink_metadata(p).is_ok();
             let index = path.join(INDEX_FILE);
-            if index.is_file() {
+            if exists(&index) {
                 return Checkpoint::open_index(&index);
             }
             let single = path.join(SINGLE_FILE);
-            if single.is_file() {
+            if exists(&single) {
                 return Checkpoint::open_file(&single);
             }
             return Err(WeightError::Io {
@@ -213,10 +243,11 @@ impl Checkpoint {
     /// One safetensors file.
     pub fn open_file(path: &Path) -> Result<Checkpoint, WeightError> {
         let origin = path.display().to_string();
-        let bytes = map_file(path)?;
+        let bytes = load_file(path)?;
         let entries = parse_shard(&origin, 0, &bytes)?;
         Ok(Checkpoint {
             origin: origin.clone(),
+            index: None,
             shards: vec![Shard { path: origin, bytes }],
             entries,
         })
@@ -224,12 +255,15 @@ impl Checkpoint {
 
     /// A sharded checkpoint from its index file; shard files are looked up beside it.
     pub fn open_index(path: &Path) -> Result<Checkpoint, WeightError> {
-        let text = std::fs::read_to_string(path).map_err(|e| io_error(path, "read", e))?;
+        let text =
+            read_regular_text(path, MAX_INDEX_BYTES).map_err(|e| io_error(path, "read", e))?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Checkpoint::from_index(&path.display().to_string(), &text, |file| {
+        let mut checkpoint = Checkpoint::from_index(&path.display().to_string(), &text, |file| {
             let full: PathBuf = dir.join(file);
-            Ok((full.display().to_string(), map_file(&full)?))
-        })
+            Ok((full.display().to_string(), load_file(&full)?))
+        })?;
+        checkpoint.index = Some(path.display().to_string());
+        Ok(checkpoint)
     }
 
     /// One safetensors file held in memory (`origin` names it in errors).
@@ -237,6 +271,7 @@ impl Checkpoint {
         let entries = parse_shard(origin, 0, &bytes)?;
         Ok(Checkpoint {
             origin: origin.to_string(),
+            index: None,
             shards: vec![Shard { path: origin.to_string(), bytes: Bytes::Owned(bytes) }],
             entries,
         })
@@ -293,12 +328,27 @@ impl Checkpoint {
             })?;
             entries.insert(name.clone(), entry.clone());
         }
-        Ok(Checkpoint { origin: origin.to_string(), shards, entries })
+        Ok(Checkpoint { origin: origin.to_string(), index: None, shards, entries })
     }
 
-    /// The files this checkpoint reads.
+    /// The safetensors files this checkpoint reads.
     pub fn files(&self) -> Vec<&str> {
         self.shards.iter().map(|s| s.path.as_str()).collect()
+    }
+
+    /// The shard index file, when the checkpoint was opened from one on disk.
+    pub fn index_file(&self) -> Option<&str> {
+        self.index.as_deref()
+    }
+
+    /// The shards that are memory-mapped (at least [`COPY_BELOW_BYTES`]): the files that must
+    /// not shrink while this checkpoint is open.
+    pub fn mapped_files(&self) -> Vec<&str> {
+        self.shards
+            .iter()
+            .filter(|s| matches!(s.bytes, Bytes::Mapped(_)))
+            .map(|s| s.path.as_str())
+            .collect()
     }
 }
 
@@ -356,6 +406,7 @@ impl TensorSource for Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::file::scratch;
     use crate::weights::source::read_all;
     use safetensors::tensor::TensorView;
 
@@ -408,6 +459,67 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(Checkpoint::from_bytes("f", longer).is_err());
+    }
+
+    /// Issue #21, item 4: a checkpoint below the copy threshold is read whole when opened, so a
+    /// file truncated afterwards changes nothing (a mapped one faults with SIGBUS on the next
+    /// read).
+    #[test]
+    fn small_files_are_read_whole_so_truncation_cannot_fault() {
+        let dir = scratch("truncate");
+        let values: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let path = dir.join(SINGLE_FILE);
+        std::fs::write(&path, file(&[("a", Dtype::F32, vec![4096], bytes)])).unwrap();
+        let c = Checkpoint::open(&dir).unwrap();
+        assert!(c.mapped_files().is_empty());
+        assert_eq!(c.files(), vec![path.display().to_string()]);
+        File::options().write(true).open(&path).unwrap().set_len(0).unwrap();
+        let a = read_all(&*c.tensor("a").unwrap()).unwrap();
+        assert_eq!(a.as_f32().unwrap(), &values[..]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Issue #21, item 7: a checkpoint file that exists but is a directory, a FIFO or a symlink
+    /// loop is named as such, not reported missing or "cannot map: No such device".
+    #[cfg(unix)]
+    #[test]
+    fn entries_that_are_not_regular_files_are_named() {
+        let dir = scratch("kinds");
+        let single = dir.join(SINGLE_FILE);
+        let error = |path: &Path| Checkpoint::open(path).unwrap_err().to_string();
+        std::fs::create_dir(&single).unwrap();
+        let want = format!(
+            "{}: cannot open: it is a directory, expected a regular file",
+            single.display()
+        );
+        assert_eq!(error(&dir), want);
+        std::fs::remove_dir(&single).unwrap();
+
+        std::os::unix::fs::symlink(SINGLE_FILE, &single).unwrap();
+        let e = error(&dir);
+        assert!(e.starts_with(&format!("{}: cannot open: ", single.display())), "{e}");
+        assert!(e.contains("symbolic links"), "{e}");
+        std::fs::remove_file(&single).unwrap();
+
+        let c = std::ffi::CString::new(single.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(
+            error(&dir),
+            format!("{}: cannot open: it is a FIFO, expected a regular file", single.display())
+        );
+        std::fs::remove_file(&single).unwrap();
+
+        let index = dir.join(INDEX_FILE);
+        std::fs::write(&index, r#"{"weight_map": {"a": "shard.safetensors"}}"#).unwrap();
+        std::fs::create_dir(dir.join("shard.safetensors")).unwrap();
+        let shard = dir.join("shard.safetensors");
+        assert_eq!(
+            error(&dir),
+            format!("{}: cannot open: it is a directory, expected a regular file", shard.display())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -32,7 +32,7 @@ enum HostData {
 
 /// Elements of `shape`, or an error naming `param`.
 pub(crate) fn numel(param: &str, shape: &[usize]) -> Result<usize, WeightError> {
-    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+    crate::layout::checked_numel(shape).ok_or_else(|| {
         WeightError::shape(param, "a shape whose element count fits in memory", shape)
     })
 }
@@ -200,6 +200,28 @@ impl HostTensor {
     /// The values of a float tensor, exactly, as f64; `None` for other dtypes.
     pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
         Some(self.to_f32_vec()?.into_iter().map(f64::from).collect())
+    }
+
+    /// The first element no weight can hold, read as `meaning` (this tensor's dtype, or for
+    /// u8 bytes the E4M3 or E8M0 they stand for): a NaN or infinite float, a NaN E4M3 byte
+    /// (`0x7F`, `0xFF`), the NaN E8M0 scale `0xFF`. Returns its flat index and a description.
+    pub fn first_non_finite(&self, meaning: DType) -> Option<(usize, String)> {
+        fn find<T: Copy>(v: &[T], bad: impl Fn(T) -> bool) -> Option<(usize, T)> {
+            v.iter().copied().enumerate().find(|&(_, x)| bad(x))
+        }
+        match &self.data {
+            HostData::BF16(v) => find(v, |x| !x.is_finite()).map(|(i, x)| (i, x.to_string())),
+            HostData::F16(v) => find(v, |x| !x.is_finite()).map(|(i, x)| (i, x.to_string())),
+            HostData::F32(v) => find(v, |x| !x.is_finite()).map(|(i, x)| (i, x.to_string())),
+            HostData::I32(_) => None,
+            HostData::Bytes(v) => match meaning {
+                DType::E4M3 => find(v, crate::mx::is_nan_e4m3)
+                    .map(|(i, b)| (i, format!("NaN (E4M3 byte {b:#04x})"))),
+                DType::E8M0 => find(v, |b| b == crate::mx::E8M0_NAN)
+                    .map(|(i, b)| (i, format!("NaN (E8M0 scale byte {b:#04x})"))),
+                _ => None,
+            },
+        }
     }
 
     /// The values of a float tensor as f32, or a dtype error naming `param`.

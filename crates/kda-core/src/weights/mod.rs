@@ -6,7 +6,7 @@
 //!   checkpoint, an in-memory map or a lazily generated synthetic checkpoint all load the same
 //!   way and only this rank's rows are ever copied;
 //! - [`checkpoint`]: [`Checkpoint`], safetensors files (one, or sharded with
-//!   `model.safetensors.index.json`), memory-mapped;
+//!   `model.safetensors.index.json`), read whole when small, memory-mapped when large;
 //! - [`registry`]: [`Param`], the map from every checkpoint name to one loader ([`route`]),
 //!   [`LayerLoader`] and [`load_layer`];
 //! - [`bfg`]: [`FusedBfgLinear`], beta, the load-time composed forget gate `f_b @ f_a` and the
@@ -57,6 +57,11 @@ pub enum WeightError {
     Value { param: String, reason: String },
     #[error("{param}: {source}")]
     Mx { param: String, source: MxError },
+    #[error(
+        "{param}: element {index} (flat, row-major) is {value}; a weight must be finite \
+         (the checkpoint is corrupt or was saved from a diverged model)"
+    )]
+    NonFinite { param: String, index: usize, value: String },
     #[error("{param}: cannot allocate {bytes} bytes")]
     Alloc { param: String, bytes: u128 },
     #[error("layer {layer}: {} tensor(s) missing: {}", names.len(), names.join(", "))]
@@ -89,6 +94,9 @@ impl WeightError {
             }
             WeightError::Mx { param, source } => WeightError::Mx { param: full(param), source },
             WeightError::Alloc { param, bytes } => WeightError::Alloc { param: full(param), bytes },
+            WeightError::NonFinite { param, index, value } => {
+                WeightError::NonFinite { param: full(param), index, value }
+            }
             other => other,
         }
     }

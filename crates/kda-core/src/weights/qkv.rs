@@ -160,6 +160,12 @@ impl FusedQkv {
         m
     }
 
+    /// Whether a weight stored as `dtype` is MXFP8 bytes under this format, and so needs its
+    /// `weight_scale`.
+    pub fn is_stored_quantized(&self, dtype: DType) -> bool {
+        matches!(self.format, QkvFormat::Mxfp8 { .. }) && matches!(dtype, DType::E4M3 | DType::U8)
+    }
+
     /// `q_proj.weight` (or k, v): `[P, Hd]`, dense or E4M3 bytes.
     pub fn load_weight(&mut self, part: QkvPart, t: &dyn TensorRead) -> Result<(), WeightError> {
         let param = part.weight_suffix();

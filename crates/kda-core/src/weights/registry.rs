@@ -16,7 +16,7 @@ use super::host::HostTensor;
 use super::params::{self, load_a_log, load_dt_bias, load_o_norm, load_o_proj};
 use super::qkv::{FusedQkv, QkvPart};
 use super::source::{TensorRead, TensorSource};
-use crate::config::{KdaConfig, LayerDims, Tp};
+use crate::config::{KdaConfig, LayerDims, QkvFormat, Tp};
 use crate::dtype::DType;
 use crate::kda::GateForm;
 
@@ -236,14 +236,26 @@ impl LayerLoader {
         options: LoadOptions,
     ) -> Result<LayerLoader, WeightError> {
         let dims = config.dims(tp)?;
+        let (gate, eps) = (config.gate_form(), config.rms_norm_eps);
+        LayerLoader::fresh(layer, dims, gate, eps, config.qkv_format(), options)
+    }
+
+    fn fresh(
+        layer: usize,
+        dims: LayerDims,
+        gate: GateForm,
+        rms_norm_eps: f64,
+        qkv_format: QkvFormat,
+        options: LoadOptions,
+    ) -> Result<LayerLoader, WeightError> {
         Ok(LayerLoader {
             layer,
             prefix: layer_prefix(layer),
             dims,
-            gate: config.gate_form(),
-            rms_norm_eps: config.rms_norm_eps,
+            gate,
+            rms_norm_eps,
             options,
-            qkv: FusedQkv::new(dims, config.qkv_format(), options.weight_dtype)?,
+            qkv: FusedQkv::new(dims, qkv_format, options.weight_dtype)?,
             bfg: FusedBfgLinear::deferred(dims, options.weight_dtype, options.bfg_mode)?,
             conv: ConvWeights::new(dims),
             a_log: None,
@@ -251,6 +263,25 @@ impl LayerLoader {
             o_norm: None,
             o_proj: None,
         })
+    }
+
+    /// A loader of the same layer with nothing loaded (and so no storage).
+    fn empty(&self) -> Result<LayerLoader, WeightError> {
+        let (gate, eps, format) = (self.gate, self.rms_norm_eps, self.qkv.format());
+        LayerLoader::fresh(self.layer, self.dims, gate, eps, format, self.options)
+    }
+
+    /// Check `t`'s dtype and shape for `param` exactly as [`LayerLoader::load`] would, without
+    /// reading a byte of it or allocating anything: every loader checks before it reads, so
+    /// running one on a fresh loader over a tensor that refuses to be read stops right there.
+    pub fn check(&self, param: Param, t: &dyn TensorRead) -> Result<(), WeightError> {
+        let read = std::cell::Cell::new(false);
+        let probe = Guarded { inner: t, guard: Guard::ShapeOnly(read) };
+        let result = self.empty()?.load_unprefixed(param, &probe);
+        match (result, probe.guard) {
+            (Err(_), Guard::ShapeOnly(read)) if read.get() => Ok(()),
+            (result, _) => result.map_err(|e| e.with_prefix(&self.prefix)),
+        }
     }
 
     pub fn dims(&self) -> &LayerDims {
@@ -262,9 +293,12 @@ impl LayerLoader {
         &self.bfg
     }
 
-    /// Load `param` from `t`; errors carry the parameter's full checkpoint name.
+    /// Load `param` from `t`; errors carry the parameter's full checkpoint name. Every value
+    /// read is checked: a NaN or infinity (or a NaN E4M3 or E8M0 byte) is an error naming the
+    /// tensor and the first bad element's flat index, not a NaN output later.
     pub fn load(&mut self, param: Param, t: &dyn TensorRead) -> Result<(), WeightError> {
-        self.load_unprefixed(param, t).map_err(|e| e.with_prefix(&self.prefix))
+        let finite = Guarded { inner: t, guard: Guard::Finite(param) };
+        self.load_unprefixed(param, &finite).map_err(|e| e.with_prefix(&self.prefix))
     }
 
     fn load_unprefixed(&mut self, param: Param, t: &dyn TensorRead) -> Result<(), WeightError> {
@@ -363,15 +397,39 @@ pub fn load_layer(
 ) -> Result<LoadedLayer, WeightError> {
     let mut loader = LayerLoader::new(config, tp, layer, options)?;
     let mut unknown = Vec::new();
+    let mut params = Vec::new();
     for name in source.names() {
         match route(&name) {
-            Route::Param { layer: l, param } if l == layer => {
-                let tensor = source.tensor(&name)?;
-                loader.load(param, &*tensor)?;
-            }
+            Route::Param { layer: l, param } if l == layer => params.push((name, param)),
             Route::Unknown { layer: l, .. } if l == layer => unknown.push(name.clone()),
             _ => {}
         }
+    }
+    // Everything that can be checked without reading, before anything is read or allocated:
+    // the fused weights' storage is sized by the config, so a config the checkpoint does not
+    // back (a wrong head_dim, tensors missing) must fail before it is allocated. First every
+    // tensor's dtype and shape, then the names the layer needs (a weight stored as E4M3 bytes
+    // needs its scale).
+    let mut needed = loader.missing();
+    for (name, param) in &params {
+        let tensor = source.tensor(name)?;
+        loader.check(*param, &*tensor)?;
+        if let Param::Weight(part) = param
+            && loader.qkv.is_stored_quantized(tensor.dtype())
+        {
+            needed.push(format!("{}{}", loader.prefix, part.scale_suffix()));
+        }
+    }
+    let mut absent: Vec<String> =
+        needed.into_iter().filter(|n| !params.iter().any(|(p, _)| p == n)).collect();
+    absent.sort();
+    absent.dedup();
+    if !absent.is_empty() {
+        return Err(WeightError::Missing { layer, names: absent });
+    }
+    for (name, param) in params {
+        let tensor = source.tensor(&name)?;
+        loader.load(param, &*tensor)?;
     }
     if !unknown.is_empty() {
         if options.strict {
@@ -382,9 +440,82 @@ pub fn load_layer(
     Ok(LoadedLayer { weights: loader.finish()?, unknown })
 }
 
+/// A checkpoint tensor as a loader sees it: dtype and shape as stored, reads guarded.
+#[derive(Debug)]
+struct Guarded<'a> {
+    inner: &'a dyn TensorRead,
+    guard: Guard,
+}
+
+#[derive(Debug)]
+enum Guard {
+    /// Refuse every read, and remember being asked ([`LayerLoader::check`]).
+    ShapeOnly(std::cell::Cell<bool>),
+    /// Check every region read for values no weight of `Param` can hold
+    /// ([`HostTensor::first_non_finite`]).
+    Finite(Param),
+}
+
+impl TensorRead for Guarded<'_> {
+    fn dtype(&self) -> DType {
+        self.inner.dtype()
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.inner.shape()
+    }
+
+    fn read(&self, region: &[std::ops::Range<usize>]) -> Result<HostTensor, WeightError> {
+        let param = match &self.guard {
+            Guard::ShapeOnly(read) => {
+                read.set(true);
+                return Err(WeightError::value("shape check", "not read"));
+            }
+            Guard::Finite(param) => *param,
+        };
+        let values = self.inner.read(region)?;
+        // Checkpoints store MXFP8 bytes as u8 as often as under their own dtypes.
+        let meaning = match (param, values.dtype()) {
+            (Param::Weight(_), DType::U8) => DType::E4M3,
+            (Param::Scale(_), DType::U8) => DType::E8M0,
+            (_, dtype) => dtype,
+        };
+        match values.first_non_finite(meaning) {
+            None => Ok(values),
+            Some((local, value)) => Err(WeightError::NonFinite {
+                param: param.suffix().to_string(),
+                index: flat_index(self.inner.shape(), region, local),
+                value,
+            }),
+        }
+    }
+}
+
+/// The flat row-major index in a tensor of `shape` of element `local` of its sub-tensor
+/// `region`.
+fn flat_index(shape: &[usize], region: &[std::ops::Range<usize>], mut local: usize) -> usize {
+    let mut index = 0;
+    let mut stride = 1;
+    for (r, &size) in region.iter().zip(shape).rev() {
+        let len = r.len().max(1);
+        index += (r.start + local % len) * stride;
+        local /= len;
+        stride *= size;
+    }
+    index
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flat_indices_of_region_elements() {
+        // Element 4 of rows 2..4, columns 1..4 of a [5, 6] tensor is [3, 2]: 3 * 6 + 2.
+        assert_eq!(flat_index(&[5, 6], &[2..4, 1..4], 4), 20);
+        assert_eq!(flat_index(&[7, 2], &[0..7, 1..2], 5), 11);
+        assert_eq!(flat_index(&[2, 3, 4], &[1..2, 0..3, 2..4], 3), 12 + 4 + 3);
+    }
 
     /// Behaviour 14 (`docs/design/kda.md#behaviour-14`): checkpoint remap.
     #[test]
