@@ -45,6 +45,7 @@
 //! [`Device::launch_graph`] replays it (natively where the backend can).
 
 mod capture;
+mod import;
 mod instrumentation;
 
 use std::fmt;
