@@ -59,6 +59,9 @@ pub struct Step {
 pub struct RunOutput {
     pub outputs: Vec<Vec<f32>>,
     pub states: Vec<f32>,
+    /// `[slots, lh, V, K]`.
+    pub states_shape: [usize; 4],
+    pub hidden_size: usize,
 }
 
 /// Where a layer of a checkpoint comes from, and how it runs.
@@ -86,7 +89,8 @@ pub fn reference_run(
     let s = b.new_stream()?;
     let options = LayerOptions { schedule: Some(spec.schedule), ..LayerOptions::default() };
     let layer = KdaLayer::load(&b, &s, &checkpoint, &config, tp, spec.layer, options)?;
-    let hidden = layer.dims().hidden;
+    let dims = *layer.dims();
+    let hidden = dims.hidden;
     let mut cache = layer.new_cache(&s, slots, num_spec)?;
     let mut outputs = Vec::with_capacity(steps.len());
     for step in steps {
@@ -103,5 +107,6 @@ pub fn reference_run(
         outputs.push(b.download::<f32>(&s, &out)?);
     }
     let states = b.download::<f32>(&s, cache.recurrent())?;
-    Ok(RunOutput { outputs, states })
+    let states_shape = [slots, dims.local_heads, dims.head_dim, dims.head_dim];
+    Ok(RunOutput { outputs, states, states_shape, hidden_size: hidden })
 }
