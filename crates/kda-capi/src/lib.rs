@@ -390,7 +390,7 @@ pub unsafe extern "C" fn kda_cache_destroy(cache: *mut KdaCache) {
 unsafe fn batch_args(batch: &KdaBatch) -> Result<BatchArgs, EmbedError> {
     let r = batch.num_requests;
     let len = if r == 0 && batch.query_start_loc.is_null() { 0 } else { r + 1 };
-    // SAFETY (all four): the caller's contract on `batch`.
+    // SAFETY: the caller's contract on `batch`.
     let qsl = unsafe { slice("query_start_loc", batch.query_start_loc, len) }?;
     let optional = |param, ptr: *const i32, n| -> Result<Option<Vec<i64>>, EmbedError> {
         if ptr.is_null() {
@@ -455,9 +455,11 @@ pub unsafe extern "C" fn kda_layer_forward(
     stream: usize,
 ) -> KdaStatus {
     call(|| {
-        // SAFETY (three): the caller's contract.
+        // SAFETY: the caller's contract.
         let layer = unsafe { deref("layer", layer) }?;
+        // SAFETY: the caller's contract.
         let cache = unsafe { deref("cache", cache) }?;
+        // SAFETY: the caller's contract.
         let batch = unsafe { deref("batch", batch) }?;
         // SAFETY: the caller's contract on `batch`.
         let args = unsafe { batch_args(batch) }?;
@@ -473,7 +475,7 @@ pub unsafe extern "C" fn kda_layer_forward(
         };
         let hidden = layer.layer.info().hidden_size;
         let shape = vec![num_tokens, hidden];
-        // SAFETY (both): the caller's contract: arrays of these sizes, valid until the work
+        // SAFETY: the caller's contract: arrays of these sizes, valid until the work
         // completes; the engine owns them, so the owner is nothing.
         let x = unsafe {
             ForeignArray::new(
@@ -510,8 +512,9 @@ pub unsafe extern "C" fn kda_cache_recurrent_state(
     len: usize,
 ) -> KdaStatus {
     call(|| {
-        // SAFETY (both): the caller's contract.
+        // SAFETY: the caller's contract.
         let layer = unsafe { deref("layer", layer) }?;
+        // SAFETY: the caller's contract.
         let cache = unsafe { deref("cache", cache) }?;
         let values = cache.cache.recurrent_state(&layer.layer, slot)?;
         if len != values.len() {

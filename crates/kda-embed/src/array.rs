@@ -170,10 +170,7 @@ impl ForeignArray {
         let Self { ptr, owner, .. } = self;
         // SAFETY: `ForeignArray::new`'s contract: the span the layout reaches is valid memory of
         // this backend's kind while `owner` lives, ordered as `import_buffer` asks.
-        let buffer = match unsafe { device.import_buffer(ptr, span, owner) } {
-            Ok(buffer) => buffer,
-            Err(e) => return Err(e.into()),
-        };
+        let buffer = unsafe { device.import_buffer(ptr, span, owner) }?;
         let tensor = Tensor::new(buffer, layout)?;
         if !contiguous || tensor.layout().is_contiguous() {
             return Ok((tensor, Import::InPlace));
@@ -259,8 +256,7 @@ impl ForeignArray {
         })
     }
 
-    /// A host integer array's values (i32 or i64 from `I32`-tagged or 8-byte arrays are read
-    /// by the caller; this reads `I32`).
+    /// `Err` naming `param` unless the array is in host memory.
     pub fn expect_host(&self, param: &'static str) -> Result<()> {
         if self.memory == Memory::Host {
             Ok(())
