@@ -1,7 +1,7 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so it needs nothing but cargo.
 //!
-//! - `test`: formatting check, clippy with `-D warnings`, the whole test suite (release), docs
-//!   with warnings denied. What CI runs.
+//! - `test`: formatting check, clippy with `-D warnings`, the whole test suite (release), the
+//!   Python package's pytest suite (see `python.rs`), docs with warnings denied. What CI runs.
 //! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports.
 //! - `kernels`, `test --backend ascend`: the AscendC kernels and the NPU run (see `ascend.rs`).
 //! - `gpu-check`: the CUDA backend on a real GPU: build, conformance, capture, benchmarks,
@@ -13,6 +13,7 @@ use std::time::Instant;
 
 mod ascend;
 mod gpu_check;
+mod python;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -75,7 +76,8 @@ fn test() -> Result<(), String> {
         ],
         &[],
     )?;
-    let counts = run_tests(&cargo)?;
+    let mut counts = run_tests(&cargo)?;
+    python::pytest(&mut counts)?;
     step(
         "doc",
         &cargo,
@@ -95,7 +97,7 @@ fn test() -> Result<(), String> {
 }
 
 #[derive(Debug, Default)]
-struct Counts {
+pub(crate) struct Counts {
     passed: u64,
     failed: u64,
     ignored: u64,

@@ -157,7 +157,11 @@ unsafe fn deref<'a, T>(param: &'static str, ptr: *const T) -> Result<&'a T, Embe
 ///
 /// # Safety
 /// `ptr` is null or valid for `len` reads.
-unsafe fn slice<'a>(param: &'static str, ptr: *const i32, len: usize) -> Result<&'a [i32], EmbedError> {
+unsafe fn slice<'a>(
+    param: &'static str,
+    ptr: *const i32,
+    len: usize,
+) -> Result<&'a [i32], EmbedError> {
     if len == 0 {
         return Ok(&[]);
     }
@@ -230,12 +234,11 @@ unsafe fn destroy<T>(handle: *mut T) {
 /// kda's version, `"major.minor.patch"` (a static string).
 #[unsafe(no_mangle)]
 pub extern "C" fn kda_version() -> *const c_char {
-    static VERSION: &CStr = match CStr::from_bytes_with_nul(
-        concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes(),
-    ) {
-        Ok(v) => v,
-        Err(_) => c"unknown",
-    };
+    static VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"unknown",
+        };
     VERSION.as_ptr()
 }
 
@@ -332,7 +335,10 @@ pub unsafe extern "C" fn kda_layer_destroy(layer: *mut KdaLayer) {
 /// # Safety
 /// `layer` is a live handle; `out` valid for a write.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kda_layer_info(layer: *const KdaLayer, out: *mut KdaLayerInfo) -> KdaStatus {
+pub unsafe extern "C" fn kda_layer_info(
+    layer: *const KdaLayer,
+    out: *mut KdaLayerInfo,
+) -> KdaStatus {
     call(|| {
         // SAFETY: the caller's contract.
         let layer = unsafe { deref("layer", layer) }?;
@@ -489,7 +495,14 @@ pub unsafe extern "C" fn kda_layer_forward(
         }?;
         // SAFETY: as above.
         let y = unsafe {
-            ForeignArray::new(out.cast(), dtype("out_dtype", out_dtype)?, shape, None, memory, Box::new(()))
+            ForeignArray::new(
+                out.cast(),
+                dtype("out_dtype", out_dtype)?,
+                shape,
+                None,
+                memory,
+                Box::new(()),
+            )
         }?;
         let stream = (stream != 0).then_some(stream);
         // SAFETY: the caller's contract.

@@ -58,7 +58,11 @@ fn rust_checksum(dir: &Path, hidden: usize) -> String {
             hidden: prefill,
             dtype: DType::F32,
             rows: 8,
-            batch: BatchArgs { query_start_loc: vec![0, 5, 8], slots: slots.clone(), ..Default::default() },
+            batch: BatchArgs {
+                query_start_loc: vec![0, 5, 8],
+                slots: slots.clone(),
+                ..Default::default()
+            },
         },
         Step {
             hidden: decode,
@@ -106,9 +110,15 @@ fn the_c_example_prints_the_rust_apis_checksum() {
     assert!(status.success(), "{cc} failed to compile examples/c/kda_example.c");
     let run = Command::new(&exe).arg(&checkpoint).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "kda_example failed:\n{stdout}{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "kda_example failed:\n{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     print!("{stdout}");
-    assert!(stdout.contains("rejected (status 3): batch metadata: request 1 uses slot 7, but the cache has 2 slots"));
+    assert!(stdout.contains(
+        "rejected (status 3): batch metadata: request 1 uses slot 7, but the cache has 2 slots"
+    ));
     let line = stdout.lines().find_map(|l| l.strip_prefix("checksum ")).expect("a checksum line");
     let (sum, fnv) = line.split_once(" fnv1a ").expect("checksum SUM fnv1a HEX");
     let c = format!("{:e} {fnv}", sum.parse::<f64>().unwrap());

@@ -216,7 +216,8 @@ impl ForeignArray {
         }
         let mut index = vec![0usize; self.shape.len()];
         loop {
-            let offset: isize = index.iter().zip(&self.strides).map(|(&i, &s)| i as isize * s).sum();
+            let offset: isize =
+                index.iter().zip(&self.strides).map(|(&i, &s)| i as isize * s).sum();
             // SAFETY: every index inside the shape reaches valid memory (the contract); the
             // element is read unaligned.
             let element = unsafe { self.ptr.offset(offset * size as isize) };
@@ -245,14 +246,16 @@ impl ForeignArray {
         // SAFETY: host memory, valid per `ForeignArray::new`'s contract.
         let bytes = unsafe { self.gather_bytes() };
         Ok(match self.dtype {
-            DType::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_ne_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+            DType::BF16 => {
+                bytes.chunks_exact(2).map(|c| bf16::from_ne_bytes([c[0], c[1]]).to_f32()).collect()
+            }
             DType::F16 => {
                 bytes.chunks_exact(2).map(|c| f16::from_ne_bytes([c[0], c[1]]).to_f32()).collect()
             }
-            _ => bytes.chunks_exact(4).map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            _ => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
         })
     }
 

@@ -95,7 +95,10 @@ impl BatchArgs {
             None => (0..requests).map(RequestSlots::Single).collect(),
             Some(v) => {
                 expect_len("slots", v.len(), requests)?;
-                v.iter().enumerate().map(|(r, s)| self.request_slots(r, s)).collect::<Result<_>>()?
+                v.iter()
+                    .enumerate()
+                    .map(|(r, s)| self.request_slots(r, s))
+                    .collect::<Result<_>>()?
             }
         };
         Ok(BatchMeta {
@@ -279,7 +282,9 @@ impl Layer {
                 AnyCache::Reference(new_cache_on(s, l, n, spec)?)
             }
             #[cfg(feature = "cuda")]
-            (AnyRuntime::Cuda(s), AnyLayer::Cuda(l)) => AnyCache::Cuda(new_cache_on(s, l, n, spec)?),
+            (AnyRuntime::Cuda(s), AnyLayer::Cuda(l)) => {
+                AnyCache::Cuda(new_cache_on(s, l, n, spec)?)
+            }
             #[cfg(feature = "ascend")]
             (AnyRuntime::Ascend(s), AnyLayer::Ascend(l)) => {
                 AnyCache::Ascend(new_cache_on(s, l, n, spec)?)
@@ -331,9 +336,11 @@ impl Layer {
                 unsafe { forward_on(s, l, c, hidden_states, &meta, out, stream) }
             }
             #[allow(unreachable_patterns)]
-            (_, _, c) => {
-                Err(EmbedError::BackendMismatch { what: "cache", layer: rt_name, other: c.backend() })
-            }
+            (_, _, c) => Err(EmbedError::BackendMismatch {
+                what: "cache",
+                layer: rt_name,
+                other: c.backend(),
+            }),
         }
     }
 }
@@ -424,9 +431,11 @@ impl Cache {
             #[cfg(feature = "ascend")]
             (AnyRuntime::Ascend(s), AnyCache::Ascend(c)) => download_slot(s, c, slot),
             #[allow(unreachable_patterns)]
-            (_, c) => {
-                Err(EmbedError::BackendMismatch { what: "cache", layer: rt_name, other: c.backend() })
-            }
+            (_, c) => Err(EmbedError::BackendMismatch {
+                what: "cache",
+                layer: rt_name,
+                other: c.backend(),
+            }),
         }
     }
 }

@@ -137,7 +137,11 @@ pub fn core(args: &CoreArgs<'_>) -> Result<CoreOutput> {
     if let Some(s) = args.initial_state {
         s.expect_dtype("initial_state", &float)?;
         if s.shape() != [b, h, k, vd] {
-            return Err(shape_error("initial_state", s, format!("[{b}, {h}, {k}, {vd}] (K-first)")));
+            return Err(shape_error(
+                "initial_state",
+                s,
+                format!("[{b}, {h}, {k}, {vd}] (K-first)"),
+            ));
         }
     }
     let scale = match args.scale {

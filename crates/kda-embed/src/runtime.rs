@@ -102,7 +102,8 @@ fn device_index(device: i64) -> Result<usize> {
 #[cfg(feature = "cuda")]
 fn cuda(device: i64) -> Result<AnyRuntime> {
     let options = kda_cuda::CudaOptions { ordinal: device_index(device)?, ..Default::default() };
-    let device = kda_cuda::CudaBackend::with_options(options).map_err(|e| unavailable("cuda", e))?;
+    let device =
+        kda_cuda::CudaBackend::with_options(options).map_err(|e| unavailable("cuda", e))?;
     Ok(AnyRuntime::Cuda(Session::new(device)?))
 }
 
@@ -129,8 +130,11 @@ fn ascend(device: i64) -> Result<AnyRuntime> {
 #[cfg(not(feature = "ascend"))]
 fn ascend(device: i64) -> Result<AnyRuntime> {
     device_index(device)?;
-    Err(kda_core::Error::Unsupported { backend: "ascend", feature: "this build (without `ascend`)" }
-        .into())
+    Err(kda_core::Error::Unsupported {
+        backend: "ascend",
+        feature: "this build (without `ascend`)",
+    }
+    .into())
 }
 
 #[cfg(any(feature = "cuda", feature = "ascend"))]

@@ -6,13 +6,15 @@
 use std::path::Path;
 
 use half::bf16;
+use kda_core::DType;
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::layer::{KdaLayer, LayerOptions};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::weights::{Checkpoint, WeightError};
-use kda_core::DType;
 use kda_reference::ReferenceBackend;
-use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config, write_checkpoint};
+use kda_testkit::checkpoint::{
+    SyntheticCheckpoint, SyntheticSpec, scaled_config, write_checkpoint,
+};
 
 use crate::error::{EmbedError, Result};
 use crate::layer::BatchArgs;

@@ -2,7 +2,7 @@
 //! numpy dtype, ml_dtypes' bfloat16 included), DLPack's `__dlpack__` (torch and the rest), or
 //! the buffer protocol through `numpy.asarray`; and numpy arrays made for kda's results.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::{CStr, c_void};
 
 use kda_core::DType;
 use kda_embed::{EmbedError, ForeignArray, Memory};
@@ -67,7 +67,9 @@ fn dlpack_dtype(param: &'static str, t: &DlDataType) -> PyResult<DType> {
         (0, 32, 1) => DType::I32,
         (1, 8, 1) => DType::U8,
         (code, bits, lanes) => {
-            let message = format!("DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not one kda reads (f32, bf16, f16, i32, u8)");
+            let message = format!(
+                "DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is not one kda reads (f32, bf16, f16, i32, u8)"
+            );
             return Err(array_error(param, message));
         }
     };
@@ -154,8 +156,10 @@ fn from_array_interface(param: &'static str, obj: &Bound<'_, PyAny>) -> PyResult
     // SAFETY: numpy's interface describes memory valid while the array lives; `owner` keeps it
     // alive. The caller of a kda call does not touch the array while the call runs (the call
     // returns with the work complete, or the engine orders its stream).
-    unsafe { ForeignArray::new(ptr as *mut u8, dtype, shape, strides, Memory::Host, Box::new(owner)) }
-        .map_err(to_py)
+    unsafe {
+        ForeignArray::new(ptr as *mut u8, dtype, shape, strides, Memory::Host, Box::new(owner))
+    }
+    .map_err(to_py)
 }
 
 fn from_dlpack(
@@ -174,8 +178,7 @@ fn from_dlpack(
     };
     // SAFETY: `capsule` is a live object; `PyCapsule_GetPointer` checks the type and the name
     // (a wrong one sets an exception and returns null).
-    let managed =
-        unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLPACK_CAPSULE.as_ptr()) };
+    let managed = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLPACK_CAPSULE.as_ptr()) };
     if managed.is_null() {
         return Err(PyErr::take(py).unwrap_or_else(|| {
             array_error(param, "__dlpack__ did not return a \"dltensor\" capsule".into())

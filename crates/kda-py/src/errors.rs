@@ -6,10 +6,30 @@ use pyo3::PyErr;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 
-create_exception!(kda, Error, PyException, "Every error kda raises (except ValueError for an unknown option name).");
-create_exception!(kda, ShapeError, Error, "A tensor of the wrong shape, dtype or layout, or a cache of another layer.");
-create_exception!(kda, MetadataError, Error, "Batch metadata that is malformed or does not fit the cache.");
-create_exception!(kda, CheckpointError, Error, "A checkpoint that cannot be read or does not hold the layer.");
+create_exception!(
+    kda,
+    Error,
+    PyException,
+    "Every error kda raises (except ValueError for an unknown option name)."
+);
+create_exception!(
+    kda,
+    ShapeError,
+    Error,
+    "A tensor of the wrong shape, dtype or layout, or a cache of another layer."
+);
+create_exception!(
+    kda,
+    MetadataError,
+    Error,
+    "Batch metadata that is malformed or does not fit the cache."
+);
+create_exception!(
+    kda,
+    CheckpointError,
+    Error,
+    "A checkpoint that cannot be read or does not hold the layer."
+);
 create_exception!(kda, BackendError, Error, "A device call or an op failed.");
 create_exception!(kda, UnsupportedError, BackendError, "What this backend or build cannot do.");
 

@@ -49,16 +49,19 @@ fn ints(param: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     })
 }
 
-fn optional_ints(param: &'static str, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec<i64>>> {
+fn optional_ints(
+    param: &'static str,
+    obj: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Vec<i64>>> {
     obj.filter(|o| !o.is_none()).map(|o| ints(param, o)).transpose()
 }
 
 /// `slots`: ints (plain requests) or int sequences (speculative slot lists).
 fn slot_args(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SlotsArg>> {
     let list = if obj.hasattr("tolist")? { obj.call_method0("tolist")? } else { obj.clone() };
-    let items: Vec<Bound<'_, PyAny>> = list.extract().map_err(|_| {
-        PyTypeError::new_err(format!("slots: expected a sequence, got {obj:?}"))
-    })?;
+    let items: Vec<Bound<'_, PyAny>> = list
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("slots: expected a sequence, got {obj:?}")))?;
     items
         .iter()
         .map(|item| match item.extract::<i64>() {
@@ -140,10 +143,14 @@ impl PyLayer {
     /// A zeroed `kda.StateCache` of `num_slots` slots, with room for `num_spec` speculative
     /// tokens per step.
     #[pyo3(signature = (num_slots=8, num_spec=0))]
-    fn new_cache(&self, py: Python<'_>, num_slots: usize, num_spec: usize) -> PyResult<PyStateCache> {
+    fn new_cache(
+        &self,
+        py: Python<'_>,
+        num_slots: usize,
+        num_spec: usize,
+    ) -> PyResult<PyStateCache> {
         let layer = &*self.layer;
-        let cache =
-            py.detach(|| guard(|| layer.new_cache(num_slots, num_spec))).map_err(to_py)?;
+        let cache = py.detach(|| guard(|| layer.new_cache(num_slots, num_spec))).map_err(to_py)?;
         Ok(PyStateCache { layer: Arc::clone(&self.layer), cache: Arc::new(cache) })
     }
 
@@ -372,8 +379,8 @@ fn _reference_forward<'py>(
             .ok_or_else(|| PyTypeError::new_err("a step needs hidden_states"))?;
         let x = array::foreign(py, "hidden_states", &hidden, None)?;
         x.expect_rank("hidden_states", 2, "[N, hidden_size]").map_err(to_py)?;
-        let qsl =
-            get("query_start_loc")?.ok_or_else(|| PyTypeError::new_err("a step needs query_start_loc"))?;
+        let qsl = get("query_start_loc")?
+            .ok_or_else(|| PyTypeError::new_err("a step needs query_start_loc"))?;
         let slots = match get("slots")?.filter(|s| !s.is_none()) {
             Some(s) => Some(slot_args(&s)?),
             None => None,
@@ -384,9 +391,15 @@ fn _reference_forward<'py>(
             rows: x.shape()[0],
             batch: BatchArgs {
                 query_start_loc: ints("query_start_loc", &qsl)?,
-                num_computed_tokens: optional_ints("num_computed_tokens", get("num_computed_tokens")?.as_ref())?,
+                num_computed_tokens: optional_ints(
+                    "num_computed_tokens",
+                    get("num_computed_tokens")?.as_ref(),
+                )?,
                 slots,
-                num_accepted_tokens: optional_ints("num_accepted_tokens", get("num_accepted_tokens")?.as_ref())?,
+                num_accepted_tokens: optional_ints(
+                    "num_accepted_tokens",
+                    get("num_accepted_tokens")?.as_ref(),
+                )?,
             },
         });
     }
