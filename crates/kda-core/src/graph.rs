@@ -17,7 +17,7 @@ pub enum Node<B: Resources> {
     Wait { stream: usize, event: usize },
 }
 
-/// A captured, validated graph: replayable with [`Backend::launch_graph`]. Stream 0 is the
+/// A captured, validated graph: replayable with [`Device::launch_graph`](crate::device::Device::launch_graph). Stream 0 is the
 /// origin; the others are forked and joined inside.
 pub struct Graph<B: Resources> {
     pub(crate) instance: InstanceId,

@@ -1,5 +1,5 @@
 //! Device ops described as data. Every op is a value of [`Op`] launched through
-//! [`Backend::launch`]; the one chokepoint gives validation, tracing, and
+//! [`Device::launch`](crate::device::Device::launch); the one chokepoint gives validation, tracing, and
 //! later recording, capture and replay without per-op wrappers.
 
 use std::fmt;

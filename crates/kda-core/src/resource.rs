@@ -76,7 +76,7 @@ pub trait BufferHandle: Clone + Send + Sync + fmt::Debug + 'static {
     fn len_bytes(&self) -> usize;
 }
 
-/// How a backend runs ops, as reported by [`Backend::info`].
+/// How a backend runs ops, as reported by [`Backend::info`](crate::hal::Backend::info).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capabilities {
     /// Ops on different streams really run at the same time.

@@ -57,7 +57,7 @@ pub fn quant(x: &ForeignArray, scale_alg: i64) -> Result<Quantized> {
     Ok(Quantized { data: q.data, data_shape: shape, scale: q.scale, scale_shape })
 }
 
-/// Which form of the recurrence [`core`] runs.
+/// Which form of the recurrence [`core()`] runs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum CoreAlgo {
     /// Chunks of 64 (the prefill form).
@@ -80,7 +80,7 @@ impl CoreAlgo {
     }
 }
 
-/// The inputs of [`core`], host arrays in flash-linear-attention's conventions: `q`, `k`, `g`
+/// The inputs of [`core()`], host arrays in flash-linear-attention's conventions: `q`, `k`, `g`
 /// `[B, T, H, K]`, `v` `[B, T, H, V]`, `beta` `[B, T, H]`, `initial_state` `[B, H, K, V]`
 /// (K-first), each f32 or bf16.
 #[derive(Debug)]

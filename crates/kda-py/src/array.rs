@@ -223,6 +223,18 @@ fn from_dlpack(
         .map_err(to_py)
 }
 
+/// `Err` if `obj` is a numpy array marked read-only: kda writes `param` in place.
+pub fn expect_writable(param: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    if obj.hasattr("__array_interface__")? {
+        let data = obj.getattr("__array_interface__")?.get_item("data")?;
+        let (_, readonly): (usize, bool) = data.extract()?;
+        if readonly {
+            return Err(array_error(param, "is read-only, but kda writes it in place".into()));
+        }
+    }
+    Ok(())
+}
+
 /// A new numpy array of `dtype` (`"float32"`, `"uint8"`) and `shape`.
 pub fn numpy_empty<'py>(
     py: Python<'py>,

@@ -87,7 +87,10 @@ impl PyLayer {
         x.expect_rank("hidden_states", 2, "[N, hidden_size]").map_err(to_py)?;
         let rows = x.shape()[0];
         let out = match out.filter(|o| !o.is_none()) {
-            Some(o) => o.clone(),
+            Some(o) => {
+                array::expect_writable("out", o)?;
+                o.clone()
+            }
             None => array::numpy_empty(py, "float32", &[rows, self.layer.info().hidden_size])?,
         };
         let out_array = array::foreign(py, "out", &out, stream)?;

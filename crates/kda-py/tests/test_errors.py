@@ -67,6 +67,18 @@ def test_bad_metadata_raises_metadata_error(layer, primed, name, kwargs, match):
              lambda: layer.forward(x, qsl, cache, **kwargs))
 
 
+def test_a_bad_out_raises_shape_error(layer, primed):
+    cache, x = primed
+    readonly = np.zeros((8, layer.hidden_size), dtype=np.float32)
+    readonly.flags.writeable = False
+    rejected(layer, cache, kda.ShapeError, r"^out: is read-only, but kda writes it in place$",
+             lambda: layer.forward(x, [0, 8], cache, out=readonly))
+    small = np.zeros((7, layer.hidden_size), dtype=np.float32)
+    rejected(layer, cache, kda.ShapeError, r"out has shape \[7, 256\], expected \[8, 256\]",
+             lambda: layer.forward(x, [0, 8], cache, out=small))
+    assert np.all(small == 0.0)
+
+
 def test_bad_speculative_metadata_raises_metadata_error(layer, primed):
     cache, x = primed
     rejected(layer, cache, kda.MetadataError, r"num_accepted_tokens = 3, expected 1..=2",

@@ -1,7 +1,7 @@
 //! `kda-reference`: the CPU backend, and the numerical oracle every other backend is compared
 //! with.
 //!
-//! Streams are real: each is a worker thread with a FIFO queue, [`Backend::launch`] returns as
+//! Streams are real: each is a worker thread with a FIFO queue, [`Device::launch`](kda_core::Device::launch) returns as
 //! soon as the op is queued, and events are snapshots of a stream's completion counter (see
 //! [`stream`]). So overlap is real, ordering bugs are real, and the sanitizer has something to
 //! catch. Two execution modes ([`ExecutionMode`]): one core per stream (each op runs on its

@@ -3,7 +3,7 @@
 //! Every stream verb of the [`Device`](crate::device::Device) façade goes through its
 //! instance's recorder. In checked mode it records each launch, record, wait, synchronize, allocation, free and reuse into a
 //! [`log`](Entry) and runs the happens-before [`analysis`] online: an op that would race with
-//! work on another stream is **not run**, and its launch returns [`Error::Hazard`] naming both
+//! work on another stream is **not run**, and its launch returns [`Error::Hazard`](crate::Error::Hazard) naming both
 //! ops, both streams, the buffer and the bytes (the rejected op stays in the log, as the call the
 //! program made). Capture (turning work on captured streams into
 //! [`Graph`](crate::graph::Graph) nodes) lives with the façade too; this module is the analysis:

@@ -5,7 +5,7 @@
 //! (fp32, preprocessed), g1 and g2, as KDA.md's mixed-precision forward has them. It runs either
 //! [`ProjectionSchedule::Serial`] (everything on the main stream) or
 //! [`ProjectionSchedule::Overlapped`] (the BFG GEMM and its post-process on the backend's
-//! [auxiliary stream](Backend::aux_stream), in two stages with the main stream's DynamicQuant and
+//! auxiliary stream, in two stages with the main stream's DynamicQuant and
 //! QKV GEMM, four events, the aux tail joined back); both give the same bits.
 //!
 //! [`MatrixOverlap`] says whether the two GEMMs may run together: the seeds serialise them
