@@ -141,7 +141,7 @@ fn call(f: impl FnOnce() -> Result<(), EmbedError>) -> KdaStatus {
 }
 
 fn null(param: &'static str) -> EmbedError {
-    EmbedError::Argument { param, expected: "a non-null pointer", actual: "NULL".into() }
+    EmbedError::Null { param }
 }
 
 /// `*ptr`, or an argument error naming `param`.

@@ -34,6 +34,9 @@ pub enum EmbedError {
     #[error("{param}: {actual:?} is not one of {expected}")]
     Argument { param: &'static str, expected: &'static str, actual: String },
 
+    #[error("{param}: NULL, expected a non-null pointer")]
+    Null { param: &'static str },
+
     #[error("{param}: {message}")]
     Array { param: &'static str, message: String },
 
@@ -73,7 +76,7 @@ impl EmbedError {
             }
             EmbedError::Layer(LayerError::Weights(_)) => ErrorKind::Checkpoint,
             EmbedError::Layer(LayerError::Device(e)) => device_kind(e),
-            EmbedError::Argument { .. } => ErrorKind::Argument,
+            EmbedError::Argument { .. } | EmbedError::Null { .. } => ErrorKind::Argument,
             EmbedError::Array { .. } | EmbedError::BackendMismatch { .. } => ErrorKind::Shape,
             EmbedError::Panic(_) => ErrorKind::Internal,
         }
