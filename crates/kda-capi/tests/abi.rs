@@ -39,7 +39,7 @@ fn batch(qsl: &[i32], computed: Option<&[i32]>, slots: Option<&[i32]>) -> KdaBat
 fn status_codes_messages_and_a_speculative_batch() {
     let dir = checkpoint();
     let mut backend = ptr::null_mut();
-    // SAFETY (every call below): live handles, valid strings and arrays of the sizes given.
+    // SAFETY: every call below gets live handles, valid strings and arrays of the sizes given.
     unsafe {
         let name = CString::new("tpu").unwrap();
         assert_eq!(kda_backend_create(name.as_ptr(), 0, &mut backend), KdaStatus::ErrorArgument);
