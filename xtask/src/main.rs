@@ -1,7 +1,8 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so it needs nothing but cargo.
 //!
 //! - `test`: formatting check, design references (`doc_refs.rs`), clippy with `-D warnings`,
-//!   the whole test suite (release), docs with warnings denied. What CI runs.
+//!   the whole test suite (release), the Python package's pytest suite (see `python.rs`), docs
+//!   with warnings denied. What CI runs.
 //! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports.
 //! - `kernels`, `test --backend ascend`: the AscendC kernels and the NPU run (see `ascend.rs`).
 //! - `gpu-check`: the CUDA backend on a real GPU: build, conformance, capture, benchmarks,
@@ -14,6 +15,7 @@ use std::time::Instant;
 mod ascend;
 mod doc_refs;
 mod gpu_check;
+mod python;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -95,7 +97,8 @@ fn test() -> Result<(), String> {
         &[],
     )?;
     msrv(&cargo)?;
-    let counts = run_tests(&cargo)?;
+    let mut counts = run_tests(&cargo)?;
+    python::pytest(&mut counts)?;
     step(
         "doc",
         &cargo,
@@ -151,7 +154,7 @@ fn msrv(cargo: &str) -> Result<(), String> {
 }
 
 #[derive(Debug, Default)]
-struct Counts {
+pub(crate) struct Counts {
     passed: u64,
     failed: u64,
     ignored: u64,

@@ -67,6 +67,9 @@ pub enum Error {
 
     #[error("{backend} backend: {message}")]
     Backend { backend: &'static str, message: String },
+
+    #[error("the {backend} backend does not support {feature}")]
+    Unsupported { backend: &'static str, feature: &'static str },
 }
 
 /// Why a capture could not begin, continue or end, or a graph could not be launched.

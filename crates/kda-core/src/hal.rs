@@ -15,7 +15,11 @@
 //!   count as complete for events), streams that waited on it fail with
 //!   [`Error::DependencyFailed`], and the next [`Backend::synchronize`] returns the error and
 //!   clears it;
-//! - every buffer handle held by a queued op keeps its memory alive until the op has run.
+//! - every buffer handle held by a queued op keeps its memory alive until the op has run;
+//! - an imported buffer ([`Backend::import_buffer`]) keeps its owner alive as long as any handle
+//!   to it does, and never frees the memory itself.
+
+use std::any::Any;
 
 use crate::error::{Error, Result};
 use crate::graph::Graph;
@@ -74,6 +78,34 @@ pub trait Backend: Resources {
 
     /// Allocate `bytes` bytes of device memory (zero-initialised is not promised).
     fn alloc(&self, bytes: usize) -> Result<Allocation<Self::Buffer>>;
+
+    /// Wrap `len` bytes of memory someone else allocated (an engine's tensor) at `ptr` as a
+    /// buffer, without a copy. The buffer never frees the memory; it keeps `owner` alive until
+    /// its last handle (including those held by queued ops) is dropped. The default: this
+    /// backend cannot import memory ([`Error::Unsupported`]).
+    ///
+    /// # Safety
+    /// As [`Device::import_buffer`](crate::device::Device::import_buffer).
+    unsafe fn import_buffer(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Self::Buffer> {
+        let _ = (ptr, len, owner);
+        Err(Error::Unsupported { backend: self.info().name, feature: "import_buffer" })
+    }
+
+    /// Use a stream someone else created (an engine's `CUstream`, `aclrtStream`, passed as an
+    /// integer) as a stream of this instance. The default: this backend has no foreign streams
+    /// ([`Error::Unsupported`]).
+    ///
+    /// # Safety
+    /// As [`Device::import_stream`](crate::device::Device::import_stream).
+    unsafe fn import_stream(&self, handle: usize) -> Result<Self::Stream> {
+        let _ = handle;
+        Err(Error::Unsupported { backend: self.info().name, feature: "import_stream" })
+    }
 
     /// Release `buffer` in the order of `stream`. The default keeps the handle alive until the
     /// stream reaches this point; a caching allocator makes the memory reusable there instead.

@@ -7,6 +7,7 @@
 //! validation having rejected outputs that overlap their own inputs or themselves.
 
 use std::alloc::{self, Layout as AllocLayout};
+use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -21,14 +22,20 @@ const ALIGN: usize = 64;
 /// (numpy does the same for its arrays).
 const HUGE_PAGE: usize = 2 << 20;
 const HUGE_MIN_LEN: usize = 2 * HUGE_PAGE;
+/// Alignment an imported pointer needs: the widest kda element (kernels make slices of it).
+const IMPORT_ALIGN: usize = 4;
 
 struct Storage {
     id: BufferId,
     ptr: NonNull<u8>,
     len: usize,
+    /// `Some` for imported memory: the caller's keep-alive, dropped with the storage; the
+    /// memory itself is never freed here.
+    foreign: Option<Box<dyn Any + Send + Sync>>,
 }
 
-// SAFETY: `Storage` owns its allocation; concurrent access goes through raw pointers in kernels,
+// SAFETY: `Storage` owns its allocation (or, imported, its owner is `Send + Sync` and the
+// importer promised the memory is ours to touch); concurrent access goes through raw pointers in kernels,
 // which the stream contract (see module docs) keeps free of data races.
 unsafe impl Send for Storage {}
 // SAFETY: as above; `&Storage` only hands out raw pointers.
@@ -36,7 +43,7 @@ unsafe impl Sync for Storage {}
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.len > 0 && self.foreign.is_none() {
             // SAFETY: allocated in `RefBuffer::new` with exactly this size and alignment.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), alloc_layout(self.len)) };
         }
@@ -67,7 +74,8 @@ pub struct RefBuffer(Arc<Storage>);
 
 impl fmt::Debug for RefBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "RefBuffer({}, {} bytes)", self.0.id, self.0.len)
+        let imported = if self.0.foreign.is_some() { ", imported" } else { "" };
+        write!(f, "RefBuffer({}, {} bytes{imported})", self.0.id, self.0.len)
     }
 }
 
@@ -99,7 +107,37 @@ impl RefBuffer {
             unsafe { ptr.as_ptr().write_bytes(0, len) };
             ptr
         };
-        Ok(Self(Arc::new(Storage { id, ptr, len })))
+        Ok(Self(Arc::new(Storage { id, ptr, len, foreign: None })))
+    }
+
+    /// Host memory someone else owns, without a copy; `owner` is dropped with the last handle.
+    ///
+    /// # Safety
+    /// As `kda_core::Device::import_buffer`: `ptr..ptr + len` stays valid for reads and writes,
+    /// and untouched by others while kda work on it may run, as long as `owner` lives.
+    pub(crate) unsafe fn import(
+        id: BufferId,
+        ptr: *mut u8,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<Self> {
+        let misaligned = ptr.align_offset(IMPORT_ALIGN) != 0;
+        let ptr = match NonNull::new(ptr) {
+            Some(p) if !misaligned => p,
+            _ if len == 0 => NonNull::<u64>::dangling().cast(),
+            _ => {
+                return Err(Error::Param {
+                    op: "import_buffer",
+                    param: "ptr",
+                    expected: format!("a non-null pointer aligned to {IMPORT_ALIGN} bytes"),
+                    actual: format!("{ptr:p}"),
+                });
+            }
+        };
+        if len > isize::MAX as usize {
+            return Err(Error::OutOfMemory { bytes: len });
+        }
+        Ok(Self(Arc::new(Storage { id, ptr, len, foreign: Some(owner) })))
     }
 
     /// Typed pointer to element 0 of the buffer.
@@ -114,7 +152,8 @@ impl RefBuffer {
     /// writes those bytes while the slice lives (the stream contract).
     pub(crate) unsafe fn slice<T: Pod>(&self, layout: &Layout) -> &[T] {
         debug_assert!(layout.is_contiguous() && layout.dtype().size_bytes() == size_of::<T>());
-        // SAFETY: in bounds and aligned (64-byte base, element-sized offset) per the contract.
+        // SAFETY: in bounds and aligned (64-byte base, or 4-byte for imported memory, and an
+        // element-sized offset) per the contract.
         unsafe { std::slice::from_raw_parts(self.base::<T>().add(layout.offset()), layout.numel()) }
     }
 

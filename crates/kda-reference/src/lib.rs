@@ -256,6 +256,18 @@ impl Backend for ReferenceBackend {
         RefBuffer::new(id, bytes).map(Allocation::fresh)
     }
 
+    unsafe fn import_buffer(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<RefBuffer> {
+        let inner = &self.inner;
+        let id = BufferId { instance: inner.instance, index: inner.next(&inner.next_buffer) };
+        // SAFETY: the importer's contract (`Device::import_buffer`) is `RefBuffer::import`'s.
+        unsafe { RefBuffer::import(id, ptr, len, owner) }
+    }
+
     fn submit(&self, stream: &RefStream, label: &str, op: Validated<Self>) -> Result<()> {
         // Only the façade makes a `Validated` op: the kernels' unsafe preconditions (no aliasing,
         // shapes agree) hold for every op that reaches here.

@@ -8,6 +8,7 @@
 //!
 //! [`Backend::free`]: kda_core::Backend::free
 
+use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -60,8 +61,30 @@ impl Pool {
             id,
             freed_on: Mutex::new(None),
             pool: Arc::clone(self),
+            foreign: None,
         };
         Ok((AscendBuffer { block: Arc::new(block) }, previous))
+    }
+
+    /// Device memory the caller owns at `addr` (`kda_core::Device::import_buffer`): never
+    /// cached nor freed here; `owner` is dropped with the last handle.
+    pub(crate) fn import(
+        self: &Arc<Self>,
+        id: BufferId,
+        addr: usize,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> AscendBuffer {
+        let block = Block {
+            addr,
+            len,
+            capacity: len,
+            id,
+            freed_on: Mutex::new(None),
+            pool: Arc::clone(self),
+            foreign: Some(owner),
+        };
+        AscendBuffer { block: Arc::new(block) }
     }
 
     /// A cached block of exactly `capacity` bytes whose free has completed.
@@ -140,10 +163,15 @@ pub(crate) struct Block {
     /// Recorded by `free` on the freeing stream: reuse waits for it.
     freed_on: Mutex<Option<RawEvent>>,
     pool: Arc<Pool>,
+    /// Imported memory's keep-alive: the block is the caller's, never returned to the cache.
+    foreign: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
+        if self.foreign.is_some() {
+            return;
+        }
         let ready = self.freed_on.lock().unwrap_or_else(PoisonError::into_inner).take();
         self.pool.give_back(Cached {
             addr: self.addr,

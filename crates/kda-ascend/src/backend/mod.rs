@@ -277,6 +277,26 @@ impl Backend for AscendBackend {
         Ok(Allocation { buffer, reuses })
     }
 
+    unsafe fn import_buffer(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Result<AscendBuffer> {
+        self.enter()?;
+        if ptr.is_null() && len > 0 {
+            return Err(Error::Param {
+                op: "import_buffer",
+                param: "ptr",
+                expected: "an ACL device pointer".into(),
+                actual: "null".into(),
+            });
+        }
+        let inner = &self.inner;
+        let id = BufferId { instance: inner.instance, index: Self::next(&inner.next_buffer) };
+        Ok(inner.pool.import(id, ptr as usize, len, owner))
+    }
+
     fn free(&self, stream: &AscendStream, buffer: AscendBuffer) -> Result<()> {
         self.enter()?;
         let event = RawEvent::create()?;
