@@ -3,7 +3,7 @@
 //! The schedules, the layer, the CLI and engines hold a `Device<B>`; backends implement only the
 //! raw [`Backend`] trait. Every call goes through here once, for every backend: handles are
 //! checked against the instance, ops are validated (their sizes computed once and handed to the
-//! backend with the op, see [`Validated`](crate::hal::Validated)), a `tracing` span is opened, checked mode records and
+//! backend with the op, see [`Validated`]), a `tracing` span is opened, checked mode records and
 //! analyses the call, and an open capture takes it instead of the backend. Nothing a backend
 //! implements can skip these steps.
 //!
@@ -103,7 +103,7 @@ impl<B: Backend> Device<B> {
     }
 
     /// The backend itself, for what is its own (a timeline, an emulator's counters). Its raw
-    /// verbs bypass checked mode and capture; submitting needs a [`Validated`](crate::hal::Validated) op, which only
+    /// verbs bypass checked mode and capture; submitting needs a [`Validated`] op, which only
     /// this façade makes.
     pub fn raw(&self) -> &B {
         &self.inner.raw
