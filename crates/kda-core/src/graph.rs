@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::error::Result;
-use crate::op::Validated;
+use crate::op::{Op, Validated};
 use crate::resource::{InstanceId, Resources};
 
 /// One captured call.
@@ -85,6 +85,18 @@ impl<B: Resources> Graph<B> {
 
     pub fn nodes(&self) -> &[Node<B>] {
         &self.nodes
+    }
+
+    /// Clones of the captured ops, in capture order: what a backend keeps alive while a native
+    /// launch of the graph may still read their buffers.
+    pub fn launched_ops(&self) -> Vec<Op<B>> {
+        self.nodes
+            .iter()
+            .filter_map(|n| match n {
+                Node::Launch { op, .. } => Some(op.op().clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The streams (beyond the origin) and events a replay uses, made by `stream` and `event` on

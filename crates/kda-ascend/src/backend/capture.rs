@@ -226,14 +226,7 @@ impl AscendBackend {
         model.launch(stream)?;
         // The ops' views keep their buffers alive until the stream has run the model, even if
         // the caller drops the graph at once.
-        let ops: Vec<Op<Self>> = graph
-            .nodes()
-            .iter()
-            .filter_map(|n| match n {
-                Node::Launch { op, .. } => Some(op.op().clone()),
-                _ => None,
-            })
-            .collect();
+        let ops = graph.launched_ops();
         stream.inner.keep(ops);
         Ok(())
     }

@@ -207,14 +207,7 @@ impl CudaBackend {
         // The graph's own snapshot slots, zeroed before the capture (zeroing synchronises).
         let snapshots = DeviceMemory::new(ctx, 4 * plan.events.max(1))?;
         snapshots.zero()?;
-        let ops: Vec<Op<Self>> = graph
-            .nodes()
-            .iter()
-            .filter_map(|n| match n {
-                Node::Launch { op, .. } => Some(op.op().clone()),
-                _ => None,
-            })
-            .collect();
+        let ops = graph.launched_ops();
         self.bind()?;
         let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: a live stream of the bound context, not already capturing (the HAL allows one
