@@ -2,8 +2,8 @@
 //! discrete-event simulation of the recorded streams, records and waits
 //! (docs/design/planner.md#the-model).
 //!
-//! The input is the checked-mode log ([`Entry`]) that the sanitizer already records, so nothing
-//! here needs a device. Each launch costs `launch_s` of host issue time, then runs for
+//! The input is the checked-mode log ([`Entry`]) that the sanitizer already records, with each
+//! launch's FLOPs ([`OpDims::flops`](crate::op::OpDims::flops)), so nothing here needs a device. Each launch costs `launch_s` of host issue time, then runs for
 //! `max(flops / matrix_flops, bytes / unit bandwidth)` on its unit; ops on one stream run in
 //! order, a wait holds its stream until the event's last record completed, and when the chip's
 //! matrix unit is shared ([`ChipFigures::shared_matrix_units`]) matrix ops of all streams take it
@@ -50,6 +50,12 @@ pub enum PlanError {
     /// A wait names an event that no earlier entry recorded.
     #[error("log entry #{index}: stream {stream} waits on event {event}, which was never recorded")]
     UnrecordedEvent { index: usize, stream: StreamId, event: EventId },
+    /// Two logs recorded at different token counts do not run the same ops in the same order.
+    #[error("the logs at {a} and {b} tokens differ at entry #{index}; they cannot be extrapolated")]
+    Mismatch { a: usize, b: usize, index: usize },
+    /// Extrapolation needs two different token counts.
+    #[error("extrapolation needs two different token counts, got {0} twice")]
+    SameTokens(usize),
 }
 
 /// The bytes a launch reads and writes, from its recorded accesses.
@@ -165,19 +171,76 @@ pub fn simulate(
     Ok(sim)
 }
 
-/// Predicts `entries` on `chip`: each launch's work is its recorded bytes and the FLOPs that
-/// `flops(index, entry)` gives (the log holds no GEMM dims; the caller knows them).
-pub fn predict(
+/// The work of one launch as recorded: its FLOPs and the bytes of its accesses.
+pub fn work(entry: &Entry) -> OpWork {
+    let flops = match entry {
+        Entry::Launch { flops, .. } => *flops as f64,
+        _ => 0.0,
+    };
+    OpWork { flops, bytes: accessed_bytes(entry) }
+}
+
+/// Each launch's work at `tokens`, from two logs of the same forward recorded at `a.0` and `b.0`
+/// tokens: a projection's FLOPs and bytes are affine in the token count (its weights are read
+/// once, its activations grow with T), so two small recordings give every larger T exactly.
+/// The result has one entry per entry of `a.1` (zero work for non-launches).
+pub fn extrapolate(
+    a: (usize, &[Entry]),
+    b: (usize, &[Entry]),
+    tokens: usize,
+) -> Result<Vec<OpWork>, PlanError> {
+    let ((ta, la), (tb, lb)) = (a, b);
+    if ta == tb {
+        return Err(PlanError::SameTokens(ta));
+    }
+    let mismatch = |index| PlanError::Mismatch { a: ta, b: tb, index };
+    if la.len() != lb.len() {
+        return Err(mismatch(la.len().min(lb.len())));
+    }
+    let scale = (tokens as f64 - ta as f64) / (tb as f64 - ta as f64);
+    la.iter()
+        .zip(lb)
+        .enumerate()
+        .map(|(index, (ea, eb))| match (ea, eb) {
+            (
+                Entry::Launch { label: x, unit: ux, stream: sx, .. },
+                Entry::Launch { label: y, unit: uy, stream: sy, .. },
+            ) if x == y && ux == uy && sx == sy => {
+                let (wa, wb) = (work(ea), work(eb));
+                let at = |va: f64, vb: f64| (va + scale * (vb - va)).max(0.0);
+                Ok(OpWork { flops: at(wa.flops, wb.flops), bytes: at(wa.bytes, wb.bytes) })
+            }
+            (Entry::Launch { .. }, _) | (_, Entry::Launch { .. }) => Err(mismatch(index)),
+            _ if std::mem::discriminant(ea) == std::mem::discriminant(eb) => Ok(OpWork::default()),
+            _ => Err(mismatch(index)),
+        })
+        .collect()
+}
+
+/// Simulates `entries` on `chip` with each launch's work given by `works` (one per entry, as
+/// [`extrapolate`] returns).
+pub fn predict_with(
     entries: &[Entry],
+    works: &[OpWork],
     chip: &ChipFigures,
-    mut flops: impl FnMut(usize, &Entry) -> f64,
 ) -> Result<Simulation, PlanError> {
     simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |i, e| {
         let unit = match e {
             Entry::Launch { unit, .. } => CostUnit::from(*unit),
             _ => CostUnit::Copy,
         };
-        op_time(chip, unit, OpWork { flops: flops(i, e), bytes: accessed_bytes(e) })
+        op_time(chip, unit, works.get(i).copied().unwrap_or_default())
+    })
+}
+
+/// Predicts `entries` on `chip`: each launch's work is what the log recorded ([`work`]).
+pub fn predict(entries: &[Entry], chip: &ChipFigures) -> Result<Simulation, PlanError> {
+    simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |_, e| {
+        let unit = match e {
+            Entry::Launch { unit, .. } => CostUnit::from(*unit),
+            _ => CostUnit::Copy,
+        };
+        op_time(chip, unit, work(e))
     })
 }
 

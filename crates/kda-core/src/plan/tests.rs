@@ -25,6 +25,7 @@ impl Log {
             reads: Vec::new(),
             writes: Vec::new(),
             unit: Some(unit),
+            flops: 0,
         });
         self.durations.push(seconds);
     }
@@ -165,9 +166,11 @@ fn predict_counts_recorded_bytes() {
         reads: vec![Access { param: "src", buffer, bytes: ByteRanges::span(0..100) }],
         writes: vec![Access { param: "dst", buffer, bytes: ByteRanges::span(100..200) }],
         unit: None,
+        flops: 0,
     }];
+    assert_eq!(work(&entries[0]), OpWork { flops: 0.0, bytes: 200.0 });
     let chip = ChipFigures::host(1e9, 100.0, 0.0);
-    let sim = predict(&entries, &chip, |_, _| 0.0).unwrap();
+    let sim = predict(&entries, &chip).unwrap();
     assert_eq!(sim.makespan, 2.0);
 }
 
@@ -182,4 +185,46 @@ fn every_chip_says_where_each_figure_comes_from() {
             assert!(!provenance.to_string().is_empty());
         }
     }
+}
+
+fn gemm_log(instance: InstanceId, tokens: usize) -> Vec<Entry> {
+    let stream = StreamId { instance, index: 0 };
+    let (x, w, y) = (
+        BufferId { instance, index: 0 },
+        BufferId { instance, index: 1 },
+        BufferId { instance, index: 2 },
+    );
+    let (hidden, width) = (64usize, 32usize);
+    vec![
+        Entry::Launch {
+            stream,
+            label: "gemm".into(),
+            reads: vec![
+                Access { param: "a", buffer: x, bytes: ByteRanges::span(0..tokens * hidden * 2) },
+                Access { param: "b", buffer: w, bytes: ByteRanges::span(0..width * hidden * 2) },
+            ],
+            writes: vec![Access {
+                param: "c",
+                buffer: y,
+                bytes: ByteRanges::span(0..tokens * width * 2),
+            }],
+            unit: Some(ComputeUnit::Matrix),
+            flops: (2 * tokens * hidden * width) as u64,
+        },
+        Entry::Synchronize { stream },
+    ]
+}
+
+#[test]
+fn extrapolation_is_exact_for_affine_work() {
+    let instance = InstanceId::fresh();
+    let (one, two) = (gemm_log(instance, 1), gemm_log(instance, 2));
+    let works = extrapolate((1, &one), (2, &two), 1024).unwrap();
+    assert_eq!(works[0], work(&gemm_log(instance, 1024)[0]));
+    assert_eq!(works[1], OpWork::default());
+    assert_eq!(extrapolate((2, &two), (2, &two), 8), Err(PlanError::SameTokens(2)));
+    assert!(matches!(
+        extrapolate((1, &one), (2, &two[..1]), 8),
+        Err(PlanError::Mismatch { index: 1, .. })
+    ));
 }
