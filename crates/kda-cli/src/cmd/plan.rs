@@ -10,7 +10,7 @@ use kda_core::plan::chips::Chip;
 use kda_core::plan::{self, ChipFigures};
 use kda_core::sanitize::Entry;
 use kda_core::schedule::{ProjectionDims, QkvBfgProjection};
-use kda_core::{Device, ScaleAlg};
+use kda_core::{DType, Device, Op, ScaleAlg};
 use kda_synth::Gen;
 
 use super::backend::{CliBackend, Settings};
@@ -19,7 +19,8 @@ use crate::error::CliError;
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// The chip whose figures predict the times: 910b, 950 or h200.
+    /// The chip whose figures predict the times: 910b, 950, h200, or host (this machine's
+    /// figures, measured at start-up on the reference backend, one core).
     #[arg(long, default_value = "h200")]
     pub chip: String,
     /// Tensor-parallel degree (only 8, the K3 TP8 shapes, for now).
@@ -34,10 +35,14 @@ pub struct PlanArgs {
 const RECORDED: [usize; 2] = [1, 2];
 
 pub fn run(args: &PlanArgs) -> Result<(), CliError> {
-    let chip = Chip::parse(&args.chip).ok_or_else(|| CliError::Argument {
-        arg: "--chip",
-        reason: format!("`{}` is not one of 910b, 950, h200", args.chip),
-    })?;
+    let host = args.chip.eq_ignore_ascii_case("host");
+    let chip = Chip::parse(&args.chip);
+    if chip.is_none() && !host {
+        return Err(CliError::Argument {
+            arg: "--chip",
+            reason: format!("`{}` is not one of 910b, 950, h200, host", args.chip),
+        });
+    }
     if args.tp != 8 {
         return Err(CliError::Argument {
             arg: "--tp",
@@ -52,7 +57,51 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
     }
     let settings = Settings { checked: Some(true), timeline: false, threads: 1 };
     let logs = record(<kda_reference::ReferenceBackend as CliBackend>::open(&settings)?)?;
-    report(&chip.figures(), &args.tokens, &logs)
+    let figures = match chip {
+        Some(chip) => chip.figures(),
+        None => {
+            let unchecked = Settings { checked: Some(false), timeline: false, threads: 1 };
+            measure_host(<kda_reference::ReferenceBackend as CliBackend>::open(&unchecked)?)?
+        }
+    };
+    report(&figures, &args.tokens, &logs)
+}
+
+/// The median wall time of `f` over a few runs, after a warm-up.
+fn median_s(mut f: impl FnMut() -> Result<(), CliError>) -> Result<f64, CliError> {
+    Ok(super::median_time(5, &mut f)?.as_secs_f64())
+}
+
+/// This machine's figures on the reference backend, one core: a bf16 GEMM's rate, a large copy's
+/// bandwidth (bytes read plus written), and the cost of a launch (tiny copies, back to back).
+fn measure_host<B: CliBackend>(b: Device<B>) -> Result<ChipFigures, CliError> {
+    let s = b.new_stream()?;
+    let mut rng = Gen::new(1);
+    let (m, n, k) = (128usize, 1024usize, 2048usize);
+    let x = random_bf16(&b, &s, &mut rng, &[m, k], 1.0)?;
+    let w = random_bf16(&b, &s, &mut rng, &[n, k], 1.0)?;
+    let y = b.alloc(DType::F32, &[m, n])?;
+    let gemm = median_s(|| {
+        b.launch(&s, Op::Gemm { x: x.clone(), w: w.clone(), y: y.clone() })?;
+        Ok(b.synchronize(&s)?)
+    })?;
+    let len = 8 << 20;
+    let (src, dst) = (b.alloc(DType::F32, &[len])?, b.alloc(DType::F32, &[len])?);
+    let copy = median_s(|| {
+        b.launch(&s, Op::Copy { src: src.clone(), dst: dst.clone() })?;
+        Ok(b.synchronize(&s)?)
+    })?;
+    let (one_a, one_b) = (b.alloc(DType::F32, &[1])?, b.alloc(DType::F32, &[1])?);
+    let launches = 200;
+    let launch = median_s(|| {
+        for _ in 0..launches {
+            b.launch(&s, Op::Copy { src: one_a.clone(), dst: one_b.clone() })?;
+        }
+        Ok(b.synchronize(&s)?)
+    })? / launches as f64;
+    let flops = 2.0 * (m * n * k) as f64 / gemm.max(1e-9);
+    let bytes = 2.0 * (len * 4) as f64 / copy.max(1e-9);
+    Ok(ChipFigures::host(flops, bytes, launch))
 }
 
 /// Per configuration, the forward's log at each of [`RECORDED`] token counts.
