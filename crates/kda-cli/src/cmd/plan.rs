@@ -85,6 +85,28 @@ fn measure_host<B: CliBackend>(b: Device<B>) -> Result<ChipFigures, CliError> {
         b.launch(&s, Op::Gemm { x: x.clone(), w: w.clone(), y: y.clone() })?;
         Ok(b.synchronize(&s)?)
     })?;
+    let quantized = |t: &kda_core::Tensor<B>, rows: usize| -> Result<_, CliError> {
+        let data = b.alloc(DType::E4M3, &[rows, k])?;
+        let scale = b.alloc(DType::E8M0, &[rows, kda_core::mx::num_blocks(k)])?;
+        let alg = ScaleAlg::OcpFloor;
+        b.launch(
+            &s,
+            Op::DynamicQuant { x: t.clone(), data: data.clone(), scale: scale.clone(), alg },
+        )?;
+        Ok((data, scale))
+    };
+    let ((a, a_scale), (wq, w_scale)) = (quantized(&x, m)?, quantized(&w, n)?);
+    let mx_gemm = median_s(|| {
+        let op = Op::MxGemm {
+            a: a.clone(),
+            a_scale: a_scale.clone(),
+            w: wq.clone(),
+            w_scale: w_scale.clone(),
+            y: y.clone(),
+        };
+        b.launch(&s, op)?;
+        Ok(b.synchronize(&s)?)
+    })?;
     let len = 8 << 20;
     let (src, dst) = (b.alloc(DType::F32, &[len])?, b.alloc(DType::F32, &[len])?);
     let copy = median_s(|| {
@@ -100,8 +122,9 @@ fn measure_host<B: CliBackend>(b: Device<B>) -> Result<ChipFigures, CliError> {
         Ok(b.synchronize(&s)?)
     })? / launches as f64;
     let flops = 2.0 * (m * n * k) as f64 / gemm.max(1e-9);
+    let mx_flops = 2.0 * (m * n * k) as f64 / mx_gemm.max(1e-9);
     let bytes = 2.0 * (len * 4) as f64 / copy.max(1e-9);
-    Ok(ChipFigures::host(flops, bytes, launch))
+    Ok(ChipFigures::host(flops, mx_flops, bytes, launch))
 }
 
 /// Per configuration, the forward's log at each of [`RECORDED`] token counts.

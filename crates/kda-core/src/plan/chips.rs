@@ -49,6 +49,8 @@ pub struct ChipFigures {
     pub name: &'static str,
     /// Dense bf16 matrix rate, FLOP/s.
     pub matrix_flops: Figure<f64>,
+    /// Dense MXFP8 matrix rate, FLOP/s.
+    pub mx_matrix_flops: Figure<f64>,
     /// Memory bandwidth seen by matrix and vector kernels, bytes/s.
     pub vector_bytes_per_s: Figure<f64>,
     /// Bandwidth of copies, fills and transfers, bytes/s (bytes read plus written).
@@ -94,6 +96,7 @@ impl Chip {
             Chip::Ascend910B => ChipFigures {
                 name: "Ascend 910B",
                 matrix_flops: assumed(313e12, "widely reported FP16 dense rate; bf16 taken equal"),
+                mx_matrix_flops: assumed(313e12, "no FP8 matrix unit: taken at the bf16 rate"),
                 vector_bytes_per_s: assumed(1.6e12, "widely reported HBM2e bandwidth"),
                 copy_bytes_per_s: assumed(1.6e12, COPY),
                 launch_s: assumed(10e-6, LAUNCH),
@@ -102,6 +105,7 @@ impl Chip {
             Chip::Ascend950 => ChipFigures {
                 name: "Ascend 950 (DT)",
                 matrix_flops: assumed(500e12, "half the announced 1 PFLOPS FP8 rate"),
+                mx_matrix_flops: published(1e15, "Huawei Connect 2025 Ascend roadmap, FP8"),
                 vector_bytes_per_s: published(
                     4.0e12,
                     "Huawei Connect 2025 Ascend roadmap, 950DT HBM",
@@ -113,6 +117,10 @@ impl Chip {
             Chip::H200 => ChipFigures {
                 name: "NVIDIA H200 SXM",
                 matrix_flops: published(989e12, "NVIDIA H200 datasheet, BF16 dense (1979 sparse)"),
+                mx_matrix_flops: assumed(
+                    989e12,
+                    "Hopper has no MX block scales: taken at the bf16 rate",
+                ),
                 vector_bytes_per_s: published(4.8e12, "NVIDIA H200 datasheet, HBM3e"),
                 copy_bytes_per_s: assumed(4.8e12, COPY),
                 launch_s: assumed(4e-6, LAUNCH),
@@ -126,12 +134,19 @@ impl Chip {
 }
 
 impl ChipFigures {
-    /// This machine, from figures measured at start-up: the GEMM rate of one core, the memory
-    /// bandwidth, the launch cost; the reference backend gives each stream its own core.
-    pub fn host(gemm_flops: f64, bytes_per_s: f64, launch_s: f64) -> ChipFigures {
+    /// This machine, from figures measured at start-up: the bf16 and MXFP8 GEMM rates of one
+    /// core, the memory bandwidth, the launch cost; the reference backend gives each stream its
+    /// own core.
+    pub fn host(
+        gemm_flops: f64,
+        mx_gemm_flops: f64,
+        bytes_per_s: f64,
+        launch_s: f64,
+    ) -> ChipFigures {
         ChipFigures {
             name: "this host",
             matrix_flops: measured(gemm_flops),
+            mx_matrix_flops: measured(mx_gemm_flops),
             vector_bytes_per_s: measured(bytes_per_s),
             copy_bytes_per_s: measured(bytes_per_s),
             launch_s: measured(launch_s),
@@ -149,6 +164,11 @@ impl ChipFigures {
                 "matrix FLOP/s",
                 format!("{:.3e}", self.matrix_flops.value),
                 &self.matrix_flops.provenance,
+            ),
+            (
+                "MXFP8 matrix FLOP/s",
+                format!("{:.3e}", self.mx_matrix_flops.value),
+                &self.mx_matrix_flops.provenance,
             ),
             (
                 "vector bytes/s",

@@ -42,6 +42,8 @@ impl From<Option<ComputeUnit>> for CostUnit {
 pub struct OpWork {
     pub flops: f64,
     pub bytes: f64,
+    /// An MXFP8 GEMM (it reads an `a_scale`): costed at the chip's MXFP8 matrix rate.
+    pub mx: bool,
 }
 
 /// Why a log cannot be simulated.
@@ -77,6 +79,7 @@ pub fn op_time(chip: &ChipFigures, unit: CostUnit, work: OpWork) -> f64 {
     };
     let memory = work.bytes / bandwidth;
     let compute = match unit {
+        CostUnit::Matrix if work.mx => work.flops / chip.mx_matrix_flops.value,
         CostUnit::Matrix => work.flops / chip.matrix_flops.value,
         CostUnit::Vector | CostUnit::Copy => 0.0,
     };
@@ -173,11 +176,13 @@ pub fn simulate(
 
 /// The work of one launch as recorded: its FLOPs and the bytes of its accesses.
 pub fn work(entry: &Entry) -> OpWork {
-    let flops = match entry {
-        Entry::Launch { flops, .. } => *flops as f64,
-        _ => 0.0,
+    let (flops, mx) = match entry {
+        Entry::Launch { flops, reads, .. } => {
+            (*flops as f64, reads.iter().any(|a| a.param == "a_scale"))
+        }
+        _ => (0.0, false),
     };
-    OpWork { flops, bytes: accessed_bytes(entry) }
+    OpWork { flops, bytes: accessed_bytes(entry), mx }
 }
 
 /// Each launch's work at `tokens`, from two logs of the same forward recorded at `a.0` and `b.0`
@@ -208,7 +213,11 @@ pub fn extrapolate(
             ) if x == y && ux == uy && sx == sy => {
                 let (wa, wb) = (work(ea), work(eb));
                 let at = |va: f64, vb: f64| (va + scale * (vb - va)).max(0.0);
-                Ok(OpWork { flops: at(wa.flops, wb.flops), bytes: at(wa.bytes, wb.bytes) })
+                Ok(OpWork {
+                    flops: at(wa.flops, wb.flops),
+                    bytes: at(wa.bytes, wb.bytes),
+                    mx: wa.mx,
+                })
             }
             (Entry::Launch { .. }, _) | (_, Entry::Launch { .. }) => Err(mismatch(index)),
             _ if std::mem::discriminant(ea) == std::mem::discriminant(eb) => Ok(OpWork::default()),

@@ -147,11 +147,12 @@ fn waiting_on_an_unrecorded_event_is_an_error() {
 
 #[test]
 fn op_cost_is_the_slower_of_compute_and_memory() {
-    let chip = ChipFigures::host(1e9, 1e9, 0.0);
-    let gemm = OpWork { flops: 2e9, bytes: 1e9 };
+    let chip = ChipFigures::host(1e9, 0.5e9, 1e9, 0.0);
+    let gemm = OpWork { flops: 2e9, bytes: 1e9, mx: false };
     assert_eq!(op_time(&chip, CostUnit::Matrix, gemm), 2.0);
+    assert_eq!(op_time(&chip, CostUnit::Matrix, OpWork { mx: true, ..gemm }), 4.0);
     assert_eq!(op_time(&chip, CostUnit::Vector, gemm), 1.0);
-    let skinny = OpWork { flops: 1e8, bytes: 3e9 };
+    let skinny = OpWork { flops: 1e8, bytes: 3e9, mx: false };
     assert_eq!(op_time(&chip, CostUnit::Matrix, skinny), 3.0);
 }
 
@@ -168,8 +169,8 @@ fn predict_counts_recorded_bytes() {
         unit: None,
         flops: 0,
     }];
-    assert_eq!(work(&entries[0]), OpWork { flops: 0.0, bytes: 200.0 });
-    let chip = ChipFigures::host(1e9, 100.0, 0.0);
+    assert_eq!(work(&entries[0]), OpWork { flops: 0.0, bytes: 200.0, mx: false });
+    let chip = ChipFigures::host(1e9, 1e9, 100.0, 0.0);
     let sim = predict(&entries, &chip).unwrap();
     assert_eq!(sim.makespan, 2.0);
 }
@@ -180,7 +181,7 @@ fn every_chip_says_where_each_figure_comes_from() {
         let figures = chip.figures();
         assert_eq!(chips::Chip::parse(chip.name()), Some(chip));
         let rows = figures.rows();
-        assert_eq!(rows.len(), 5);
+        assert_eq!(rows.len(), 6);
         for (_, _, provenance) in rows {
             assert!(!provenance.to_string().is_empty());
         }
