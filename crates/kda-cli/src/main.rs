@@ -56,6 +56,9 @@ enum Command {
     /// Benchmarks. Without a subcommand: the projection-schedule matrix (serial and both
     /// overlap policies x composed | staged F x token counts), as `kda bench schedule`.
     Bench(cmd::bench::BenchArgs),
+    /// Predicted projection times per chip and token count for serial / overlapped-serialised /
+    /// overlapped-concurrent x composed / staged F, and the configuration the planner recommends.
+    Plan(cmd::plan::PlanArgs),
 }
 
 /// Log to stderr: `RUST_LOG` when set, else the level `-v`/`-q` ask for (warnings by default).
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
         Command::Layer(args) => cmd::layer::run(&args),
         Command::Precision(args) => cmd::precision::run(&args),
         Command::Bench(bench) => cmd::bench::run(&bench),
+        Command::Plan(args) => cmd::plan::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,6 +15,8 @@
 //!   composed forget gate, fused QKV dense or MXFP8, packed conv weights).
 //! - [`schedule`]: the serial and overlapped QKV/BFG projection schedules, generic over the HAL,
 //!   and the beta contract at the dispatch boundary;
+//! - [`plan`]: the planner's cost model: op times per chip from FLOPs and bytes, and a
+//!   simulation of a recorded log's streams and events;
 //! - [`timeline`]: when each op ran, on which stream (overlap measurements, traces).
 //! - [`layer`]: the KDA layer, [`KdaLayer`]: projections, dispatch over a continuous batch with
 //!   a caller-owned [`StateCache`], gated norm and `o_proj`, generic over the HAL.
@@ -31,6 +33,7 @@ pub mod layer;
 pub mod layout;
 pub mod mx;
 pub mod op;
+pub mod plan;
 pub mod resource;
 pub mod sanitize;
 pub mod schedule;

@@ -311,6 +311,20 @@ pub enum OpDims {
     Padding(PaddingDims),
 }
 
+impl OpDims {
+    /// The op's floating-point operations as the planner counts them: `2·m·n·k` for a GEMM, 0
+    /// for every other op (their cost is the bytes they move).
+    pub fn flops(&self) -> u64 {
+        match self {
+            OpDims::Gemm(g) => 2u64
+                .saturating_mul(g.m as u64)
+                .saturating_mul(g.n as u64)
+                .saturating_mul(g.k as u64),
+            _ => 0,
+        }
+    }
+}
+
 fn expect_dtype(
     op: &'static str,
     param: &'static str,

@@ -18,6 +18,8 @@ const LAYERS: &[(&str, u32)] = &[
     // Checked mode's analysis: log entries, happens-before, hazards (no device needed).
     ("sanitize", 2),
     ("error", 3),
+    // The planner's cost model over checked-mode logs (no device needed).
+    ("plan", 3),
     ("tensor", 4),
     // The KDA ops' descriptors and their validation (the ops as data).
     ("kda", 5),

@@ -61,6 +61,7 @@ fn to_log(steps: &[Step]) -> Vec<Entry> {
                 reads: accesses(reads, "in"),
                 writes: accesses(writes, "out"),
                 unit: None,
+                flops: 0,
             },
             Step::Record { stream: s, event: e } => {
                 Entry::Record { stream: stream(*s), event: event(*e) }

@@ -10,6 +10,7 @@ pub mod layer_bench;
 pub mod model;
 pub mod openblas;
 pub mod perf_table;
+pub mod plan;
 pub mod precision;
 pub mod quant;
 pub mod run;

@@ -62,17 +62,17 @@ const ROUNDS_BUDGET: Duration = Duration::from_secs(15);
 const MAX_ROUNDS: usize = 40;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Form {
+pub(crate) enum Form {
     Composed,
     Staged,
 }
 
 #[derive(Copy, Clone, Debug)]
-struct Config {
-    name: &'static str,
-    form: Form,
-    schedule: ProjectionSchedule,
-    policy: MatrixOverlap,
+pub(crate) struct Config {
+    pub(crate) name: &'static str,
+    pub(crate) form: Form,
+    pub(crate) schedule: ProjectionSchedule,
+    pub(crate) policy: MatrixOverlap,
 }
 
 const fn config(
@@ -94,7 +94,7 @@ const CONCURRENT: usize = 2;
 const STAGED_SERIAL: usize = 3;
 const STAGED_CONCURRENT: usize = 5;
 
-const CONFIGS: [Config; 6] = [
+pub(crate) const CONFIGS: [Config; 6] = [
     config("serial", Form::Composed, Serial, Serialized),
     config("overlapped, GEMMs serialized", Form::Composed, Overlapped, Serialized),
     config("overlapped, GEMMs concurrent", Form::Composed, Overlapped, Concurrent),
@@ -130,7 +130,7 @@ fn median_duration(mut v: Vec<Duration>) -> Duration {
 }
 
 /// Upload seeded uniform bf16 values in `[-scale, scale)`.
-fn random_bf16<B: Backend>(
+pub(crate) fn random_bf16<B: Backend>(
     b: &Device<B>,
     s: &B::Stream,
     rng: &mut Gen,
@@ -144,7 +144,7 @@ fn random_bf16<B: Backend>(
 
 /// The K3 TP8 rank-0 weights: MXFP8 QKV (quantized on the device with `alg`), and the BFG
 /// linear both composed and staged.
-fn weights<B: Backend>(
+pub(crate) fn weights<B: Backend>(
     b: &Device<B>,
     s: &B::Stream,
     rng: &mut Gen,

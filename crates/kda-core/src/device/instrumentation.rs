@@ -124,6 +124,7 @@ impl<B: Resources> Instrumentation<B> {
             reads: op.op().inputs().into_iter().map(access).collect(),
             writes: op.op().outputs().into_iter().map(access).collect(),
             unit: op.op().unit(),
+            flops: op.dims().flops(),
         };
         self.note(&mut state, entry)?;
         // Submitting under the lock keeps the log in the order the streams receive the work.

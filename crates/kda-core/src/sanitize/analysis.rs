@@ -150,7 +150,7 @@ impl Analyzer {
         let index = self.entries;
         self.entries += 1;
         match entry {
-            Entry::Launch { stream, label, reads, writes, unit } => {
+            Entry::Launch { stream, label, reads, writes, unit, .. } => {
                 let s = self.stream(*stream);
                 let pos = self.tick(s);
                 let op = OpRef { index, label: label.clone(), stream: *stream };
@@ -389,12 +389,13 @@ mod tests {
                 reads: access(reads, "in"),
                 writes: access(writes, "out"),
                 unit: None,
+                flops: 0,
             }
         }
         fn unit_op(&self, stream: u64, label: &str, unit: ComputeUnit, writes: u64) -> Entry {
             match self.op(stream, label, &[], &[writes]) {
-                Entry::Launch { stream, label, reads, writes, .. } => {
-                    Entry::Launch { stream, label, reads, writes, unit: Some(unit) }
+                Entry::Launch { stream, label, reads, writes, flops, .. } => {
+                    Entry::Launch { stream, label, reads, writes, unit: Some(unit), flops }
                 }
                 other => other,
             }

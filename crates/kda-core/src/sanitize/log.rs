@@ -27,6 +27,9 @@ pub enum Entry {
         reads: Vec<Access>,
         writes: Vec<Access>,
         unit: Option<ComputeUnit>,
+        /// The op's floating-point operations (`2·m·n·k` for a GEMM, 0 for every other op), for
+        /// the planner's cost model (docs/design/planner.md#the-model).
+        flops: u64,
     },
     /// `record(event, stream)`.
     Record { stream: StreamId, event: EventId },

@@ -1,0 +1,191 @@
+//! The chip table: per-chip figures with each figure's provenance
+//! (docs/design/planner.md#the-chip-table).
+
+use std::fmt;
+
+/// Where a figure comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Provenance {
+    /// A vendor's public figure; the source names the document.
+    Published(&'static str),
+    /// Our assumption, with the reason.
+    Assumed(&'static str),
+    /// Measured on this machine at start-up.
+    Measured,
+}
+
+impl fmt::Display for Provenance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Provenance::Published(source) => write!(f, "published ({source})"),
+            Provenance::Assumed(why) => write!(f, "assumed ({why})"),
+            Provenance::Measured => write!(f, "measured"),
+        }
+    }
+}
+
+/// One figure and where it comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Figure<T> {
+    pub value: T,
+    pub provenance: Provenance,
+}
+
+fn published<T>(value: T, source: &'static str) -> Figure<T> {
+    Figure { value, provenance: Provenance::Published(source) }
+}
+
+fn assumed<T>(value: T, why: &'static str) -> Figure<T> {
+    Figure { value, provenance: Provenance::Assumed(why) }
+}
+
+fn measured<T>(value: T) -> Figure<T> {
+    Figure { value, provenance: Provenance::Measured }
+}
+
+/// What the cost model knows of one chip.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChipFigures {
+    pub name: &'static str,
+    /// Dense bf16 matrix rate, FLOP/s.
+    pub matrix_flops: Figure<f64>,
+    /// Dense MXFP8 matrix rate, FLOP/s.
+    pub mx_matrix_flops: Figure<f64>,
+    /// Memory bandwidth seen by matrix and vector kernels, bytes/s.
+    pub vector_bytes_per_s: Figure<f64>,
+    /// Bandwidth of copies, fills and transfers, bytes/s (bytes read plus written).
+    pub copy_bytes_per_s: Figure<f64>,
+    /// Host issue cost of one launch, seconds.
+    pub launch_s: Figure<f64>,
+    /// Both streams' matrix ops share one matrix unit (they serialise).
+    pub shared_matrix_units: Figure<bool>,
+}
+
+/// The chips with a built-in table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Chip {
+    Ascend910B,
+    Ascend950,
+    H200,
+}
+
+impl Chip {
+    pub const ALL: [Chip; 3] = [Chip::Ascend910B, Chip::Ascend950, Chip::H200];
+
+    /// The chip's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Chip::Ascend910B => "910b",
+            Chip::Ascend950 => "950",
+            Chip::H200 => "h200",
+        }
+    }
+
+    /// The chip named `name` (`910b`, `950`, `h200`).
+    pub fn parse(name: &str) -> Option<Chip> {
+        Chip::ALL.into_iter().find(|c| c.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The chip's figures (docs/design/planner.md#the-chip-table).
+    pub fn figures(self) -> ChipFigures {
+        const CUBE: &str =
+            "Ascend's Cube units are shared by both streams (docs/design/schedule.md)";
+        const LAUNCH: &str = "typical kernel launch overhead, not a vendor figure";
+        const COPY: &str = "copies taken at the HBM bandwidth";
+        match self {
+            Chip::Ascend910B => ChipFigures {
+                name: "Ascend 910B",
+                matrix_flops: assumed(313e12, "widely reported FP16 dense rate; bf16 taken equal"),
+                mx_matrix_flops: assumed(313e12, "no FP8 matrix unit: taken at the bf16 rate"),
+                vector_bytes_per_s: assumed(1.6e12, "widely reported HBM2e bandwidth"),
+                copy_bytes_per_s: assumed(1.6e12, COPY),
+                launch_s: assumed(10e-6, LAUNCH),
+                shared_matrix_units: assumed(true, CUBE),
+            },
+            Chip::Ascend950 => ChipFigures {
+                name: "Ascend 950 (DT)",
+                matrix_flops: assumed(500e12, "half the announced 1 PFLOPS FP8 rate"),
+                mx_matrix_flops: published(1e15, "Huawei Connect 2025 Ascend roadmap, FP8"),
+                vector_bytes_per_s: published(
+                    4.0e12,
+                    "Huawei Connect 2025 Ascend roadmap, 950DT HBM",
+                ),
+                copy_bytes_per_s: assumed(4.0e12, COPY),
+                launch_s: assumed(10e-6, LAUNCH),
+                shared_matrix_units: assumed(true, CUBE),
+            },
+            Chip::H200 => ChipFigures {
+                name: "NVIDIA H200 SXM",
+                matrix_flops: published(989e12, "NVIDIA H200 datasheet, BF16 dense (1979 sparse)"),
+                mx_matrix_flops: assumed(
+                    989e12,
+                    "Hopper has no MX block scales: taken at the bf16 rate",
+                ),
+                vector_bytes_per_s: published(4.8e12, "NVIDIA H200 datasheet, HBM3e"),
+                copy_bytes_per_s: assumed(4.8e12, COPY),
+                launch_s: assumed(4e-6, LAUNCH),
+                shared_matrix_units: assumed(
+                    false,
+                    "SMs are partitioned between concurrent kernels",
+                ),
+            },
+        }
+    }
+}
+
+impl ChipFigures {
+    /// This machine, from figures measured at start-up: the bf16 and MXFP8 GEMM rates of one
+    /// core, the memory bandwidth, the launch cost; the reference backend gives each stream its
+    /// own core.
+    pub fn host(
+        gemm_flops: f64,
+        mx_gemm_flops: f64,
+        bytes_per_s: f64,
+        launch_s: f64,
+    ) -> ChipFigures {
+        ChipFigures {
+            name: "this host",
+            matrix_flops: measured(gemm_flops),
+            mx_matrix_flops: measured(mx_gemm_flops),
+            vector_bytes_per_s: measured(bytes_per_s),
+            copy_bytes_per_s: measured(bytes_per_s),
+            launch_s: measured(launch_s),
+            shared_matrix_units: Figure {
+                value: false,
+                provenance: Provenance::Assumed("the reference backend: one core per stream"),
+            },
+        }
+    }
+
+    /// Each figure's name, value as text and provenance, for the table.
+    pub fn rows(&self) -> Vec<(&'static str, String, &Provenance)> {
+        vec![
+            (
+                "matrix FLOP/s",
+                format!("{:.3e}", self.matrix_flops.value),
+                &self.matrix_flops.provenance,
+            ),
+            (
+                "MXFP8 matrix FLOP/s",
+                format!("{:.3e}", self.mx_matrix_flops.value),
+                &self.mx_matrix_flops.provenance,
+            ),
+            (
+                "vector bytes/s",
+                format!("{:.3e}", self.vector_bytes_per_s.value),
+                &self.vector_bytes_per_s.provenance,
+            ),
+            (
+                "copy bytes/s",
+                format!("{:.3e}", self.copy_bytes_per_s.value),
+                &self.copy_bytes_per_s.provenance,
+            ),
+            ("launch s", format!("{:.1e}", self.launch_s.value), &self.launch_s.provenance),
+            (
+                "shared matrix unit",
+                self.shared_matrix_units.value.to_string(),
+                &self.shared_matrix_units.provenance,
+            ),
+        ]
+    }
+}

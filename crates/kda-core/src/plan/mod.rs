@@ -1,0 +1,257 @@
+//! The planner's cost model: a predicted time for each op of a recorded layer forward, and a
+//! discrete-event simulation of the recorded streams, records and waits
+//! (docs/design/planner.md#the-model).
+//!
+//! The input is the checked-mode log ([`Entry`]) that the sanitizer already records, with each
+//! launch's FLOPs ([`OpDims::flops`](crate::op::OpDims::flops)), so nothing here needs a device. Each launch costs `launch_s` of host issue time, then runs for
+//! `max(flops / matrix_flops, bytes / unit bandwidth)` on its unit; ops on one stream run in
+//! order, a wait holds its stream until the event's last record completed, and when the chip's
+//! matrix unit is shared ([`ChipFigures::shared_matrix_units`]) matrix ops of all streams take it
+//! one at a time, in submission order.
+
+pub mod chips;
+
+use std::collections::BTreeMap;
+
+use crate::resource::{ComputeUnit, EventId, StreamId};
+use crate::sanitize::Entry;
+
+pub use chips::{ChipFigures, Figure, Provenance};
+
+/// The unit an op is costed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CostUnit {
+    Matrix,
+    Vector,
+    /// Ops without a compute unit (copies, fills, transfers): bound by copy bandwidth.
+    Copy,
+}
+
+impl From<Option<ComputeUnit>> for CostUnit {
+    fn from(unit: Option<ComputeUnit>) -> Self {
+        match unit {
+            Some(ComputeUnit::Matrix) => CostUnit::Matrix,
+            Some(ComputeUnit::Vector) => CostUnit::Vector,
+            None => CostUnit::Copy,
+        }
+    }
+}
+
+/// The work of one op: floating-point operations and bytes moved.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct OpWork {
+    pub flops: f64,
+    pub bytes: f64,
+    /// An MXFP8 GEMM (it reads an `a_scale`): costed at the chip's MXFP8 matrix rate.
+    pub mx: bool,
+}
+
+/// Why a log cannot be simulated.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// A wait names an event that no earlier entry recorded.
+    #[error("log entry #{index}: stream {stream} waits on event {event}, which was never recorded")]
+    UnrecordedEvent { index: usize, stream: StreamId, event: EventId },
+    /// Two logs recorded at different token counts do not run the same ops in the same order.
+    #[error("the logs at {a} and {b} tokens differ at entry #{index}; they cannot be extrapolated")]
+    Mismatch { a: usize, b: usize, index: usize },
+    /// Extrapolation needs two different token counts.
+    #[error("extrapolation needs two different token counts, got {0} twice")]
+    SameTokens(usize),
+}
+
+/// The bytes a launch reads and writes, from its recorded accesses.
+pub fn accessed_bytes(entry: &Entry) -> f64 {
+    let Entry::Launch { reads, writes, .. } = entry else { return 0.0 };
+    reads
+        .iter()
+        .chain(writes)
+        .flat_map(|a| a.bytes.intervals())
+        .map(|r| (r.end - r.start) as f64)
+        .sum()
+}
+
+/// The predicted run time of one op on `chip`, without its launch cost.
+pub fn op_time(chip: &ChipFigures, unit: CostUnit, work: OpWork) -> f64 {
+    let bandwidth = match unit {
+        CostUnit::Matrix | CostUnit::Vector => chip.vector_bytes_per_s.value,
+        CostUnit::Copy => chip.copy_bytes_per_s.value,
+    };
+    let memory = work.bytes / bandwidth;
+    let compute = match unit {
+        CostUnit::Matrix if work.mx => work.flops / chip.mx_matrix_flops.value,
+        CostUnit::Matrix => work.flops / chip.matrix_flops.value,
+        CostUnit::Vector | CostUnit::Copy => 0.0,
+    };
+    memory.max(compute)
+}
+
+/// One simulated op: where and when it ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimOp {
+    pub index: usize,
+    pub label: String,
+    pub stream: StreamId,
+    pub unit: CostUnit,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// A simulated forward: its ops and the time the last of them ended.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Simulation {
+    pub ops: Vec<SimOp>,
+    pub makespan: f64,
+}
+
+impl Simulation {
+    /// Summed durations per unit (the serial cost of each op class).
+    pub fn busy(&self, unit: CostUnit) -> f64 {
+        self.ops.iter().filter(|o| o.unit == unit).map(|o| o.end - o.start).sum()
+    }
+}
+
+/// Simulates `entries` with each launch lasting `duration(index, entry)` seconds, `launch_s` of
+/// host issue time per launch, and one matrix unit for all streams when `shared_matrix_units`.
+pub fn simulate(
+    entries: &[Entry],
+    launch_s: f64,
+    shared_matrix_units: bool,
+    mut duration: impl FnMut(usize, &Entry) -> f64,
+) -> Result<Simulation, PlanError> {
+    let mut host = 0.0_f64;
+    let mut stream_ready: BTreeMap<StreamId, f64> = BTreeMap::new();
+    let mut events: BTreeMap<EventId, f64> = BTreeMap::new();
+    let mut matrix_free = 0.0_f64;
+    let mut sim = Simulation::default();
+    for (index, entry) in entries.iter().enumerate() {
+        match entry {
+            Entry::Launch { stream, label, unit, .. } => {
+                host += launch_s;
+                let unit = CostUnit::from(*unit);
+                let ready = stream_ready.entry(*stream).or_insert(0.0);
+                let mut start = ready.max(host);
+                if shared_matrix_units && unit == CostUnit::Matrix {
+                    start = start.max(matrix_free);
+                }
+                let end = start + duration(index, entry).max(0.0);
+                if shared_matrix_units && unit == CostUnit::Matrix {
+                    matrix_free = end;
+                }
+                *ready = end;
+                sim.makespan = sim.makespan.max(end);
+                sim.ops.push(SimOp {
+                    index,
+                    label: label.clone(),
+                    stream: *stream,
+                    unit,
+                    start,
+                    end,
+                });
+            }
+            Entry::Record { stream, event } => {
+                let at = stream_ready.get(stream).copied().unwrap_or(0.0).max(0.0);
+                events.insert(*event, at);
+            }
+            Entry::Wait { stream, event } => {
+                let Some(at) = events.get(event).copied() else {
+                    return Err(PlanError::UnrecordedEvent {
+                        index,
+                        stream: *stream,
+                        event: *event,
+                    });
+                };
+                let ready = stream_ready.entry(*stream).or_insert(0.0);
+                *ready = ready.max(at);
+            }
+            Entry::Synchronize { stream } => {
+                host = host.max(stream_ready.get(stream).copied().unwrap_or(0.0));
+            }
+            Entry::Alloc { .. } | Entry::Free { .. } | Entry::Reuse { .. } => {}
+        }
+    }
+    sim.makespan = sim.makespan.max(host);
+    Ok(sim)
+}
+
+/// The work of one launch as recorded: its FLOPs and the bytes of its accesses.
+pub fn work(entry: &Entry) -> OpWork {
+    let (flops, mx) = match entry {
+        Entry::Launch { flops, reads, .. } => {
+            (*flops as f64, reads.iter().any(|a| a.param == "a_scale"))
+        }
+        _ => (0.0, false),
+    };
+    OpWork { flops, bytes: accessed_bytes(entry), mx }
+}
+
+/// Each launch's work at `tokens`, from two logs of the same forward recorded at `a.0` and `b.0`
+/// tokens: a projection's FLOPs and bytes are affine in the token count (its weights are read
+/// once, its activations grow with T), so two small recordings give every larger T exactly.
+/// The result has one entry per entry of `a.1` (zero work for non-launches).
+pub fn extrapolate(
+    a: (usize, &[Entry]),
+    b: (usize, &[Entry]),
+    tokens: usize,
+) -> Result<Vec<OpWork>, PlanError> {
+    let ((ta, la), (tb, lb)) = (a, b);
+    if ta == tb {
+        return Err(PlanError::SameTokens(ta));
+    }
+    let mismatch = |index| PlanError::Mismatch { a: ta, b: tb, index };
+    if la.len() != lb.len() {
+        return Err(mismatch(la.len().min(lb.len())));
+    }
+    let scale = (tokens as f64 - ta as f64) / (tb as f64 - ta as f64);
+    la.iter()
+        .zip(lb)
+        .enumerate()
+        .map(|(index, (ea, eb))| match (ea, eb) {
+            (
+                Entry::Launch { label: x, unit: ux, stream: sx, .. },
+                Entry::Launch { label: y, unit: uy, stream: sy, .. },
+            ) if x == y && ux == uy && sx == sy => {
+                let (wa, wb) = (work(ea), work(eb));
+                let at = |va: f64, vb: f64| (va + scale * (vb - va)).max(0.0);
+                Ok(OpWork {
+                    flops: at(wa.flops, wb.flops),
+                    bytes: at(wa.bytes, wb.bytes),
+                    mx: wa.mx,
+                })
+            }
+            (Entry::Launch { .. }, _) | (_, Entry::Launch { .. }) => Err(mismatch(index)),
+            _ if std::mem::discriminant(ea) == std::mem::discriminant(eb) => Ok(OpWork::default()),
+            _ => Err(mismatch(index)),
+        })
+        .collect()
+}
+
+/// Simulates `entries` on `chip` with each launch's work given by `works` (one per entry, as
+/// [`extrapolate`] returns).
+pub fn predict_with(
+    entries: &[Entry],
+    works: &[OpWork],
+    chip: &ChipFigures,
+) -> Result<Simulation, PlanError> {
+    simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |i, e| {
+        let unit = match e {
+            Entry::Launch { unit, .. } => CostUnit::from(*unit),
+            _ => CostUnit::Copy,
+        };
+        op_time(chip, unit, works.get(i).copied().unwrap_or_default())
+    })
+}
+
+/// Predicts `entries` on `chip`: each launch's work is what the log recorded ([`work`]).
+pub fn predict(entries: &[Entry], chip: &ChipFigures) -> Result<Simulation, PlanError> {
+    simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |_, e| {
+        let unit = match e {
+            Entry::Launch { unit, .. } => CostUnit::from(*unit),
+            _ => CostUnit::Copy,
+        };
+        op_time(chip, unit, work(e))
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,231 @@
+use super::*;
+use crate::resource::{BufferId, InstanceId};
+use crate::sanitize::{Access, ByteRanges};
+
+struct Log {
+    instance: InstanceId,
+    entries: Vec<Entry>,
+    durations: Vec<f64>,
+}
+
+impl Log {
+    fn new() -> Self {
+        Log { instance: InstanceId::fresh(), entries: Vec::new(), durations: Vec::new() }
+    }
+    fn stream(&self, index: u64) -> StreamId {
+        StreamId { instance: self.instance, index }
+    }
+    fn event(&self, index: u64) -> EventId {
+        EventId { instance: self.instance, index }
+    }
+    fn launch(&mut self, stream: u64, label: &str, unit: ComputeUnit, seconds: f64) {
+        self.entries.push(Entry::Launch {
+            stream: self.stream(stream),
+            label: label.to_string(),
+            reads: Vec::new(),
+            writes: Vec::new(),
+            unit: Some(unit),
+            flops: 0,
+        });
+        self.durations.push(seconds);
+    }
+    fn record(&mut self, stream: u64, event: u64) {
+        self.entries.push(Entry::Record { stream: self.stream(stream), event: self.event(event) });
+        self.durations.push(0.0);
+    }
+    fn wait(&mut self, stream: u64, event: u64) {
+        self.entries.push(Entry::Wait { stream: self.stream(stream), event: self.event(event) });
+        self.durations.push(0.0);
+    }
+    fn simulate(&self, shared: bool) -> Simulation {
+        simulate(&self.entries, 0.0, shared, |i, _| self.durations[i]).unwrap()
+    }
+}
+
+const QKV: f64 = 10.0;
+const QKV_VEC: f64 = 3.0;
+const BFG: f64 = 8.0;
+const BFG_VEC: f64 = 2.0;
+
+/// The serial schedule: both GEMMs and their vector work in order on one stream.
+fn serial() -> Log {
+    let mut log = Log::new();
+    log.launch(0, "qkv gemm", ComputeUnit::Matrix, QKV);
+    log.launch(0, "conv+norm", ComputeUnit::Vector, QKV_VEC);
+    log.launch(0, "bfg gemm", ComputeUnit::Matrix, BFG);
+    log.launch(0, "gate", ComputeUnit::Vector, BFG_VEC);
+    log
+}
+
+/// The overlapped serialised schedule: the QKV vector work moves to the side stream, behind the
+/// QKV GEMM's event, while the main stream runs the BFG GEMM; the main stream joins at the end.
+fn overlapped_serialised() -> Log {
+    let mut log = Log::new();
+    log.launch(0, "qkv gemm", ComputeUnit::Matrix, QKV);
+    log.record(0, 0);
+    log.wait(1, 0);
+    log.launch(1, "conv+norm", ComputeUnit::Vector, QKV_VEC);
+    log.launch(0, "bfg gemm", ComputeUnit::Matrix, BFG);
+    log.launch(0, "gate", ComputeUnit::Vector, BFG_VEC);
+    log.record(1, 1);
+    log.wait(0, 1);
+    log
+}
+
+/// The overlapped concurrent schedule: after a fork, each stream runs its GEMM and its vector
+/// work; the main stream joins the side stream at the end.
+fn overlapped_concurrent() -> Log {
+    let mut log = Log::new();
+    log.record(0, 0);
+    log.wait(1, 0);
+    log.launch(1, "qkv gemm", ComputeUnit::Matrix, QKV);
+    log.launch(1, "conv+norm", ComputeUnit::Vector, QKV_VEC);
+    log.launch(0, "bfg gemm", ComputeUnit::Matrix, BFG);
+    log.launch(0, "gate", ComputeUnit::Vector, BFG_VEC);
+    log.record(1, 1);
+    log.wait(0, 1);
+    log
+}
+
+#[test]
+fn serial_is_the_sum_of_its_ops() {
+    let sim = serial().simulate(true);
+    assert_eq!(sim.makespan, QKV + QKV_VEC + BFG + BFG_VEC);
+    assert_eq!(sim.busy(CostUnit::Matrix), QKV + BFG);
+    assert_eq!(sim.busy(CostUnit::Vector), QKV_VEC + BFG_VEC);
+}
+
+#[test]
+fn overlapped_serialised_is_serial_minus_hidden_vector_work() {
+    let serial = serial().simulate(true).makespan;
+    let sim = overlapped_serialised().simulate(true);
+    // The QKV vector work (3) runs under the BFG GEMM (8): all of it is hidden.
+    assert_eq!(sim.makespan, serial - QKV_VEC);
+    // The GEMMs never overlap on the shared matrix unit.
+    let gemms: Vec<_> = sim.ops.iter().filter(|o| o.unit == CostUnit::Matrix).collect();
+    assert!(gemms[0].end <= gemms[1].start);
+}
+
+#[test]
+fn overlapped_serialised_hides_only_what_fits_under_the_gemm() {
+    let mut log = Log::new();
+    log.launch(0, "qkv gemm", ComputeUnit::Matrix, QKV);
+    log.record(0, 0);
+    log.wait(1, 0);
+    log.launch(1, "long vector", ComputeUnit::Vector, 12.0);
+    log.launch(0, "bfg gemm", ComputeUnit::Matrix, BFG);
+    log.record(1, 1);
+    log.wait(0, 1);
+    // Serial would be 10 + 12 + 8 = 30; only 8 of the 12 hide under the BFG GEMM.
+    assert_eq!(log.simulate(true).makespan, 30.0 - BFG);
+}
+
+#[test]
+fn concurrent_is_the_max_of_the_two_critical_paths() {
+    let sim = overlapped_concurrent().simulate(false);
+    assert_eq!(sim.makespan, (QKV + QKV_VEC).max(BFG + BFG_VEC));
+    // With a shared matrix unit the same log serialises the GEMMs instead.
+    let shared = overlapped_concurrent().simulate(true).makespan;
+    // (QKV GEMM 0–10, its vector work 10–13 under the BFG GEMM 10–18, the gate 18–20.)
+    assert_eq!(shared, QKV + BFG + BFG_VEC);
+}
+
+#[test]
+fn launch_cost_delays_issue() {
+    let log = serial();
+    let sim = simulate(&log.entries, 1.0, true, |_, _| 0.0).unwrap();
+    assert_eq!(sim.makespan, 4.0);
+}
+
+#[test]
+fn waiting_on_an_unrecorded_event_is_an_error() {
+    let mut log = Log::new();
+    log.wait(1, 7);
+    let err = simulate(&log.entries, 0.0, true, |_, _| 0.0).unwrap_err();
+    assert!(matches!(err, PlanError::UnrecordedEvent { index: 0, .. }));
+}
+
+#[test]
+fn op_cost_is_the_slower_of_compute_and_memory() {
+    let chip = ChipFigures::host(1e9, 0.5e9, 1e9, 0.0);
+    let gemm = OpWork { flops: 2e9, bytes: 1e9, mx: false };
+    assert_eq!(op_time(&chip, CostUnit::Matrix, gemm), 2.0);
+    assert_eq!(op_time(&chip, CostUnit::Matrix, OpWork { mx: true, ..gemm }), 4.0);
+    assert_eq!(op_time(&chip, CostUnit::Vector, gemm), 1.0);
+    let skinny = OpWork { flops: 1e8, bytes: 3e9, mx: false };
+    assert_eq!(op_time(&chip, CostUnit::Matrix, skinny), 3.0);
+}
+
+#[test]
+fn predict_counts_recorded_bytes() {
+    let instance = InstanceId::fresh();
+    let stream = StreamId { instance, index: 0 };
+    let buffer = BufferId { instance, index: 0 };
+    let entries = vec![Entry::Launch {
+        stream,
+        label: "copy".into(),
+        reads: vec![Access { param: "src", buffer, bytes: ByteRanges::span(0..100) }],
+        writes: vec![Access { param: "dst", buffer, bytes: ByteRanges::span(100..200) }],
+        unit: None,
+        flops: 0,
+    }];
+    assert_eq!(work(&entries[0]), OpWork { flops: 0.0, bytes: 200.0, mx: false });
+    let chip = ChipFigures::host(1e9, 1e9, 100.0, 0.0);
+    let sim = predict(&entries, &chip).unwrap();
+    assert_eq!(sim.makespan, 2.0);
+}
+
+#[test]
+fn every_chip_says_where_each_figure_comes_from() {
+    for chip in chips::Chip::ALL {
+        let figures = chip.figures();
+        assert_eq!(chips::Chip::parse(chip.name()), Some(chip));
+        let rows = figures.rows();
+        assert_eq!(rows.len(), 6);
+        for (_, _, provenance) in rows {
+            assert!(!provenance.to_string().is_empty());
+        }
+    }
+}
+
+fn gemm_log(instance: InstanceId, tokens: usize) -> Vec<Entry> {
+    let stream = StreamId { instance, index: 0 };
+    let (x, w, y) = (
+        BufferId { instance, index: 0 },
+        BufferId { instance, index: 1 },
+        BufferId { instance, index: 2 },
+    );
+    let (hidden, width) = (64usize, 32usize);
+    vec![
+        Entry::Launch {
+            stream,
+            label: "gemm".into(),
+            reads: vec![
+                Access { param: "a", buffer: x, bytes: ByteRanges::span(0..tokens * hidden * 2) },
+                Access { param: "b", buffer: w, bytes: ByteRanges::span(0..width * hidden * 2) },
+            ],
+            writes: vec![Access {
+                param: "c",
+                buffer: y,
+                bytes: ByteRanges::span(0..tokens * width * 2),
+            }],
+            unit: Some(ComputeUnit::Matrix),
+            flops: (2 * tokens * hidden * width) as u64,
+        },
+        Entry::Synchronize { stream },
+    ]
+}
+
+#[test]
+fn extrapolation_is_exact_for_affine_work() {
+    let instance = InstanceId::fresh();
+    let (one, two) = (gemm_log(instance, 1), gemm_log(instance, 2));
+    let works = extrapolate((1, &one), (2, &two), 1024).unwrap();
+    assert_eq!(works[0], work(&gemm_log(instance, 1024)[0]));
+    assert_eq!(works[1], OpWork::default());
+    assert_eq!(extrapolate((2, &two), (2, &two), 8), Err(PlanError::SameTokens(2)));
+    assert!(matches!(
+        extrapolate((1, &one), (2, &two[..1]), 8),
+        Err(PlanError::Mismatch { index: 1, .. })
+    ));
+}
