@@ -113,13 +113,15 @@ fn quantize_bits_bf16(x: &[u16; BLOCK_SIZE], alg: ScaleAlg, out: &mut [u8; BLOCK
     }
     let scale = alg.finite_scale_byte(u32::from(amax) << 16);
     let floor = bf16_fast_floor(scale);
-    // The smallest non-zero magnitude, less one (zero wraps to the top and never counts).
-    let low = x.iter().fold(u16::MAX, |m, &b| m.min((b & 0x7FFF).wrapping_sub(1)));
-    if low < floor - 1 {
-        return quantize_bits(&x.map(|b| u32::from(b) << 16), alg, out);
-    }
+    // Encode optimistically and count the elements the 16-bit encoder does not cover: non-zero
+    // magnitudes below `floor` (zero wraps to the top and never counts).
+    let mut slow = 0u8;
     for (q, &b) in out.iter_mut().zip(x) {
         *q = encode_bf16_normal(b, scale, floor);
+        slow |= u8::from((b & 0x7FFF).wrapping_sub(1) < floor - 1);
+    }
+    if slow != 0 {
+        return quantize_bits(&x.map(|b| u32::from(b) << 16), alg, out);
     }
     scale
 }
