@@ -153,7 +153,11 @@ fn quantize_row_bf16(x: &[u16], alg: ScaleAlg, data: &mut [u8], scale: &mut [u8]
 #[inline(always)]
 fn quantize_row_unchecked<T: MxFloat>(x: &[T], alg: ScaleAlg, data: &mut [u8], scale: &mut [u8]) {
     if let Some(bits) = T::as_bf16_bits(x) {
-        return quantize_row_bf16(bits, alg, data, scale);
+        // One loop per algorithm, so the scale rule is not chosen again in every block.
+        return match alg {
+            ScaleAlg::OcpFloor => quantize_row_bf16(bits, ScaleAlg::OcpFloor, data, scale),
+            ScaleAlg::RoundUp => quantize_row_bf16(bits, ScaleAlg::RoundUp, data, scale),
+        };
     }
     let mut out = [0u8; BLOCK_SIZE];
     let full = x.len() / BLOCK_SIZE;
