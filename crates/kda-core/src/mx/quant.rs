@@ -136,8 +136,9 @@ fn quantize_row_bf16(x: &[u16], alg: ScaleAlg, data: &mut [u8], scale: &mut [u8]
     for ((xb, db), s) in
         x_full.chunks_exact(BLOCK_SIZE).zip(d_full.chunks_exact_mut(BLOCK_SIZE)).zip(&mut *scale)
     {
-        let xb: &[u16; BLOCK_SIZE] = xb.try_into().expect("a whole block");
-        let db: &mut [u8; BLOCK_SIZE] = db.try_into().expect("a whole block");
+        // `chunks_exact` blocks always convert; the `else` arms are never taken.
+        let Ok(xb) = <&[u16; BLOCK_SIZE]>::try_from(xb) else { continue };
+        let Ok(db) = <&mut [u8; BLOCK_SIZE]>::try_from(db) else { continue };
         *s = quantize_bits_bf16(xb, alg, db);
     }
     if !x_tail.is_empty() {
