@@ -76,9 +76,23 @@ pub(crate) fn elements(what: &'static str, rows: usize, k: usize) -> Result<usiz
 }
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::bf16 {}
+    pub trait Sealed: Sized {
+        /// The raw bits of a bf16 slice, for the quantizer's 16-bit path; `None` for f32.
+        fn as_bf16_bits(x: &[Self]) -> Option<&[u16]>;
+    }
+    impl Sealed for f32 {
+        #[inline(always)]
+        fn as_bf16_bits(_: &[f32]) -> Option<&[u16]> {
+            None
+        }
+    }
+    impl Sealed for half::bf16 {
+        #[inline(always)]
+        fn as_bf16_bits(x: &[half::bf16]) -> Option<&[u16]> {
+            use half::slice::HalfFloatSliceExt;
+            Some(x.reinterpret_cast())
+        }
+    }
 }
 
 /// An input element the quantizer accepts: f32 or bf16.

@@ -12,7 +12,7 @@
 //! Dequantization is `decode_e4m3(q) · 2^(s - 127)`, exact in f64 and correctly rounded in f32
 //! (the only rounding is overflow to infinity for scale bytes above 247).
 
-use super::e4m3::{E4M3_NAN, decode_e4m3, encode_e4m3, encode_magnitude};
+use super::e4m3::{E4M3_MAX_BYTE, E4M3_NAN, decode_e4m3, encode_e4m3, encode_magnitude};
 use super::e8m0::{E8M0_NAN, decode_e8m0, decode_e8m0_f64, inverse_scale};
 use super::{BLOCK_SIZE, MxError, MxFloat, ScaleAlg, elements, expect_len, num_blocks};
 
@@ -73,10 +73,93 @@ fn quantize_bits(bits: &[u32; BLOCK_SIZE], alg: ScaleAlg, out: &mut [u8; BLOCK_S
     scale
 }
 
+/// The lowest magnitude (bf16 bits without sign) that [`encode_bf16_normal`] encodes under scale
+/// byte `scale`: the smallest normal bf16 whose scaled value is a normal E4M3 number (E4M3
+/// exponent field at least 1, that is bf16 exponent field at least `scale - 6`). Below it only
+/// zero takes the 16-bit path.
+#[inline(always)]
+fn bf16_fast_floor(scale: u8) -> u16 {
+    u16::from(scale).saturating_sub(6).max(1) << 7
+}
+
+/// [`encode_e4m3`]`(x · 2^-(scale - 127))` for a bf16 `x` with bits `b`, in 16-bit integer
+/// arithmetic: valid when the magnitude `b & 0x7FFF` is zero or at least
+/// [`bf16_fast_floor`]`(scale)` and finite, and `scale` is at most 254.
+///
+/// The scaled value is then a normal f32 (so the f32 product is exact) and a normal E4M3 number
+/// before rounding: round the 7-bit mantissa to 3 bits, ties to even (a carry bumps the
+/// exponent, which is right), rebias the exponent from `field` to `field + 7 - scale`, and
+/// saturate everything above `0x7E` (the scaled value is at least 464 exactly then).
+#[inline(always)]
+fn encode_bf16_normal(b: u16, scale: u8, floor: u16) -> u8 {
+    let a = b & 0x7FFF;
+    let rounded = a + 7 + ((a >> 4) & 1);
+    let rebias = (7 - i16::from(scale)) << 3;
+    let normal = ((rounded >> 4) as i16 + rebias).min(i16::from(E4M3_MAX_BYTE));
+    let magnitude = if a < floor { 0 } else { normal };
+    ((b >> 8) as u8 & 0x80) | magnitude as u8
+}
+
+/// Quantize one full or zero-padded block of bf16 bits; returns the scale byte. Bit for bit
+/// [`quantize_bits`] of the widened values: sixteen lanes at a time in 16-bit integers, falling
+/// back to [`quantize_bits`] for a block with an element whose scaled value is an E4M3 subnormal
+/// (or an input subnormal), which random data almost never has.
+#[inline(always)]
+fn quantize_bits_bf16(x: &[u16; BLOCK_SIZE], alg: ScaleAlg, out: &mut [u8; BLOCK_SIZE]) -> u8 {
+    let amax = x.iter().fold(0u16, |m, &b| m.max(b & 0x7FFF));
+    if amax >= 0x7F80 {
+        *out = [E4M3_NAN; BLOCK_SIZE];
+        return E8M0_NAN;
+    }
+    let scale = alg.finite_scale_byte(u32::from(amax) << 16);
+    let floor = bf16_fast_floor(scale);
+    // Encode optimistically and count the elements the 16-bit encoder does not cover: non-zero
+    // magnitudes below `floor` (zero wraps to the top and never counts).
+    let mut slow = 0u8;
+    for (q, &b) in out.iter_mut().zip(x) {
+        *q = encode_bf16_normal(b, scale, floor);
+        slow |= u8::from((b & 0x7FFF).wrapping_sub(1) < floor - 1);
+    }
+    if slow != 0 {
+        return quantize_bits(&x.map(|b| u32::from(b) << 16), alg, out);
+    }
+    scale
+}
+
+/// [`quantize_row_unchecked`] for bf16 bits.
+#[inline(always)]
+fn quantize_row_bf16(x: &[u16], alg: ScaleAlg, data: &mut [u8], scale: &mut [u8]) {
+    let mut out = [0u8; BLOCK_SIZE];
+    let full = x.len() / BLOCK_SIZE;
+    let (x_full, x_tail) = x.split_at(full * BLOCK_SIZE);
+    let (d_full, d_tail) = data.split_at_mut(full * BLOCK_SIZE);
+    for ((xb, db), s) in
+        x_full.chunks_exact(BLOCK_SIZE).zip(d_full.chunks_exact_mut(BLOCK_SIZE)).zip(&mut *scale)
+    {
+        // `chunks_exact` blocks always convert; the `else` arms are never taken.
+        let Ok(xb) = <&[u16; BLOCK_SIZE]>::try_from(xb) else { continue };
+        let Ok(db) = <&mut [u8; BLOCK_SIZE]>::try_from(db) else { continue };
+        *s = quantize_bits_bf16(xb, alg, db);
+    }
+    if !x_tail.is_empty() {
+        let mut bits = [0u16; BLOCK_SIZE];
+        bits[..x_tail.len()].copy_from_slice(x_tail);
+        scale[full] = quantize_bits_bf16(&bits, alg, &mut out);
+        d_tail.copy_from_slice(&out[..x_tail.len()]);
+    }
+}
+
 /// Quantize one row of K elements (no length checks: `data` is as long as `x`, `scale` has
 /// `ceil(K/32)` bytes).
 #[inline(always)]
 fn quantize_row_unchecked<T: MxFloat>(x: &[T], alg: ScaleAlg, data: &mut [u8], scale: &mut [u8]) {
+    if let Some(bits) = T::as_bf16_bits(x) {
+        // One loop per algorithm, so the scale rule is not chosen again in every block.
+        return match alg {
+            ScaleAlg::OcpFloor => quantize_row_bf16(bits, ScaleAlg::OcpFloor, data, scale),
+            ScaleAlg::RoundUp => quantize_row_bf16(bits, ScaleAlg::RoundUp, data, scale),
+        };
+    }
     let mut out = [0u8; BLOCK_SIZE];
     let full = x.len() / BLOCK_SIZE;
     let (x_full, x_tail) = x.split_at(full * BLOCK_SIZE);
@@ -317,4 +400,126 @@ pub fn dequantize_f64(
 ) -> Result<Vec<f64>, MxError> {
     check_dequant(data, scale, rows, k)?;
     Ok(dequantize_rows(data, scale, k, dequantize_value_f64))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The bf16 16-bit path against the f32 path ([`quantize_bits`] and [`encode_e4m3`], which
+    //! stay the element codec's definition; `spec_tests` checks those against the format).
+    use super::*;
+    use crate::mx::e8m0::inverse_scale;
+    use half::bf16;
+
+    /// A small xorshift generator (no dependency).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        /// bf16 bits of a mixed distribution: ordinary magnitudes, wide exponents, the range
+        /// where scaled values are E4M3 subnormals, zeros, subnormals, infinities and NaN.
+        fn bf16_bits(&mut self, around: u16) -> u16 {
+            let r = self.next();
+            let sign = ((r >> 63) as u16) << 15;
+            let man = (r >> 8) as u16 & 0x7F;
+            let magnitude = match r % 64 {
+                0 => 0,
+                1 => man,
+                2 => 0x7F80,
+                3 => 0x7F80 | man.max(1),
+                4..=15 => (r >> 20) as u16 % 0x7F80,
+                16..=27 => (around.saturating_sub((r >> 20) as u16 % 18) << 7) | man,
+                _ => (around.saturating_sub((r >> 20) as u16 % 5) << 7) | man,
+            };
+            sign | magnitude
+        }
+    }
+
+    /// Every finite bf16 under every finite scale byte: the 16-bit encoder equals `encode_e4m3`
+    /// of the f32 product wherever the fast path uses it, and the values it leaves to the f32
+    /// path are exactly the input subnormals and the scaled values below 2^-6.
+    #[test]
+    fn bf16_encoder_matches_encode_e4m3_for_every_bf16_and_scale() {
+        for scale in 0..=254u8 {
+            let floor = bf16_fast_floor(scale);
+            let inverse = inverse_scale(scale);
+            for b in 0..=u16::MAX {
+                let a = b & 0x7FFF;
+                if a >= 0x7F80 {
+                    continue;
+                }
+                let x = f32::from_bits(u32::from(b) << 16);
+                let scaled = x * inverse;
+                let fast = a == 0 || a >= floor;
+                let small = a < 0x80 || scaled.abs() < 2f32.powi(-6);
+                assert_eq!(fast, a == 0 || !small, "{b:#06x} scale {scale}: fast-path predicate");
+                if fast {
+                    assert_eq!(
+                        encode_bf16_normal(b, scale, floor),
+                        encode_e4m3(scaled),
+                        "{b:#06x} scale {scale}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn check_block(x: &[u16; BLOCK_SIZE], alg: ScaleAlg) {
+        let (mut fast, mut oracle) = ([0u8; BLOCK_SIZE], [0u8; BLOCK_SIZE]);
+        let s_fast = quantize_bits_bf16(x, alg, &mut fast);
+        let s_oracle = quantize_bits(&x.map(|b| u32::from(b) << 16), alg, &mut oracle);
+        assert_eq!((s_fast, fast), (s_oracle, oracle), "{alg} {x:04x?}");
+    }
+
+    /// Every bf16 value in blocks anchored by maxima across the whole exponent range (so every
+    /// value meets scales from 0 to 246 / 254), both algorithms.
+    #[test]
+    fn every_bf16_in_anchored_blocks_matches_the_f32_path() {
+        let anchors: Vec<u16> = (0..=0xFEu16)
+            .step_by(3)
+            .flat_map(|e| [e << 7, (e << 7) | 0x7F, (e << 7) | 0x40])
+            .chain([0x0001, 0x007F, 0x43E0, 0x43E8, 0x43F0, 0x7F7F])
+            .collect();
+        for alg in ScaleAlg::ALL {
+            for &anchor in &anchors {
+                for chunk in (0..=u16::MAX).collect::<Vec<_>>().chunks(30) {
+                    let mut x = [0u16; BLOCK_SIZE];
+                    x[0] = anchor;
+                    x[1] = anchor ^ 0x8000;
+                    x[2..2 + chunk.len()].copy_from_slice(chunk);
+                    check_block(&x, alg);
+                }
+            }
+        }
+    }
+
+    /// Random blocks (zeros, subnormals, infinities, NaN, values near the E4M3 subnormal
+    /// boundary and the saturation range), block by block and through whole rows of several
+    /// lengths, against the f32 path on the widened values.
+    #[test]
+    fn random_bf16_blocks_and_rows_match_the_f32_path() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for alg in ScaleAlg::ALL {
+            for _ in 0..200_000 {
+                let around = (rng.next() % 255) as u16;
+                let x: [u16; BLOCK_SIZE] = std::array::from_fn(|_| rng.bf16_bits(around));
+                check_block(&x, alg);
+            }
+            for k in [1, 5, 31, 32, 33, 64, 100, 7168, 7169] {
+                let rows = 3;
+                let around = (rng.next() % 255) as u16;
+                let bits: Vec<u16> = (0..rows * k).map(|_| rng.bf16_bits(around)).collect();
+                let x: Vec<bf16> = bits.iter().map(|&b| bf16::from_bits(b)).collect();
+                let wide: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                let q = quantize(&x, rows, k, alg).unwrap();
+                let want = quantize(&wide, rows, k, alg).unwrap();
+                assert_eq!(q, want, "k {k} {alg}");
+            }
+        }
+    }
 }
