@@ -227,6 +227,12 @@ impl Repo<'_> {
     }
 }
 
+/// The briefing folder beside the repository, as a relative path (built, not written out, so
+/// this file does not cite it).
+fn outside_dir() -> String {
+    ["..", "shared"].join("/")
+}
+
 /// `<STEM>.md` for the stems of [`OUTSIDE_STEMS`], and the `shared` directory above the root.
 fn outside_names(line: &str) -> Vec<String> {
     let mut found = Vec::new();
@@ -241,7 +247,7 @@ fn outside_names(line: &str) -> Vec<String> {
             }
         }
     }
-    let shared = format!("..{}shared", '/');
+    let shared = outside_dir();
     if line.contains(&shared) {
         found.push(shared);
     }
@@ -557,7 +563,7 @@ mod tests {
     fn upper_case_outside_names_fail() {
         let stem = OUTSIDE_STEMS[3];
         let code = format!("//! The schedules ({stem}.md), written once.\n");
-        let md = format!("Design documents: `..{}shared/docs/`.\n", '/');
+        let md = format!("Design documents: `{}/docs/`.\n", outside_dir());
         let fine = format!("// README.md, x_{stem}.md and {}.md are not those names\n", "schedule");
         let files = [file("a.rs", code), file("README.md", md), file("b.rs", fine), design()];
         let m = messages(&files);
