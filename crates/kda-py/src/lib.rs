@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kda_embed::ops::{self, CoreAlgo, CoreArgs};
+use kda_embed::ops::{self, CoreAlgo, CoreArgs, CoreOptions};
 use kda_embed::testing::{self, LayerSpec, Step};
 use kda_embed::{BatchArgs, Cache, Import, Layer, Runtime, SlotsArg, guard, parse_schedule};
 use pyo3::exceptions::PyTypeError;
@@ -330,9 +330,7 @@ fn kda_core_op<'py>(
         g: &g,
         beta: &beta,
         initial_state: initial_state.as_ref(),
-        algo,
-        scale,
-        l2norm,
+        options: CoreOptions { algo, scale, l2norm },
     };
     let result = py.detach(|| guard(|| ops::core(&args))).map_err(to_py)?;
     Ok((
