@@ -26,9 +26,11 @@
 mod chunk_model;
 mod error;
 pub mod graph_plan;
+pub mod import;
 pub mod kernels;
 pub mod libs;
 pub mod plan;
+pub mod release;
 pub mod status;
 pub mod view;
 

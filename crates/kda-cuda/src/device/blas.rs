@@ -56,7 +56,9 @@ impl CudaBackend {
         if let Some(blas) = stream.inner.blas.get() {
             return Ok(blas);
         }
-        let blas = BlasHandle::new(&self.inner.ctx, stream.raw())?;
+        // Relaxed: the first GEMM on an auxiliary stream may come inside an engine's capture.
+        let blas =
+            super::memory::relaxed_capture(|| BlasHandle::new(&self.inner.ctx, stream.raw()))?;
         // Two threads may race here; the loser's handle is destroyed unused.
         Ok(stream.inner.blas.get_or_init(|| blas))
     }

@@ -289,15 +289,12 @@ impl CudaBackend {
                     one,
                     args!(status, slot),
                 )?;
-                events[event].inner.event.record(&s.inner.cuda).map_err(driver("cuEventRecord"))?;
+                super::engine::record_raw(&events[event].inner.event, s.raw())?;
                 Ok(())
             }
             Step::Wait { stream, event, first } => {
                 let s = stream_of(stream);
-                s.inner
-                    .cuda
-                    .wait(&events[event].inner.event)
-                    .map_err(driver("cuStreamWaitEvent"))?;
+                super::engine::wait_raw(s.raw(), &events[event].inner.event)?;
                 let (status, slot) = (s.inner.status, slot(event));
                 let kernel = if first { "kda_status_reset" } else { "kda_status_inherit" };
                 let one = (1, 1, 1);

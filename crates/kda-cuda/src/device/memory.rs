@@ -1,7 +1,9 @@
 //! Device memory, pinned staging memory, and host callbacks: the pieces whose lifetimes the
 //! stream order decides.
 
+use std::any::Any;
 use std::ffi::c_void;
+use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -14,31 +16,70 @@ pub(super) fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
     move |e| CudaError::Driver { call, message: e.to_string() }
 }
 
-/// `cuMemAlloc` memory, released with `cuMemFree` when dropped. `cuMemFree` waits for the
-/// device work that may still use it, so dropping the last handle while kernels run is safe.
-#[derive(Debug)]
+/// Run `f` with this thread's stream-capture mode relaxed: an allocation an op needs while an
+/// engine captures its stream (`cuMemAlloc`, `cuMemHostAlloc`) is then allowed instead of
+/// invalidating the engine's capture (in the default global mode the driver refuses them from
+/// any thread while a capture is open). Outside a capture the mode changes nothing.
+pub(super) fn relaxed_capture<R>(f: impl FnOnce() -> R) -> R {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges this thread's mode with `mode`; restored below.
+    let exchanged = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result().is_ok();
+    let out = f();
+    if exchanged {
+        // SAFETY: puts back the mode the first exchange returned.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+    out
+}
+
+/// Device memory: `cuMemAlloc`'s, released with `cuMemFree` when dropped (`cuMemFree` waits for
+/// the device work that may still use it, so dropping the last handle while kernels run is
+/// safe), or an engine's (imported), never freed here.
 pub(super) struct DeviceMemory {
     pub(super) ptr: u64,
     pub(super) bytes: usize,
     ctx: Arc<CudaContext>,
+    /// What keeps an imported allocation alive, dropped with this value.
+    foreign: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemory")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("bytes", &self.bytes)
+            .field("imported", &self.foreign.is_some())
+            .finish()
+    }
 }
 
 impl DeviceMemory {
     pub(super) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Self, CudaError> {
         if bytes == 0 {
-            return Ok(Self { ptr: 0, bytes, ctx: ctx.clone() });
+            return Ok(Self { ptr: 0, bytes, ctx: ctx.clone(), foreign: None });
         }
         ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         // SAFETY: a plain allocation in the bound context; the memory is only ever addressed
         // through views that `Op::validate` keeps within `bytes`.
-        let ptr = unsafe { result::malloc_sync(bytes) }.map_err(|e| {
+        let ptr = relaxed_capture(|| unsafe { result::malloc_sync(bytes) }).map_err(|e| {
             if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                 CudaError::OutOfMemory { bytes }
             } else {
                 driver("cuMemAlloc")(e)
             }
         })?;
-        Ok(Self { ptr, bytes, ctx: ctx.clone() })
+        Ok(Self { ptr, bytes, ctx: ctx.clone(), foreign: None })
+    }
+
+    /// An engine's allocation (checked by the caller, `crate::import`): never freed here;
+    /// `owner` is dropped with this value.
+    pub(super) fn import(
+        ctx: &Arc<CudaContext>,
+        ptr: u64,
+        bytes: usize,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Self {
+        Self { ptr, bytes, ctx: ctx.clone(), foreign: Some(owner) }
     }
 
     /// Set every byte to zero and wait until that is done. `cuMemsetD8` runs on the legacy
@@ -58,7 +99,7 @@ impl DeviceMemory {
 
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
-        if self.ptr == 0 {
+        if self.ptr == 0 || self.foreign.is_some() {
             return;
         }
         // A failure here (a context already torn down) leaves nothing to recover.
@@ -101,7 +142,7 @@ impl Pinned {
         ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: a fresh allocation of `bytes.max(1)` bytes; freed once in `free`.
-        let host = unsafe { result::malloc_host(bytes.max(1), flags) }
+        let host = relaxed_capture(|| unsafe { result::malloc_host(bytes.max(1), flags) })
             .map_err(driver("cuMemHostAlloc"))? as *mut u8;
         let mut device = 0;
         // SAFETY: `host` is a live mapped allocation; `device` receives its device address.

@@ -2,6 +2,7 @@
 
 mod blas;
 mod cublas;
+mod engine;
 mod fast;
 mod graph;
 mod memory;
@@ -64,6 +65,8 @@ struct Inner {
     graveyard: Arc<Mutex<Vec<kda_core::HostFn>>>,
     /// Buffers freed in stream order: dropped once their event has completed.
     deferred_frees: Mutex<Vec<(cudarc::driver::CudaEvent, CudaBuffer)>>,
+    /// The engines' streams imported into this instance, to ask whether one is capturing.
+    imported: Mutex<Vec<std::sync::Weak<StreamInner>>>,
     next_stream: AtomicU64,
     next_event: AtomicU64,
     next_buffer: AtomicU64,
@@ -89,7 +92,7 @@ impl Drop for Inner {
     }
 }
 
-/// A CUDA stream with its failure record.
+/// A CUDA stream with its failure record: kda's own, or an engine's (imported).
 #[derive(Clone)]
 pub struct CudaStream {
     id: StreamId,
@@ -97,7 +100,13 @@ pub struct CudaStream {
 }
 
 struct StreamInner {
-    cuda: Arc<cudarc::driver::CudaStream>,
+    raw: engine::RawStream,
+    /// kda's own stream, destroyed with the last handle; `None` for an engine's stream.
+    #[allow(dead_code, reason = "held only to destroy kda's own stream with its last handle")]
+    owned: Option<Arc<cudarc::driver::CudaStream>>,
+    /// What queued (or captured) work on this stream uses, when kda cannot synchronize it
+    /// (`crate::release`).
+    retention: Mutex<engine::StreamRetention>,
     /// Device address of this stream's `StatusRecord`.
     status: u64,
     /// This stream's mailbox, host and device addresses.
@@ -142,7 +151,12 @@ impl StreamHandle for CudaStream {
 
 impl CudaStream {
     fn raw(&self) -> sys::CUstream {
-        self.inner.cuda.cu_stream()
+        self.inner.raw.0
+    }
+
+    /// Whether this is an engine's stream (`import_stream`).
+    pub fn is_imported(&self) -> bool {
+        self.inner.owned.is_none()
     }
 
     /// The sender of this stream's host worker, started on first use.
@@ -306,6 +320,7 @@ impl CudaBackend {
             host_failures: Arc::default(),
             graveyard: Arc::default(),
             deferred_frees: Mutex::new(Vec::new()),
+            imported: Mutex::new(Vec::new()),
             next_stream: AtomicU64::new(0),
             next_event: AtomicU64::new(0),
             next_buffer: AtomicU64::new(0),
@@ -331,9 +346,9 @@ impl CudaBackend {
         let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = ctx.new_event(timing).map_err(driver("cuEventCreate"))?;
         let end = ctx.new_event(timing).map_err(driver("cuEventCreate"))?;
-        start.record(&stream.inner.cuda).map_err(driver("cuEventRecord"))?;
+        engine::record_raw(&start, stream.raw())?;
         work()?;
-        end.record(&stream.inner.cuda).map_err(driver("cuEventRecord"))?;
+        engine::record_raw(&end, stream.raw())?;
         end.synchronize().map_err(driver("cuEventSynchronize"))?;
         Ok(start.elapsed_ms(&end).map_err(driver("cuEventElapsedTime"))?)
     }
@@ -343,14 +358,51 @@ impl CudaBackend {
     }
 
     /// Drop what host callbacks left behind and the buffers whose stream-ordered free has
-    /// been reached. Runs on host threads only.
+    /// been reached. Runs on host threads only, and not while an engine captures one of its
+    /// imported streams (neither queries nor frees may run then).
     fn sweep(&self) {
+        if self.engine_capturing() {
+            return;
+        }
         let dead = std::mem::take(
             &mut *self.inner.graveyard.lock().unwrap_or_else(PoisonError::into_inner),
         );
         drop(dead);
         let mut frees = self.inner.deferred_frees.lock().unwrap_or_else(PoisonError::into_inner);
         frees.retain(|(event, _)| !event.is_complete());
+    }
+
+    /// A stream of this instance over `raw`: kda's own (`owned`) or an engine's.
+    fn stream_of(
+        &self,
+        raw: sys::CUstream,
+        owned: Option<Arc<cudarc::driver::CudaStream>>,
+    ) -> Result<CudaStream> {
+        let inner = &self.inner;
+        let index = inner.next_stream.fetch_add(1, Ordering::Relaxed);
+        let slot = index as usize;
+        crate::plan::within("new_stream", "streams", slot + 1, STREAMS_PER_INSTANCE)?;
+        let record = std::mem::size_of::<StatusRecord>() as u64;
+        let base = inner.mailboxes.host() as *mut u32;
+        // SAFETY: `slot` < STREAMS_PER_INSTANCE and the allocation holds two u32 per stream
+        // (mailboxes, then flags), so both addresses are inside it.
+        let (mailbox_host, flag_host) = unsafe {
+            (MailboxPtr(base.add(slot)), MailboxPtr(base.add(STREAMS_PER_INSTANCE + slot)))
+        };
+        let stream = StreamInner {
+            raw: engine::RawStream(raw),
+            owned,
+            retention: Mutex::default(),
+            status: inner.status.ptr + record * index,
+            mailbox_host,
+            mailbox_device: inner.mailboxes.device() + 4 * index,
+            flag_host,
+            flag_device: inner.mailboxes.device() + 4 * (STREAMS_PER_INSTANCE as u64 + index),
+            next_ticket: AtomicU32::new(0),
+            host_worker: OnceLock::new(),
+            blas: OnceLock::new(),
+        };
+        Ok(CudaStream { id: self.stream_id(index), inner: Arc::new(stream) })
     }
 
     fn stream_id(&self, index: u64) -> StreamId {
@@ -389,30 +441,24 @@ impl Backend for CudaBackend {
     }
 
     fn new_stream(&self) -> Result<CudaStream> {
-        let inner = &self.inner;
-        let index = inner.next_stream.fetch_add(1, Ordering::Relaxed);
-        let slot = index as usize;
-        crate::plan::within("new_stream", "streams", slot + 1, STREAMS_PER_INSTANCE)?;
-        let cuda = inner.ctx.new_stream().map_err(driver("cuStreamCreate"))?;
-        let record = std::mem::size_of::<StatusRecord>() as u64;
-        let base = inner.mailboxes.host() as *mut u32;
-        // SAFETY: `slot` < STREAMS_PER_INSTANCE and the allocation holds two u32 per stream
-        // (mailboxes, then flags), so both addresses are inside it.
-        let (mailbox_host, flag_host) = unsafe {
-            (MailboxPtr(base.add(slot)), MailboxPtr(base.add(STREAMS_PER_INSTANCE + slot)))
-        };
-        let stream = StreamInner {
-            cuda,
-            status: inner.status.ptr + record * index,
-            mailbox_host,
-            mailbox_device: inner.mailboxes.device() + 4 * index,
-            flag_host,
-            flag_device: inner.mailboxes.device() + 4 * (STREAMS_PER_INSTANCE as u64 + index),
-            next_ticket: AtomicU32::new(0),
-            host_worker: OnceLock::new(),
-            blas: OnceLock::new(),
-        };
-        Ok(CudaStream { id: self.stream_id(index), inner: Arc::new(stream) })
+        let cuda = self.inner.ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        self.stream_of(cuda.cu_stream(), Some(cuda))
+    }
+
+    /// An engine's `CUstream` as a stream of this instance (see `engine.rs`).
+    unsafe fn import_stream(&self, handle: usize) -> Result<CudaStream> {
+        // SAFETY: the caller's contract (`kda_core::Device::import_stream`).
+        unsafe { self.import_engine_stream(handle) }
+    }
+
+    /// An engine's device memory as a buffer of this instance (see `engine.rs`).
+    unsafe fn import_buffer(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<CudaBuffer> {
+        self.import_engine_buffer(ptr as u64, len, owner)
     }
 
     fn new_event(&self) -> Result<CudaEvent> {
@@ -438,7 +484,7 @@ impl Backend for CudaBackend {
             (1, 1, 1),
             module::args!(status, slot),
         )?;
-        event.inner.event.record(&stream.inner.cuda).map_err(driver("cuEventRecord"))?;
+        engine::record_raw(&event.inner.event, stream.raw())?;
         *event.inner.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = Some(slot);
         Ok(())
     }
@@ -449,7 +495,7 @@ impl Backend for CudaBackend {
             return Ok(());
         };
         self.bind()?;
-        stream.inner.cuda.wait(&event.inner.event).map_err(driver("cuStreamWaitEvent"))?;
+        engine::wait_raw(stream.raw(), &event.inner.event)?;
         let status = stream.inner.status;
         self.inner.kernels.launch(
             stream.raw(),
@@ -463,8 +509,12 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self, stream: &CudaStream) -> Result<()> {
         self.bind()?;
-        stream.inner.cuda.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        self.refuse_in_capture(stream, "synchronize")?;
+        // SAFETY: a live stream of the bound context, not being captured (checked above).
+        unsafe { result::stream::synchronize(stream.raw()) }
+            .map_err(driver("cuStreamSynchronize"))?;
         self.sweep();
+        self.settle(stream);
         let mut record = [StatusRecord::default()];
         // SAFETY: the stream is idle, so its record is not being written; 32 bytes at
         // `status` are this stream's record.
@@ -501,8 +551,11 @@ impl Backend for CudaBackend {
     /// driver callback.
     fn free(&self, stream: &CudaStream, buffer: CudaBuffer) -> Result<()> {
         self.bind()?;
+        if self.retains(stream)? {
+            return self.retain(stream, Box::new(buffer));
+        }
         let event = self.inner.ctx.new_event(None).map_err(driver("cuEventCreate"))?;
-        event.record(&stream.inner.cuda).map_err(driver("cuEventRecord"))?;
+        engine::record_raw(&event, stream.raw())?;
         self.inner
             .deferred_frees
             .lock()
@@ -517,7 +570,7 @@ impl Backend for CudaBackend {
         let (op, dims) = op.into_parts();
         self.bind()?;
         let _span = tracing::trace_span!("cuda", op = label, stream = %stream.id).entered();
-        self.run(stream, label, op, dims)
+        self.submit_ordered(stream, label, op, dims)
     }
 
     /// A graph runs as one CUDA graph instantiated for its origin (see `graph.rs`), or, with
