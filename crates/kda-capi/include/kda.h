@@ -158,7 +158,8 @@ void kda_cache_destroy(struct KdaCache *cache);
 // `layer`, `cache` and `batch` are live; `hidden_states` and `out` point to arrays of the
 // sizes above, aligned to 4 bytes, valid until the work completes (the call's return with
 // `stream` 0, else the engine stream passing it), untouched by others meanwhile; `stream`
-// is 0 or a live stream of the layer's device.
+// is 0 or a live stream of the layer's device that outlives the backend (kda imports it once
+// and keeps it).
 enum KdaStatus kda_layer_forward(const struct KdaLayer *layer,
                                  const struct KdaCache *cache,
                                  const void *hidden_states,

@@ -446,7 +446,8 @@ unsafe fn batch_args(batch: &KdaBatch) -> Result<BatchArgs, EmbedError> {
 /// `layer`, `cache` and `batch` are live; `hidden_states` and `out` point to arrays of the
 /// sizes above, aligned to 4 bytes, valid until the work completes (the call's return with
 /// `stream` 0, else the engine stream passing it), untouched by others meanwhile; `stream`
-/// is 0 or a live stream of the layer's device.
+/// is 0 or a live stream of the layer's device that outlives the backend (kda imports it once
+/// and keeps it).
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kda_layer_forward(

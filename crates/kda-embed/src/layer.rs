@@ -304,9 +304,9 @@ impl Layer {
     /// leaves `out` and the cache as they were.
     ///
     /// # Safety
-    /// `stream`, if given, is a live stream of this runtime's device (see
-    /// `kda_core::Device::import_stream`), and the arrays' memory is ordered with it as
-    /// `kda_core::Device::import_buffer` says.
+    /// `stream`, if given, is a live stream of this runtime's device that outlives the runtime
+    /// (kda imports it once and keeps it, see `kda_core::Device::import_stream`), and the arrays'
+    /// memory is ordered with it as `kda_core::Device::import_buffer` says.
     pub unsafe fn forward(
         &self,
         hidden_states: ForeignArray,
@@ -371,7 +371,7 @@ unsafe fn forward_on<B: Backend>(
 ) -> Result<ForwardReport> {
     let engine = match stream {
         // SAFETY: the caller's stream contract.
-        Some(handle) => Some(unsafe { s.device.import_stream(handle) }?),
+        Some(handle) => Some(unsafe { s.engine_stream(handle) }?),
         None => None,
     };
     let stream = engine.as_ref().unwrap_or(&s.stream);

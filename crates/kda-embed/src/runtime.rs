@@ -1,8 +1,9 @@
 //! [`Runtime`]: one backend instance chosen by name at run time, with the stream kda uses when
 //! the engine passes none.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use kda_core::{Backend, Device};
 use kda_reference::ReferenceBackend;
@@ -12,16 +13,37 @@ use crate::error::{EmbedError, Result};
 /// The backends an engine can name.
 pub const BACKENDS: &str = "\"reference\", \"cuda\" or \"ascend\"";
 
-/// A backend instance and its own stream.
+/// A backend instance, its own stream, and the engines' streams imported into it.
 pub(crate) struct Session<B: Backend> {
     pub device: Device<B>,
     pub stream: B::Stream,
+    /// Each engine stream imported once and kept for the session's life: a device backend keeps
+    /// what work queued (or captured) on it uses with the stream handle
+    /// (`docs/embedding.md#streams-the-engines-on-a-device`), so the handle must outlive every
+    /// call, and every replay of an engine's graph that captured one.
+    engine_streams: Mutex<HashMap<usize, B::Stream>>,
 }
 
 impl<B: Backend> Session<B> {
     fn new(device: Device<B>) -> Result<Self> {
         let stream = device.new_stream()?;
-        Ok(Self { device, stream })
+        Ok(Self { device, stream, engine_streams: Mutex::new(HashMap::new()) })
+    }
+
+    /// The engine's stream `handle` as a stream of this session, imported at its first use.
+    ///
+    /// # Safety
+    /// As `kda_core::Device::import_stream`, for the life of this session: `handle` is a live
+    /// stream of this device and outlives the session.
+    pub unsafe fn engine_stream(&self, handle: usize) -> Result<B::Stream> {
+        let mut streams = self.engine_streams.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = streams.get(&handle) {
+            return Ok(s.clone());
+        }
+        // SAFETY: the caller's contract.
+        let stream = unsafe { self.device.import_stream(handle) }?;
+        streams.insert(handle, stream.clone());
+        Ok(stream)
     }
 }
 

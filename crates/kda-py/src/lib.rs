@@ -162,7 +162,10 @@ impl PyLayer {
     /// `slots[r]` (default `r`) and continues from `num_computed_tokens[r]` cached tokens
     /// (default 0: a fresh prefill). Returns this rank's partial output `[N, hidden]` before
     /// the all-reduce: a new numpy float32 array, or `out` (written in place) when given.
-    /// `stream`: on a device backend, the engine's stream handle to queue the work on.
+    /// `stream`: on a device backend, the engine's stream handle to queue the work on
+    /// (`torch.cuda.current_stream().cuda_stream`); kda imports it once and keeps it for the
+    /// layer's backend, so it must outlive the layer. The call then returns once the work is
+    /// queued, and the engine may capture it into a CUDA graph (`docs/embedding.md`).
     #[pyo3(signature = (hidden_states, query_start_loc, cache, slots=None, num_computed_tokens=None, out=None, stream=None))]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
