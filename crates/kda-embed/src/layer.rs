@@ -134,13 +134,13 @@ impl BatchArgs {
     }
 }
 
-/// A layer on one backend.
+/// A layer on one backend (boxed: the variants differ in size).
 enum AnyLayer {
-    Reference(KdaLayer<kda_reference::ReferenceBackend>),
+    Reference(Box<KdaLayer<kda_reference::ReferenceBackend>>),
     #[cfg(feature = "cuda")]
-    Cuda(KdaLayer<kda_cuda::CudaBackend>),
+    Cuda(Box<KdaLayer<kda_cuda::CudaBackend>>),
     #[cfg(feature = "ascend")]
-    Ascend(KdaLayer<kda_ascend::AscendBackend>),
+    Ascend(Box<KdaLayer<kda_ascend::AscendBackend>>),
 }
 
 /// A cache on one backend.
@@ -240,11 +240,15 @@ impl Layer {
     ) -> Result<Self> {
         let tp = Tp::new(tp_size, tp_rank).map_err(WeightError::from)?;
         let any = match &*runtime.inner {
-            AnyRuntime::Reference(s) => AnyLayer::Reference(load_on(s, dir, layer, tp, schedule)?),
+            AnyRuntime::Reference(s) => {
+                AnyLayer::Reference(Box::new(load_on(s, dir, layer, tp, schedule)?))
+            }
             #[cfg(feature = "cuda")]
-            AnyRuntime::Cuda(s) => AnyLayer::Cuda(load_on(s, dir, layer, tp, schedule)?),
+            AnyRuntime::Cuda(s) => AnyLayer::Cuda(Box::new(load_on(s, dir, layer, tp, schedule)?)),
             #[cfg(feature = "ascend")]
-            AnyRuntime::Ascend(s) => AnyLayer::Ascend(load_on(s, dir, layer, tp, schedule)?),
+            AnyRuntime::Ascend(s) => {
+                AnyLayer::Ascend(Box::new(load_on(s, dir, layer, tp, schedule)?))
+            }
         };
         let dims = match &any {
             AnyLayer::Reference(l) => *l.dims(),
