@@ -30,7 +30,6 @@ pub mod import;
 pub mod kernels;
 pub mod libs;
 pub mod plan;
-pub mod release;
 pub mod status;
 pub mod view;
 

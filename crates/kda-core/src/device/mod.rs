@@ -51,6 +51,7 @@ mod instrumentation;
 use std::fmt;
 use std::sync::Arc;
 
+pub use import::retention;
 pub use instrumentation::Instrumentation;
 
 use crate::dtype::{DType, Element};

@@ -1,7 +1,7 @@
 //! An engine's memory and stream (`docs/embedding.md`, `docs/cuda.md#engine-streams`): a
 //! `CUdeviceptr` imported as a buffer (checked against what the driver says of it, never freed
 //! by kda), a `CUstream` imported as a stream, and the stream-ordered release of what work on
-//! such a stream uses (`crate::release`), which never synchronizes, queries or frees while an
+//! such a stream uses (`kda_core::device::retention`), which never synchronizes, queries or frees while an
 //! engine captures.
 
 use std::any::Any;
@@ -16,7 +16,7 @@ use super::scratch;
 use super::{CudaBackend, CudaBuffer, CudaStream};
 use crate::CudaError;
 use crate::import::{self, MemoryType, PointerInfo};
-use crate::release::{Capture, Retention};
+use kda_core::device::retention::{Capture, Retention};
 
 /// A `CUstream` handle, kda's or an engine's.
 #[derive(Copy, Clone, Debug)]
@@ -56,7 +56,11 @@ fn capture_of(stream: sys::CUstream) -> Result<Capture, CudaError> {
     unsafe { sys::cuStreamIsCapturing(stream, &mut status) }
         .result()
         .map_err(driver("cuStreamIsCapturing"))?;
-    Ok(Capture::from_raw(status as u32))
+    Ok(match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Capture::None,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Capture::Active,
+        _ => Capture::Invalidated,
+    })
 }
 
 /// One `cuPointerGetAttribute` answer of type `T`.
@@ -228,7 +232,7 @@ impl CudaBackend {
     }
 
     /// `submit` on `stream`: as it is on kda's own streams; through the stream's retention on an
-    /// engine's stream or under an engine's capture (`crate::release`). Inside a capture the
+    /// engine's stream or under an engine's capture (`kda_core::device::retention`). Inside a capture the
     /// op's scratch and staging are plain allocations pinned with it, and work that needs the
     /// host at run time (a download, a host function) is refused: a host function replayed by
     /// the engine's graph would run again without kda.

@@ -105,7 +105,7 @@ struct StreamInner {
     #[allow(dead_code, reason = "held only to destroy kda's own stream with its last handle")]
     owned: Option<Arc<cudarc::driver::CudaStream>>,
     /// What queued (or captured) work on this stream uses, when kda cannot synchronize it
-    /// (`crate::release`).
+    /// (`kda_core::device::retention`).
     retention: Mutex<engine::StreamRetention>,
     /// Device address of this stream's `StatusRecord`.
     status: u64,
