@@ -69,9 +69,9 @@ pub mod retention {
     //! uses (the ops' buffers, scratch, staging, descriptors):
     //!
     //! - outside a capture, the handles of the work queued since the last mark form the *open*
-    //!   batch; the next call on the stream closes it behind an event recorded there (a *mark*)
-    //!   and releases, oldest first, every batch whose mark the stream has passed: nothing is
-    //!   dropped while the device may still use it, and nothing waits;
+    //!   batch; the next call on the stream closes it behind an event recorded there (a *mark*) and
+    //!   releases, oldest first, every batch whose mark the stream has passed: nothing is dropped
+    //!   while the device may still use it, and nothing waits;
     //! - inside a capture, nothing is marked, queried or released: what the captured work uses is
     //!   *pinned* for the life of the retention (the stream handle), as the engine's graph may
     //!   replay it at any time.

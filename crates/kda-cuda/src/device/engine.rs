@@ -1,8 +1,8 @@
 //! An engine's memory and stream (`docs/embedding.md`, `docs/cuda.md#engine-streams`): a
 //! `CUdeviceptr` imported as a buffer (checked against what the driver says of it, never freed
 //! by kda), a `CUstream` imported as a stream, and the stream-ordered release of what work on
-//! such a stream uses (`kda_core::device::retention`), which never synchronizes, queries or frees while an
-//! engine captures.
+//! such a stream uses (`kda_core::device::retention`), which never synchronizes, queries or
+//! frees while an engine captures.
 
 use std::any::Any;
 use std::sync::{Arc, PoisonError};
@@ -232,10 +232,10 @@ impl CudaBackend {
     }
 
     /// `submit` on `stream`: as it is on kda's own streams; through the stream's retention on an
-    /// engine's stream or under an engine's capture (`kda_core::device::retention`). Inside a capture the
-    /// op's scratch and staging are plain allocations pinned with it, and work that needs the
-    /// host at run time (a download, a host function) is refused: a host function replayed by
-    /// the engine's graph would run again without kda.
+    /// engine's stream or under an engine's capture (`kda_core::device::retention`). Inside a
+    /// capture the op's scratch and staging are plain allocations pinned with it, and work that
+    /// needs the host at run time (a download, a host function) is refused: a host function
+    /// replayed by the engine's graph would run again without kda.
     pub(super) fn submit_ordered(
         &self,
         stream: &CudaStream,
