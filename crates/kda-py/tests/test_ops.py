@@ -66,7 +66,12 @@ def test_core_matches_the_naive_recurrence(algo):
 
 def test_core_rejects_mismatched_shapes():
     x = np.zeros((1, 4, 2, 8), dtype=np.float32)
-    with pytest.raises(kda.ShapeError, match=r"beta: shape \[1, 4\], expected \[1, 4, 2\]"):
+    with pytest.raises(kda.ShapeError, match=r"beta: f32, shape \[1, 4\]: expected \[B, T, H\] = \[1, 4, 2\]"):
         kda.core(x, x, x, x, np.zeros((1, 4), dtype=np.float32))
+    # The checks the CLI's `kda core` makes too (one implementation): no zero-size dimension
+    # sizes a state the data does not back.
+    empty = np.zeros((1, 0, 2, 8), dtype=np.float32)
+    with pytest.raises(kda.ShapeError, match="T must be at least 1"):
+        kda.core(empty, empty, empty, empty, np.zeros((1, 0, 2), dtype=np.float32))
     with pytest.raises(ValueError, match="algo"):
         kda.core(x, x, x, x, np.zeros((1, 4, 2), dtype=np.float32), algo="parallel")
