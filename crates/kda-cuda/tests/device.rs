@@ -11,13 +11,10 @@ use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::{DType, Op, ScaleAlg, Tensor};
 use kda_cuda::{CudaBackend, CudaOptions, CudaStream, FastPaths, GraphRoute};
-use kda_cuda_trials::{Failed, Trial};
+use kda_cuda_trials::{Check, Failed};
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 
 type B = CudaBackend;
-
-/// One device trial.
-type Check = fn() -> Result<(), Failed>;
 
 /// A varlen chunk problem: request lengths, their slots and initial-state flags, (H, K, V), the
 /// in-kernel gate.
@@ -340,7 +337,7 @@ fn main() {
     if let Some(why) = &unavailable {
         eprintln!("kda-cuda device trials: every trial is ignored: {why}");
     }
-    let trials: [(&str, Check); 4] = [
+    let checks: &[(&str, Check)] = &[
         (
             "tensor_core_chunk_agrees_with_the_token_by_token_kernel",
             tensor_core_chunk_agrees_with_the_token_by_token_kernel,
@@ -358,16 +355,5 @@ fn main() {
             graph_failures_are_reported_and_do_not_stick,
         ),
     ];
-    let trials = trials
-        .into_iter()
-        .map(|(name, f)| {
-            let why = unavailable.clone();
-            Trial::test(name, move || match why {
-                None => f(),
-                Some(why) => Err(format!("cannot run without a CUDA device: {why}").into()),
-            })
-            .with_ignored_flag(unavailable.is_some())
-        })
-        .collect();
-    kda_cuda_trials::run(trials);
+    kda_cuda_trials::run(kda_cuda_trials::checks(unavailable.as_deref(), checks));
 }

@@ -16,13 +16,10 @@ use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::{DType, Device, Error, Layout, Op, Tensor};
 use kda_cuda::{CudaBackend, CudaOptions, CudaStream};
-use kda_cuda_trials::{Failed, Trial};
+use kda_cuda_trials::{Check, Failed};
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 
 type B = CudaBackend;
-
-/// One device trial.
-type Check = fn() -> Result<(), Failed>;
 
 fn backend() -> Device<B> {
     CudaBackend::with_options(CudaOptions { checked: false, ..CudaOptions::default() })
@@ -146,15 +143,7 @@ fn imports_the_driver_does_not_back_are_refused() -> Result<(), Failed> {
 /// only the engine's stream is synchronized. Equal bit for bit to the same step on kda's own
 /// stream.
 fn a_layer_on_the_engines_stream_is_ordered_with_the_engine() -> Result<(), Failed> {
-    let b = backend();
-    let own = b.new_stream()?;
-    let ctx = engine();
-    let engine_stream = ctx.new_stream()?;
-    let raw = engine_stream.cu_stream();
-    // SAFETY: the engine's stream outlives `b`'s use of it (dropped at the end of the trial,
-    // after the last synchronize).
-    let s = unsafe { b.import_stream(raw as usize) }?;
-    let (layer, hidden) = tiny_layer(&b, &own)?;
+    let EngineSetup { b, own, ctx, engine_stream, raw, s, layer, hidden } = engine_setup()?;
     let rows = 4;
     let x = bf16_tensor(&b, &own, &[rows, hidden], 5);
     let meta = BatchMeta::prefills(&[rows], &[0]);
@@ -186,14 +175,7 @@ fn a_layer_on_the_engines_stream_is_ordered_with_the_engine() -> Result<(), Fail
 /// forking and joining its auxiliary stream inside), replayed twice, equals two eager steps bit
 /// for bit, output and state.
 fn an_engines_capture_replayed_twice_equals_eager_steps() -> Result<(), Failed> {
-    let b = backend();
-    let own = b.new_stream()?;
-    let ctx = engine();
-    let engine_stream = ctx.new_stream()?;
-    let raw = engine_stream.cu_stream();
-    // SAFETY: the engine's stream outlives every use below (dropped at the end of the trial).
-    let s = unsafe { b.import_stream(raw as usize) }?;
-    let (layer, hidden) = tiny_layer(&b, &own)?;
+    let EngineSetup { b, own, ctx: _, engine_stream, raw, s, layer, hidden } = engine_setup()?;
     let prompt = bf16_tensor(&b, &own, &[12, hidden], 1);
     let x = bf16_tensor(&b, &own, &[2, hidden], 2);
     let mut meta = BatchMeta::empty();
@@ -252,14 +234,34 @@ fn an_engines_capture_replayed_twice_equals_eager_steps() -> Result<(), Failed> 
     Ok(())
 }
 
-/// The tiny K3 layer (overlapped schedule) and its hidden size.
-fn tiny_layer(b: &Device<B>, s: &CudaStream) -> Result<(KdaLayer<B>, usize), Failed> {
+/// A backend with a stream of its own, the engine's context and stream (`raw`) imported as `s`,
+/// and the tiny K3 layer (overlapped schedule) with its hidden size.
+struct EngineSetup {
+    b: Device<B>,
+    own: CudaStream,
+    ctx: Arc<CudaContext>,
+    engine_stream: Arc<cudarc::driver::CudaStream>,
+    raw: sys::CUstream,
+    s: CudaStream,
+    layer: KdaLayer<B>,
+    hidden: usize,
+}
+
+fn engine_setup() -> Result<EngineSetup, Failed> {
+    let b = backend();
+    let own = b.new_stream()?;
+    let ctx = engine();
+    let engine_stream = ctx.new_stream()?;
+    let raw = engine_stream.cu_stream();
+    // SAFETY: the engine's stream lives as long as the setup, and the trial synchronizes it
+    // before dropping it.
+    let s = unsafe { b.import_stream(raw as usize) }?;
     let w = load(&tiny_config(Model::K3), Tp::SINGLE, 3);
     let options =
         LayerOptions { schedule: Some(ProjectionSchedule::Overlapped), ..LayerOptions::default() };
-    let layer = KdaLayer::new(b, s, &w, options)?;
+    let layer = KdaLayer::new(&b, &own, &w, options)?;
     let hidden = layer.dims().hidden;
-    Ok((layer, hidden))
+    Ok(EngineSetup { b, own, ctx, engine_stream, raw, s, layer, hidden })
 }
 
 /// A bf16 tensor of `shape` with seeded values in [-1, 1).
@@ -282,7 +284,7 @@ fn main() {
     if let Some(why) = &unavailable {
         eprintln!("kda-cuda import trials: every trial is ignored: {why}");
     }
-    let trials: [(&str, Check); 4] = [
+    let checks: &[(&str, Check)] = &[
         (
             "imported_memory_is_used_in_place_and_never_freed",
             imported_memory_is_used_in_place_and_never_freed,
@@ -300,16 +302,5 @@ fn main() {
             an_engines_capture_replayed_twice_equals_eager_steps,
         ),
     ];
-    let trials = trials
-        .into_iter()
-        .map(|(name, f)| {
-            let why = unavailable.clone();
-            Trial::test(name, move || match why {
-                None => f(),
-                Some(why) => Err(format!("cannot run without a CUDA device: {why}").into()),
-            })
-            .with_ignored_flag(unavailable.is_some())
-        })
-        .collect();
-    kda_cuda_trials::run(trials);
+    kda_cuda_trials::run(kda_cuda_trials::checks(unavailable.as_deref(), checks));
 }

@@ -34,17 +34,36 @@ pub fn registered(unavailable: Option<&str>) -> Vec<Trial> {
     all.into_iter()
         .map(|r| {
             let name = r.name.split_once("::").map_or(r.name, |(_, rest)| rest);
-            let (run, reason) = (r.run, unavailable.map(str::to_string));
-            Trial::test(name, move || match reason {
-                None => {
-                    run();
-                    Ok(())
-                }
-                Some(why) => Err(format!("cannot run without a CUDA device: {why}").into()),
+            let run = r.run;
+            needing_device(name, unavailable, move || {
+                run();
+                Ok(())
             })
-            .with_ignored_flag(unavailable.is_some())
         })
         .collect()
+}
+
+/// A device check: its name and its body, which says why it failed.
+pub type Check = fn() -> Result<(), Failed>;
+
+/// `checks` as trials, in order, each ignored with `unavailable` as [`registered`]'s are.
+pub fn checks(unavailable: Option<&str>, checks: &[(&'static str, Check)]) -> Vec<Trial> {
+    checks.iter().map(|&(name, check)| needing_device(name, unavailable, check)).collect()
+}
+
+/// `body` as trial `name`, ignored (and failing with the reason when run anyway) when the
+/// device is `unavailable`.
+fn needing_device(
+    name: &str,
+    unavailable: Option<&str>,
+    body: impl FnOnce() -> Result<(), Failed> + Send + 'static,
+) -> Trial {
+    let reason = unavailable.map(str::to_string);
+    Trial::test(name, move || match reason {
+        None => body(),
+        Some(why) => Err(format!("cannot run without a CUDA device: {why}").into()),
+    })
+    .with_ignored_flag(unavailable.is_some())
 }
 
 /// Run `trials` under the process's command line (see the crate docs) and exit with its status.
