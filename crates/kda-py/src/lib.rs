@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kda_embed::ops::{self, CoreAlgo, CoreArgs, CoreOptions};
 use kda_embed::testing::{self, LayerSpec, Step};
-use kda_embed::{BatchArgs, Cache, Import, Layer, Runtime, SlotsArg, guard, parse_schedule};
+use kda_embed::{
+    BatchArgs, Cache, EmbedError, Import, Layer, Memory, Runtime, SlotsArg, guard, parse_schedule,
+};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -90,6 +92,17 @@ impl PyLayer {
             Some(o) => {
                 array::expect_writable("out", o)?;
                 o.clone()
+            }
+            // A new numpy array is host memory: a device backend writes the engine's own.
+            None if x.memory() != Memory::Host => {
+                return Err(to_py(EmbedError::Array {
+                    param: "out",
+                    message: format!(
+                        "not given, for hidden_states in {}: pass out= (a device tensor \
+                         [N, hidden_size]) to write",
+                        x.memory()
+                    ),
+                }));
             }
             None => array::numpy_empty(py, "float32", &[rows, self.layer.info().hidden_size])?,
         };

@@ -42,9 +42,14 @@ def test_cuda_device_arrays_are_refused_by_the_reference_backend(checkpoint):
     cache = layer.new_cache(1)
     before = cache.recurrent_state(0).copy()
     x = hidden(2, 256)
+    out = np.zeros((2, 256), dtype=np.float32)
     with pytest.raises(kda.ShapeError, match="cuda device 0 memory cannot be used by the reference"):
+        layer.forward(ClaimsCuda(x), [0, 2], cache, out=out)
+    # Device inputs want a device output: a numpy one would be host memory.
+    with pytest.raises(kda.ShapeError, match=r"out: not given, for hidden_states in cuda device 0 memory: pass out="):
         layer.forward(ClaimsCuda(x), [0, 2], cache)
     np.testing.assert_array_equal(cache.recurrent_state(0), before)
+    np.testing.assert_array_equal(out, 0.0)
 
 
 def cuda_layer(checkpoint):
