@@ -7,6 +7,7 @@
 //! driver's answers.
 
 use kda_core::Error;
+use kda_core::device::retention::Capture;
 
 /// The alignment an imported buffer needs: the widest element kda reads (f32, i32).
 pub const IMPORT_ALIGN: u64 = 4;
@@ -115,6 +116,35 @@ pub fn check_stream_context(handle: usize, stream_ctx: usize, ours: usize) -> Re
     })
 }
 
+/// How an op submitted on a stream is queued (`docs/cuda.md#engine-streams`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// As on kda's own streams: the op's handles drop once it is queued.
+    Direct,
+    /// Through the stream's retention, released in stream order once passed: an engine's
+    /// stream, which kda never synchronizes.
+    Ordered,
+    /// Under a capture someone else made (the engine's, reaching kda's auxiliary stream too):
+    /// run with plain scratch and staging, everything it uses pinned for the stream's life.
+    Pinned,
+    /// Work that needs the host at run time (a download, a host function) under an engine's
+    /// capture: the engine's graph would replay it without kda.
+    Refused,
+}
+
+/// The route of an op on a stream that is an engine's (`imported`) or kda's, while kda replays
+/// one of its own graphs into a capture on this thread (`kda_replay`: that graph owns what it
+/// uses) or not, under `capture` (`cuStreamIsCapturing`), needing the host (`host_work`) or not.
+pub fn route(imported: bool, kda_replay: bool, capture: Capture, host_work: bool) -> Route {
+    match (kda_replay, capture.allows_release()) {
+        (true, _) => Route::Direct,
+        (false, false) if host_work => Route::Refused,
+        (false, false) => Route::Pinned,
+        (false, true) if imported => Route::Ordered,
+        (false, true) => Route::Direct,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +199,26 @@ mod tests {
         assert_eq!((param, actual.as_str()), ("ptr", "Host memory at 0x1000"));
         let managed = PointerInfo { memory: MemoryType::from_raw(4), ..info };
         assert_eq!(check_allocation(0x1000, 4, &managed, 0), Ok(()));
+    }
+
+    #[test]
+    fn ops_are_routed_by_stream_and_capture() {
+        use Capture::{Active, Invalidated, None as Idle};
+        // kda's own stream, nobody capturing: as always.
+        assert_eq!(route(false, false, Idle, false), Route::Direct);
+        assert_eq!(route(false, false, Idle, true), Route::Direct);
+        // The engine's stream: in stream order, host work included.
+        assert_eq!(route(true, false, Idle, false), Route::Ordered);
+        assert_eq!(route(true, false, Idle, true), Route::Ordered);
+        // Under the engine's capture, on its stream or on kda's forked one (a failed capture
+        // is still a capture).
+        for (imported, capture) in [(true, Active), (false, Active), (true, Invalidated)] {
+            assert_eq!(route(imported, false, capture, false), Route::Pinned);
+            assert_eq!(route(imported, false, capture, true), Route::Refused);
+        }
+        // kda's own graph replayed into a capture: its graph owns what the ops use.
+        assert_eq!(route(false, true, Active, false), Route::Direct);
+        assert_eq!(route(true, true, Active, true), Route::Direct);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use super::memory::{DeviceMemory, driver, relaxed_capture};
 use super::scratch;
 use super::{CudaBackend, CudaBuffer, CudaStream};
 use crate::CudaError;
-use crate::import::{self, MemoryType, PointerInfo};
+use crate::import::{self, MemoryType, PointerInfo, Route};
 use kda_core::device::retention::{Capture, Retention};
 
 /// A `CUstream` handle, kda's or an engine's.
@@ -172,20 +172,17 @@ impl CudaBackend {
             .any(|s| capture_of(s.raw.0).map_or(true, |c| !c.allows_release()))
     }
 
-    /// Whether what work on `stream` uses goes through its retention: an engine's stream, or
-    /// any stream an engine is capturing (an auxiliary stream forked from the engine's), but
-    /// not kda's own replay of a HAL graph into a capture, whose graph owns what it uses.
-    fn retention_capture(&self, stream: &CudaStream) -> Result<Option<Capture>> {
-        if scratch::capturing() {
-            return Ok(None);
-        }
-        let capture = capture_of(stream.raw())?;
-        Ok((stream.is_imported() || !capture.allows_release()).then_some(capture))
+    /// How an op on `stream` is queued (`crate::import::route`), and the stream's capture.
+    fn op_route(&self, stream: &CudaStream, host_work: bool) -> Result<(Route, Capture)> {
+        let kda_replay = scratch::capturing();
+        let capture = if kda_replay { Capture::None } else { capture_of(stream.raw())? };
+        let route = import::route(stream.is_imported(), kda_replay, capture, host_work);
+        Ok((route, capture))
     }
 
     /// Whether `free` on `stream` must go through its retention.
     pub(super) fn retains(&self, stream: &CudaStream) -> Result<bool> {
-        Ok(self.retention_capture(stream)?.is_some())
+        Ok(self.op_route(stream, false)?.0 != Route::Direct)
     }
 
     /// Keep `item` in `stream`'s retention (pinned if the stream is being captured).
@@ -243,20 +240,23 @@ impl CudaBackend {
         op: Op<Self>,
         dims: OpDims,
     ) -> Result<()> {
-        let Some(capture) = self.retention_capture(stream)? else {
-            return self.run(stream, label, op, dims);
-        };
-        let held = op.clone();
-        let (result, owned) = if capture.allows_release() {
-            self.release_passed(stream)?;
-            (self.run(stream, label, op, dims), Vec::new())
-        } else {
-            if matches!(op, Op::Download { .. } | Op::Host { .. }) {
+        let host_work = matches!(op, Op::Download { .. } | Op::Host { .. });
+        let (route, capture) = self.op_route(stream, host_work)?;
+        match route {
+            Route::Direct => return self.run(stream, label, op, dims),
+            Route::Refused => {
                 return Err(Error::Unsupported {
                     backend: "cuda",
                     feature: "a download or host function inside an engine's graph capture",
                 });
             }
+            Route::Ordered | Route::Pinned => {}
+        }
+        let held = op.clone();
+        let (result, owned) = if route == Route::Ordered {
+            self.release_passed(stream)?;
+            (self.run(stream, label, op, dims), Vec::new())
+        } else {
             relaxed_capture(|| scratch::capture_scope(|| self.run(stream, label, op, dims)))
         };
         let mut retention = stream.inner.retention.lock().unwrap_or_else(PoisonError::into_inner);
