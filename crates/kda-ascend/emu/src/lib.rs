@@ -84,6 +84,14 @@ struct Emu {
     functions: HashMap<usize, &'static str>,
     /// The capture open now, if any.
     capture: Option<Capturing>,
+    /// Events recorded in the open capture: they cannot be queried or synchronized until it
+    /// ends (`ACL_ERROR_RT_EVENT_CAPTURED`).
+    captured_events: HashSet<usize>,
+    /// `ACL_STOP_ON_FAILURE` was set on a stream: it holds for every stream of the context.
+    stop_on_failure: bool,
+    /// Streams stopped by a failed task under stop-on-failure: the failure's code and text. They
+    /// accept no task (the runtime's abort state) and report the failure on every synchronize.
+    aborted: HashMap<usize, (aclError, String)>,
     next: usize,
 }
 
@@ -124,6 +132,9 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         binaries: HashMap::new(),
         functions: HashMap::new(),
         capture: None,
+        captured_events: HashSet::new(),
+        stop_on_failure: false,
+        aborted: HashMap::new(),
         next: 0x1000,
     })
 });
@@ -226,7 +237,17 @@ impl Emu {
         self.next
     }
 
+    /// The stream behind `handle`, for a call that queues a task or waits for the stream: an
+    /// aborted stream refuses both with the code of its failure.
     fn stream(&self, api: &str, handle: aclrtStream) -> Res<RefStream> {
+        if let Some((code, why)) = self.aborted.get(&(handle as usize)) {
+            return Err((
+                *code,
+                format!(
+                    "{api}: stream {handle:?} stopped on a failed task (stop-on-failure): {why}"
+                ),
+            ));
+        }
         self.streams
             .get(&(handle as usize))
             .cloned()

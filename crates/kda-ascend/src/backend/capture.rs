@@ -140,6 +140,8 @@ impl AscendBackend {
                 steps.push(ops::prepare(self, s, op.op(), op.dims(), true)?);
             }
         }
+        // No reuse event is queried while the capture is open.
+        let _open = self.inner.pool.capture_open();
         // SAFETY: a live stream.
         check("aclmdlRICaptureBegin", unsafe {
             sys::aclmdlRICaptureBegin(origin.raw().get(), sys::ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
