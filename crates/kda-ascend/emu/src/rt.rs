@@ -10,9 +10,10 @@ use kda_core::{DownloadSlot, Error, HostFn, Op};
 use crate::types::*;
 use crate::{EmuEvent, Res, array, call, emu, invalid, put};
 
-/// The SoC the emulated device reports: `KDA_ACL_EMU_SOC`, else an Ascend 950 (MX GEMMs).
+/// The SoC the emulated device reports: `KDA_ACL_EMU_SOC`, else an Ascend 950PR part (MX
+/// GEMMs).
 pub(crate) fn soc_name() -> CString {
-    let name = std::env::var("KDA_ACL_EMU_SOC").unwrap_or_else(|_| "Ascend950PR".into());
+    let name = std::env::var("KDA_ACL_EMU_SOC").unwrap_or_else(|_| "Ascend950PR_9599".into());
     CString::new(name).unwrap_or_default()
 }
 

@@ -154,7 +154,7 @@ impl AscendBackend {
     /// The backend without its façade (for the backend's own tests of raw verbs).
     fn raw_with_options(options: AscendOptions) -> std::result::Result<Self, AscendError> {
         acl::bind(options.device)?;
-        let chip = Chip::from_soc(&acl::soc_name());
+        let chip = Chip::from_soc(&acl::soc_name())?;
         let api = crate::sys::installed().ok_or(AscendError::Unsupported {
             op: "AscendBackend::with_options",
             message: "the CANN table was not installed".into(),
