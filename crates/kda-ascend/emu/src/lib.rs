@@ -53,6 +53,8 @@ struct EmuEvent {
     /// Records queued so far, and the last one whose work has completed.
     recorded: u64,
     done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// When the work of the latest completed record finished (`ACL_EVENT_TIME_LINE` events).
+    at: std::sync::Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 /// A prepared aclnn op: what phase two queues, the workspace it needs, whether it may run
@@ -408,6 +410,7 @@ fn table_for(soc: &CString) -> kda_ascend_sys::Api {
         aclrtRecordEvent: Some(rt::aclrtRecordEvent),
         aclrtStreamWaitEvent: Some(rt::aclrtStreamWaitEvent),
         aclrtQueryEventStatus: Some(rt::aclrtQueryEventStatus),
+        aclrtEventElapsedTime: Some(rt::aclrtEventElapsedTime),
         aclrtLaunchHostFunc: Some(rt::aclrtLaunchHostFunc),
         aclmdlRICaptureBegin: Some(rt::aclmdlRICaptureBegin),
         aclmdlRICaptureEnd: Some(rt::aclmdlRICaptureEnd),

@@ -267,8 +267,9 @@ pub unsafe extern "C" fn aclrtCreateEventExWithFlag(event: *mut aclrtEvent, flag
         let ev =
             emu.backend.new_event().map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, e.to_string()))?;
         let h = emu.handle();
+        let at = Arc::default();
         emu.events
-            .insert(h, EmuEvent { event: ev, flags: flag, recorded: 0, done: Arc::default() });
+            .insert(h, EmuEvent { event: ev, flags: flag, recorded: 0, done: Arc::default(), at });
         let kind = match flag {
             ACL_EVENT_SYNC => "SYNC".to_string(),
             ACL_EVENT_CAPTURE_STREAM_PROGRESS => "CAPTURE_STREAM_PROGRESS".to_string(),
@@ -316,8 +317,9 @@ pub extern "C" fn aclrtRecordEvent(ev: aclrtEvent, stream: aclrtStream) -> aclEr
         let slot =
             emu.events.get_mut(&(ev as usize)).ok_or((ACL_ERROR_INVALID_PARAM, API.into()))?;
         slot.recorded += 1;
-        let (generation, done) = (slot.recorded, Arc::clone(&slot.done));
+        let (generation, done, at) = (slot.recorded, Arc::clone(&slot.done), Arc::clone(&slot.at));
         let mark = HostFn::new(move || {
+            *at.lock().map_err(|e| e.to_string())? = Some(std::time::Instant::now());
             done.fetch_max(generation, Ordering::AcqRel);
             Ok(())
         });
@@ -372,6 +374,39 @@ pub unsafe extern "C" fn aclrtQueryEventStatus(
         };
         // SAFETY: writable out-parameter per CANN's contract.
         unsafe { put(API, status, value) }
+    })
+}
+
+/// Milliseconds between the completions of two recorded `ACL_EVENT_TIME_LINE` events.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtEventElapsedTime(
+    ms: *mut f32,
+    start: aclrtEvent,
+    end: aclrtEvent,
+) -> aclError {
+    const API: &str = "aclrtEventElapsedTime";
+    call(|| {
+        let emu = emu();
+        let time = |ev: aclrtEvent| -> Res<std::time::Instant> {
+            let e = event(API, &emu, ev)?;
+            if e.flags & ACL_EVENT_TIME_LINE == 0 {
+                return invalid(format!(
+                    "{API}: event {ev:?} was created without ACL_EVENT_TIME_LINE"
+                ));
+            }
+            let at = *e.at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match at {
+                Some(t) if e.done.load(Ordering::Acquire) >= e.recorded => Ok(t),
+                _ => Err((
+                    ACL_ERROR_RT_EVENT_NOT_COMPLETE,
+                    format!("{API}: event {ev:?} has not completed"),
+                )),
+            }
+        };
+        let (a, b) = (time(start)?, time(end)?);
+        let elapsed = b.saturating_duration_since(a).as_secs_f64() * 1e3;
+        // SAFETY: writable out-parameter per CANN's contract.
+        unsafe { put(API, ms, elapsed as f32) }
     })
 }
 

@@ -118,7 +118,7 @@ impl Drop for RawStream {
 pub(crate) struct RawEvent(usize);
 
 impl RawEvent {
-    fn with_flag(flag: u32) -> Result<Self, AscendError> {
+    pub(crate) fn with_flag(flag: u32) -> Result<Self, AscendError> {
         let mut e: sys::aclrtEvent = std::ptr::null_mut();
         // SAFETY: `e` is a valid out-parameter.
         check("aclrtCreateEventExWithFlag", unsafe {
@@ -139,6 +139,16 @@ impl RawEvent {
 
     pub(crate) fn get(&self) -> sys::aclrtEvent {
         self.0 as sys::aclrtEvent
+    }
+
+    /// Milliseconds from `self`'s completion to `end`'s (both `ACL_EVENT_TIME_LINE`).
+    pub(crate) fn elapsed_ms(&self, end: &RawEvent) -> Result<f32, AscendError> {
+        let mut ms = 0f32;
+        // SAFETY: live events, a valid out-parameter.
+        check("aclrtEventElapsedTime", unsafe {
+            sys::aclrtEventElapsedTime(&mut ms, self.get(), end.get())
+        })?;
+        Ok(ms)
     }
 
     pub(crate) fn record(&self, stream: &RawStream) -> Result<(), AscendError> {

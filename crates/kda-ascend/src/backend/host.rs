@@ -290,7 +290,7 @@ pub(crate) fn settle(inner: &Arc<StreamInner>, depth: usize) -> Result<()> {
 }
 
 /// Settle the stream, waiting for every outcome it is held on.
-fn drain(inner: &Arc<StreamInner>, depth: usize) -> Result<()> {
+pub(crate) fn drain(inner: &Arc<StreamInner>, depth: usize) -> Result<()> {
     loop {
         settle(inner, depth)?;
         let gate = inner.state().gate.clone();

@@ -208,6 +208,23 @@ impl AscendBackend {
         self.inner.native_mx
     }
 
+    /// Device time of the work `work` queues on `stream`, in milliseconds, measured between two
+    /// `ACL_EVENT_TIME_LINE` events recorded around it (`aclrtEventElapsedTime`). Synchronizes
+    /// `stream` before and after.
+    pub fn time_ms(&self, stream: &AscendStream, work: impl FnOnce() -> Result<()>) -> Result<f32> {
+        self.enter()?;
+        host::synchronize(stream)?;
+        let start = RawEvent::with_flag(crate::sys::ACL_EVENT_TIME_LINE)?;
+        let end = RawEvent::with_flag(crate::sys::ACL_EVENT_TIME_LINE)?;
+        start.record(stream.raw())?;
+        work()?;
+        // Work held behind host functions is issued before the end mark.
+        host::drain(&stream.inner, 0)?;
+        end.record(stream.raw())?;
+        host::synchronize(stream)?;
+        Ok(start.elapsed_ms(&end)?)
+    }
+
     /// The optional CANN symbols (ops) this installation lacks: capabilities reported absent,
     /// which the backend routes around (the MXFP8 ops: the bf16 emulation path).
     pub fn absent_symbols(&self) -> &[&'static str] {
