@@ -106,20 +106,30 @@ fn cce_arch(arch: &str) -> &'static str {
     if arch == "dav-3510" { "dav-c310-vec" } else { "dav-c220-vec" }
 }
 
+/// The tools and target of a kernel build (paths as text: a script may name them by variable).
+#[derive(Clone, Debug)]
+pub(crate) struct Toolchain {
+    /// The toolkit root.
+    pub root: String,
+    pub bisheng: String,
+    pub lld: String,
+    /// `--npu-arch` (`dav-2201`, `dav-3510`).
+    pub arch: String,
+    pub style: Style,
+}
+
 /// The commands that build the kernel binary: one device-only compile per source, then the
-/// device link. `root` is the toolkit, `out` the output directory; every kernel is typed
-/// AIV-only in its source (`KDA_VECTOR_KERNEL`), and `--cce-auto-sync` inserts the pipe
-/// barriers between the vector pipes.
+/// device link into `out/kda_kernels.o`. Every kernel is typed AIV-only in its source
+/// (`KDA_VECTOR_KERNEL`), and `--cce-auto-sync` inserts the pipe barriers between the vector
+/// pipes.
 pub(crate) fn kernel_commands(
-    root: &str,
-    bisheng: &str,
-    lld: &str,
-    arch: &str,
-    style: Style,
+    tc: &Toolchain,
     sources: &[String],
     include: &str,
     out: &str,
 ) -> Vec<CommandLine> {
+    let Toolchain { root, bisheng, lld, arch, style } = tc;
+    let style = *style;
     let inc = |p: &str| format!("-I{root}/{p}");
     let includes = [
         inc("include"),
@@ -154,13 +164,13 @@ pub(crate) fn kernel_commands(
         if style == Style::Asc {
             args.push("--aicore-only".into());
         }
-        commands.push(CommandLine { program: bisheng.into(), args });
+        commands.push(CommandLine { program: bisheng.clone(), args });
         objects.push(obj);
     }
     let mut link = vec!["-m".to_string(), "aicorelinux".into(), "-Ttext=0".into()];
     link.extend(objects);
     link.extend(["-static".into(), "-o".into(), format!("{out}/{BINARY}")]);
-    commands.push(CommandLine { program: lld.into(), args: link });
+    commands.push(CommandLine { program: lld.clone(), args: link });
     commands
 }
 
@@ -194,12 +204,15 @@ pub fn kernels() -> Result<Option<PathBuf>, String> {
     let arch = std::env::var("KDA_ASCEND_NPU_ARCH").unwrap_or_else(|_| DEFAULT_ARCH.into());
     let text = |p: &Path| p.display().to_string();
     let absolute = |p: &Path| std::path::absolute(p).map(|a| text(&a)).unwrap_or_else(|_| text(p));
+    let toolchain = Toolchain {
+        root: text(&root),
+        bisheng: text(&bisheng),
+        lld: text(&lld),
+        arch: arch.clone(),
+        style: style_from_env()?,
+    };
     let commands = kernel_commands(
-        &text(&root),
-        &text(&bisheng),
-        &text(&lld),
-        &arch,
-        style_from_env()?,
+        &toolchain,
         &sources.iter().map(|s| absolute(s)).collect::<Vec<_>>(),
         &absolute(Path::new(KERNELS_DIR)),
         &absolute(Path::new(OUT_DIR)),
@@ -215,9 +228,16 @@ pub fn kernels() -> Result<Option<PathBuf>, String> {
     Ok(Some(out))
 }
 
+/// The cargo arguments of `test --backend ascend`: every test target of kda-ascend that runs
+/// with feature `acl` (the lib's units, `conformance`, `timing`, `linking`).
+pub(crate) const BACKEND_TEST_ARGS: [&str; 6] =
+    ["test", "--release", "-p", "kda-ascend", "--features", "acl"];
+
 /// `cargo xtask test --backend <name>`.
 pub fn test_backend(backend: Option<&str>) -> Result<(), String> {
     match backend {
+        // The unit tests, the whole conformance suite (streams, GEMMs, views, sanitizer, KDA
+        // ops, MX, both schedules, the layer) and the event-timed schedules, on the NPU.
         Some("ascend") => {
             let Some(binary) = kernels()? else {
                 return Err("test --backend ascend: needs a CANN toolkit (see above)".into());
@@ -226,7 +246,7 @@ pub fn test_backend(backend: Option<&str>) -> Result<(), String> {
             step(
                 "test (kda-ascend on the NPU)",
                 &cargo(),
-                &["test", "--release", "-p", "kda-ascend", "--features", "acl"],
+                &BACKEND_TEST_ARGS,
                 &[("KDA_ASCEND_KERNELS", binary.as_str())],
             )
         }
@@ -260,19 +280,14 @@ mod tests {
 
     fn lines(style: Style, arch: &str) -> Vec<String> {
         let sources = ["/k/kda_gate.cpp".to_string(), "/k/kda_sigmoid.cpp".to_string()];
-        kernel_commands(
-            "/cann",
-            "/cann/bisheng",
-            "/cann/ld.lld",
-            arch,
+        let tc = Toolchain {
+            root: "/cann".into(),
+            bisheng: "/cann/bisheng".into(),
+            lld: "/cann/ld.lld".into(),
+            arch: arch.into(),
             style,
-            &sources,
-            "/k",
-            "/out",
-        )
-        .iter()
-        .map(CommandLine::shell)
-        .collect()
+        };
+        kernel_commands(&tc, &sources, "/k", "/out").iter().map(CommandLine::shell).collect()
     }
 
     /// `ascendc_fatbin_library`: device-only compiles, then one device link.
