@@ -126,7 +126,7 @@ fn build_script(sources: &[String]) -> String {
          # device-only compiles, then the device link). Needs CANN's set_env.sh sourced.\n\
          set -euo pipefail\n\
          HERE=\"$(cd \"$(dirname \"$0\")\" && pwd)\"\n\
-         : \"${{ASCEND_TOOLKIT_HOME:?source CANN's set_env.sh first}}\"\n\
+         : \"${{ASCEND_TOOLKIT_HOME:?source the set_env.sh of CANN first}}\"\n\
          ARCH=\"${{KDA_ASCEND_NPU_ARCH:-dav-2201}}\"\n\
          run() {{ echo \"+ $*\"; \"$@\"; }}\n\
          if [ \"${{KDA_ASCEND_KERNEL_STYLE:-asc}}\" = cce ]; then\n{}else\n{}fi\n\
@@ -203,7 +203,7 @@ if [ "$(uname -m)" != "{arch}" ]; then
     report true
     exit 1
 fi
-: "${{ASCEND_TOOLKIT_HOME:?source CANN's set_env.sh first}}"
+: "${{ASCEND_TOOLKIT_HOME:?source the set_env.sh of CANN first}}"
 export KDA_ASCEND_KERNELS="$HERE/kernels/{binary}"
 step kernels {kernels_limit} bash "$HERE/kernels/build_kernels.sh"
 {steps}report true
