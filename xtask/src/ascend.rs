@@ -255,14 +255,30 @@ pub fn test_backend(backend: Option<&str>) -> Result<(), String> {
 }
 
 /// The configurations the workspace run does not build: the feature-off twin (lint and test;
-/// the workspace run enables `emulated`, which replaces it) and feature `acl` (type-checked
-/// against the declared FFI; linking needs CANN).
+/// the workspace run enables `emulated`, which replaces it) and feature `acl`, which builds here
+/// without CANN (symbols resolve at run time) and fails at creation naming the missing library.
 pub fn twin_checks() -> Result<(), String> {
     let cargo = cargo();
     step(
-        "check (kda-ascend acl, not linked)",
+        "clippy (kda-ascend acl)",
         &cargo,
-        &["check", "-p", "kda-ascend", "--features", "acl"],
+        &[
+            "clippy",
+            "-p",
+            "kda-ascend",
+            "--all-targets",
+            "--features",
+            "acl",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )?;
+    step(
+        "test (kda-ascend acl without CANN)",
+        &cargo,
+        &["test", "--release", "-p", "kda-ascend", "--features", "acl", "--test", "linking"],
         &[],
     )?;
     step(

@@ -1,16 +1,19 @@
-//! `kda-acl-emu`: an emulated Ascend runtime exporting the C symbols of CANN's ACL runtime,
-//! aclnn ops and kernel launches that kda's Ascend backend calls, so that the backend's real
-//! `extern "C"` layer — pointers, out-parameters and structs included — runs here without an
-//! NPU.
+//! `kda-acl-emu`: an emulated Ascend runtime implementing the CANN ACL runtime, aclnn and
+//! kernel-launch functions kda's Ascend backend calls. Its functions fill the backend's
+//! `kda-ascend-sys` table ([`table`]), so each is type-checked against the one list of
+//! prototypes and the backend's real FFI layer — pointers, out-parameters and structs included —
+//! runs here without an NPU.
 //!
 //! It implements the documented semantics on top of the CPU reference backend: streams are its
-//! asynchronous worker threads, events its snapshots (waits accept only `ACL_EVENT_SYNC`
-//! events), capture is its graph capture with the ACL join rule, device memory is its buffers
-//! (device addresses are real host addresses), and every aclnn op or kernel computes through
-//! its kernels. It rejects what CANN rejects: a wait on an event without `ACL_EVENT_SYNC`, an
-//! executor run twice without `aclSetAclOpExecutorRepeatable`, a capture ending with a forked
-//! stream not joined back, an aclnn executor prepared while a capture is open, MX dtypes on a
-//! SoC without MX GEMMs (`KDA_ACL_EMU_SOC`, default `Ascend950PR`).
+//! asynchronous worker threads, events its snapshots, capture is its graph capture with the ACL
+//! join rule, device memory is its buffers (device addresses are real host addresses), and every
+//! aclnn op or kernel computes through its kernels. It rejects what CANN rejects, with CANN's
+//! codes: a wait on an event without `ACL_EVENT_SYNC`, an executor run twice without
+//! `aclSetAclOpExecutorRepeatable`, a capture ending with a forked stream not joined back, a
+//! synchronize of a capturing stream or a query of an event recorded in an open capture, tasks on
+//! a stream stopped by a failed task under stop-on-failure, a kernel launch whose arguments are
+//! not where its launch function reads them, a relative binary path, a kernel the binary lacks,
+//! MX ops on a SoC without them (`KDA_ACL_EMU_SOC`, default `Ascend950PR_9599`).
 //!
 //! What it does not emulate: timing, the AI Core / AI Vector split, the kernels' device code (a
 //! binary is any file at an absolute path holding the kernels' names; each launch computes
@@ -458,7 +461,7 @@ mod tests {
     #[test]
     fn the_table_has_every_required_symbol_and_the_mx_ops_only_on_950() {
         let soc = |s: &str| CString::new(s).unwrap_or_default();
-        let a950 = table_for(&soc("Ascend950PR"));
+        let a950 = table_for(&soc("Ascend950PR_9599"));
         assert_eq!(a950.missing_required(), Vec::<&str>::new());
         assert_eq!(a950.absent(), Vec::<&str>::new());
         let a2 = table_for(&soc("Ascend910B3"));

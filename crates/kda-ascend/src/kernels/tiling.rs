@@ -228,8 +228,7 @@ pub fn mx_dequant(rows: usize, k: usize, out_bytes: usize) -> Work {
 }
 
 /// Kernels without a designed tiling yet (the fallbacks: conv prefill, chunked prefill, MX
-/// quant on chips without MX GEMMs, the host guard): `units` independent rows of `unit_bytes`
-/// each.
+/// quant on chips without MX GEMMs): `units` independent rows of `unit_bytes` each.
 pub fn rows(units: usize, unit_bytes: usize) -> Work {
     Work { units, unit_bytes, align: 1 }
 }
