@@ -455,3 +455,27 @@ fn reuse_events_are_capture_stream_progress_events() {
         .collect();
     assert_eq!(created, vec!["aclrtCreateEventExWithFlag(CAPTURE_STREAM_PROGRESS)".to_string()]);
 }
+
+/// A graph launched as an ACL model behind work held on the host (behind a host function) runs
+/// after that work, as the submission order says.
+#[test]
+fn a_model_launched_behind_held_work_runs_after_it() {
+    let b = backend(None);
+    let s = b.new_stream().unwrap();
+    let x = b.alloc(DType::F32, &[4]).unwrap();
+    let y = b.alloc(DType::F32, &[4]).unwrap();
+    b.launch(&s, Op::Fill { dst: x.clone(), value: 0.0 }).unwrap();
+    b.launch(&s, Op::Fill { dst: y.clone(), value: 0.0 }).unwrap();
+    b.synchronize(&s).unwrap();
+    b.begin_capture(&s).unwrap();
+    b.launch(&s, Op::Copy { src: x.clone(), dst: y.clone() }).unwrap();
+    let graph = b.end_capture(&s).unwrap();
+    let slow = HostFn::new(|| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        Ok(())
+    });
+    b.launch(&s, Op::Host { name: "slow", f: slow }).unwrap();
+    b.launch(&s, Op::Fill { dst: x.clone(), value: 3.0 }).unwrap();
+    b.launch_graph(&graph, &s).unwrap();
+    assert_eq!(b.download::<f32>(&s, &y).unwrap(), vec![3.0; 4]);
+}
