@@ -401,8 +401,6 @@ fn table_for(soc: &CString) -> kda_ascend_sys::Api {
         aclrtFree: Some(rt::aclrtFree),
         aclrtMallocHost: Some(rt::aclrtMallocHost),
         aclrtFreeHost: Some(rt::aclrtFreeHost),
-        aclrtHostRegister: Some(rt::aclrtHostRegister),
-        aclrtHostUnregister: Some(rt::aclrtHostUnregister),
         aclrtMemcpyAsync: Some(rt::aclrtMemcpyAsync),
         aclrtCreateStream: Some(rt::aclrtCreateStream),
         aclrtDestroyStream: Some(rt::aclrtDestroyStream),

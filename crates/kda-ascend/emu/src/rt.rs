@@ -1,6 +1,6 @@
 //! The ACL runtime: init, device, memory, copies, streams, events, host functions, capture.
 
-use std::ffi::{CString, c_char, c_int, c_void};
+use std::ffi::{CString, c_char, c_void};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -92,27 +92,6 @@ pub unsafe extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> aclError {
     aclrtFree(host_ptr)
-}
-
-/// `aclrtHostRegister`: map pinned host memory for the device; here the mapping is the identity.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn aclrtHostRegister(
-    ptr: *mut c_void,
-    size: u64,
-    _kind: c_int,
-    dev_ptr: *mut *mut c_void,
-) -> aclError {
-    call(|| {
-        let emu = emu();
-        emu.locate("aclrtHostRegister", ptr as usize, size as usize)?;
-        // SAFETY: writable out-parameter per CANN's contract.
-        unsafe { put("aclrtHostRegister", dev_ptr, ptr) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn aclrtHostUnregister(_ptr: *mut c_void) -> aclError {
-    ACL_SUCCESS
 }
 
 /// A host address the emulator may write later, on a stream's thread.

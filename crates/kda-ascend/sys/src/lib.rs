@@ -169,8 +169,6 @@ cann_symbols! {
     required Runtime fn aclrtFree(dev_ptr: *mut c_void) -> aclError;
     required Runtime fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> aclError;
     required Runtime fn aclrtFreeHost(host_ptr: *mut c_void) -> aclError;
-    required Runtime fn aclrtHostRegister(ptr: *mut c_void, size: u64, kind: c_int, dev_ptr: *mut *mut c_void) -> aclError;
-    required Runtime fn aclrtHostUnregister(ptr: *mut c_void) -> aclError;
     required Runtime fn aclrtMemcpyAsync(dst: *mut c_void, dest_max: usize, src: *const c_void, count: usize, kind: aclrtMemcpyKind, stream: aclrtStream) -> aclError;
 
     // Streams, events, host functions.

@@ -126,9 +126,6 @@ pub const ACL_EVENT_RECORDED_STATUS_COMPLETE: aclrtEventRecordedStatus = 1;
 pub const ACL_CONTINUE_ON_FAILURE: u64 = 0;
 pub const ACL_STOP_ON_FAILURE: u64 = 1;
 
-/// `aclrtHostRegister`'s mapped mode.
-pub const ACL_HOST_REGISTER_MAPPED: c_int = 0;
-
 /// `aclrtLaunchKernelCfg` (`acl_rt.h`): launch attributes; kda passes none (null).
 #[repr(C)]
 #[derive(Debug)]
