@@ -1,19 +1,23 @@
-//! `kda-acl-emu`: an emulated Ascend runtime exporting the C symbols of CANN's ACL runtime,
-//! aclnn ops and kernel launches that kda's Ascend backend calls, so that the backend's real
-//! `extern "C"` layer — pointers, out-parameters and structs included — runs here without an
-//! NPU.
+//! `kda-acl-emu`: an emulated Ascend runtime implementing the CANN ACL runtime, aclnn and
+//! kernel-launch functions kda's Ascend backend calls. Its functions fill the backend's
+//! `kda-ascend-sys` table ([`table`]), so each is type-checked against the one list of
+//! prototypes and the backend's real FFI layer — pointers, out-parameters and structs included —
+//! runs here without an NPU.
 //!
 //! It implements the documented semantics on top of the CPU reference backend: streams are its
-//! asynchronous worker threads, events its snapshots (waits accept only `ACL_EVENT_SYNC`
-//! events), capture is its graph capture with the ACL join rule, device memory is its buffers
-//! (device addresses are real host addresses), and every aclnn op or kernel computes through
-//! its kernels. It rejects what CANN rejects: a wait on an event without `ACL_EVENT_SYNC`, an
-//! executor run twice without `aclSetAclOpExecutorRepeatable`, a capture ending with a forked
-//! stream not joined back, an aclnn executor prepared while a capture is open, MX dtypes on a
-//! SoC without MX GEMMs (`KDA_ACL_EMU_SOC`, default `Ascend950PR`).
+//! asynchronous worker threads, events its snapshots, capture is its graph capture with the ACL
+//! join rule, device memory is its buffers (device addresses are real host addresses), and every
+//! aclnn op or kernel computes through its kernels. It rejects what CANN rejects, with CANN's
+//! codes: a wait on an event without `ACL_EVENT_SYNC`, an executor run twice without
+//! `aclSetAclOpExecutorRepeatable`, a capture ending with a forked stream not joined back, a
+//! synchronize of a capturing stream or a query of an event recorded in an open capture, tasks on
+//! a stream stopped by a failed task under stop-on-failure, a kernel launch whose arguments are
+//! not where its launch function reads them, a relative binary path, a kernel the binary lacks,
+//! MX ops on a SoC without them (`KDA_ACL_EMU_SOC`, default `Ascend950PR_9599`).
 //!
-//! What it does not emulate: timing, the AI Core / AI Vector split, real kernel binaries
-//! (`aclrtBinaryLoadFromFile` accepts any path and serves the kda kernels by name).
+//! What it does not emulate: timing, the AI Core / AI Vector split, the kernels' device code (a
+//! binary is any file at an absolute path holding the kernels' names; each launch computes
+//! through the reference op after decoding the arguments as the kernel reads them).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(
@@ -21,14 +25,14 @@
     reason = "each entry point's contract is CANN's documentation of the same symbol"
 )]
 
-#[path = "../../src/kernels/abi.rs"]
-#[allow(dead_code, reason = "the backend uses the encoding half")]
-mod abi;
 mod kernel;
 mod nn;
 mod rt;
-#[path = "../../src/sys/types.rs"]
-mod types;
+
+pub use kernel::write_stand_in;
+
+/// The declarations shared with the backend.
+use kda_ascend_sys::{abi, types};
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -52,6 +56,8 @@ struct EmuEvent {
     /// Records queued so far, and the last one whose work has completed.
     recorded: u64,
     done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// When the work of the latest completed record finished (`ACL_EVENT_TIME_LINE` events).
+    at: std::sync::Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 /// A prepared aclnn op: what phase two queues, the workspace it needs, whether it may run
@@ -78,10 +84,19 @@ struct Emu {
     /// Executors freed by their (only) run: a second run is the error CANN reports.
     spent: HashSet<usize>,
     models: HashMap<usize, Graph<Ref>>,
-    binaries: HashSet<usize>,
+    /// Loaded binaries and the kda kernels each contains.
+    binaries: HashMap<usize, Vec<&'static str>>,
     functions: HashMap<usize, &'static str>,
     /// The capture open now, if any.
     capture: Option<Capturing>,
+    /// Events recorded in the open capture: they cannot be queried or synchronized until it
+    /// ends (`ACL_ERROR_RT_EVENT_CAPTURED`).
+    captured_events: HashSet<usize>,
+    /// `ACL_STOP_ON_FAILURE` was set on a stream: it holds for every stream of the context.
+    stop_on_failure: bool,
+    /// Streams stopped by a failed task under stop-on-failure: the failure's code and text. They
+    /// accept no task (the runtime's abort state) and report the failure on every synchronize.
+    aborted: HashMap<usize, (aclError, String)>,
     next: usize,
 }
 
@@ -119,9 +134,12 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         executors: HashMap::new(),
         spent: HashSet::new(),
         models: HashMap::new(),
-        binaries: HashSet::new(),
+        binaries: HashMap::new(),
         functions: HashMap::new(),
         capture: None,
+        captured_events: HashSet::new(),
+        stop_on_failure: false,
+        aborted: HashMap::new(),
         next: 0x1000,
     })
 });
@@ -224,7 +242,17 @@ impl Emu {
         self.next
     }
 
+    /// The stream behind `handle`, for a call that queues a task or waits for the stream: an
+    /// aborted stream refuses both with the code of its failure.
     fn stream(&self, api: &str, handle: aclrtStream) -> Res<RefStream> {
+        if let Some((code, why)) = self.aborted.get(&(handle as usize)) {
+            return Err((
+                *code,
+                format!(
+                    "{api}: stream {handle:?} stopped on a failed task (stop-on-failure): {why}"
+                ),
+            ));
+        }
         self.streams
             .get(&(handle as usize))
             .cloned()
@@ -237,7 +265,7 @@ impl Emu {
 
     /// Whether the MX dtypes exist on this SoC (Ascend 950 only).
     fn has_mx(&self) -> bool {
-        self.soc.to_bytes().starts_with(b"Ascend950")
+        rt::soc_has_mx(&self.soc)
     }
 
     /// The allocation holding `len` bytes from device address `addr`, and the byte offset.
@@ -354,8 +382,88 @@ unsafe fn put<V>(api: &str, out: *mut V, value: V) -> Res<()> {
     Ok(())
 }
 
+/// The emulated runtime as a `kda-ascend-sys` table: each field is assigned this crate's own
+/// function, so the compiler checks every emulated prototype against the shared list. The MX
+/// ops are left out on a SoC without them (`KDA_ACL_EMU_SOC` not an Ascend 950), as CANN for
+/// A2/A3 lacks them.
+pub fn table() -> kda_ascend_sys::Api {
+    table_for(&rt::soc_name())
+}
+
+/// The table of an emulated `soc`.
+fn table_for(soc: &CString) -> kda_ascend_sys::Api {
+    let mut api = kda_ascend_sys::Api {
+        aclInit: Some(rt::aclInit),
+        aclrtSetDevice: Some(rt::aclrtSetDevice),
+        aclrtGetSocName: Some(rt::aclrtGetSocName),
+        aclGetRecentErrMsg: Some(aclGetRecentErrMsg),
+        aclrtMalloc: Some(rt::aclrtMalloc),
+        aclrtFree: Some(rt::aclrtFree),
+        aclrtMallocHost: Some(rt::aclrtMallocHost),
+        aclrtFreeHost: Some(rt::aclrtFreeHost),
+        aclrtMemcpyAsync: Some(rt::aclrtMemcpyAsync),
+        aclrtCreateStream: Some(rt::aclrtCreateStream),
+        aclrtDestroyStream: Some(rt::aclrtDestroyStream),
+        aclrtSetStreamFailureMode: Some(rt::aclrtSetStreamFailureMode),
+        aclrtSynchronizeStream: Some(rt::aclrtSynchronizeStream),
+        aclrtCreateEventExWithFlag: Some(rt::aclrtCreateEventExWithFlag),
+        aclrtDestroyEvent: Some(rt::aclrtDestroyEvent),
+        aclrtRecordEvent: Some(rt::aclrtRecordEvent),
+        aclrtStreamWaitEvent: Some(rt::aclrtStreamWaitEvent),
+        aclrtQueryEventStatus: Some(rt::aclrtQueryEventStatus),
+        aclrtEventElapsedTime: Some(rt::aclrtEventElapsedTime),
+        aclrtLaunchHostFunc: Some(rt::aclrtLaunchHostFunc),
+        aclmdlRICaptureBegin: Some(rt::aclmdlRICaptureBegin),
+        aclmdlRICaptureEnd: Some(rt::aclmdlRICaptureEnd),
+        aclmdlRIExecuteAsync: Some(rt::aclmdlRIExecuteAsync),
+        aclmdlRIDestroy: Some(rt::aclmdlRIDestroy),
+        aclrtBinaryLoadFromFile: Some(kernel::aclrtBinaryLoadFromFile),
+        aclrtBinaryUnLoad: Some(kernel::aclrtBinaryUnLoad),
+        aclrtBinaryGetFunction: Some(kernel::aclrtBinaryGetFunction),
+        aclrtLaunchKernel: Some(kernel::aclrtLaunchKernel),
+        aclrtLaunchKernelWithHostArgs: Some(kernel::aclrtLaunchKernelWithHostArgs),
+        aclCreateTensor: Some(nn::aclCreateTensor),
+        aclDestroyTensor: Some(nn::aclDestroyTensor),
+        aclCreateScalar: Some(nn::aclCreateScalar),
+        aclDestroyScalar: Some(nn::aclDestroyScalar),
+        aclSetAclOpExecutorRepeatable: Some(nn::aclSetAclOpExecutorRepeatable),
+        aclDestroyAclOpExecutor: Some(nn::aclDestroyAclOpExecutor),
+        aclnnMatmulGetWorkspaceSize: Some(nn::aclnnMatmulGetWorkspaceSize),
+        aclnnMatmul: Some(nn::aclnnMatmul),
+        aclnnInplaceCopyGetWorkspaceSize: Some(nn::aclnnInplaceCopyGetWorkspaceSize),
+        aclnnInplaceCopy: Some(nn::aclnnInplaceCopy),
+        aclnnInplaceFillScalarGetWorkspaceSize: Some(nn::aclnnInplaceFillScalarGetWorkspaceSize),
+        aclnnInplaceFillScalar: Some(nn::aclnnInplaceFillScalar),
+        ..kda_ascend_sys::Api::default()
+    };
+    if rt::soc_has_mx(soc) {
+        api.aclnnDynamicMxQuantV3GetWorkspaceSize = Some(nn::aclnnDynamicMxQuantV3GetWorkspaceSize);
+        api.aclnnDynamicMxQuantV3 = Some(nn::aclnnDynamicMxQuantV3);
+        api.aclnnQuantMatmulV5GetWorkspaceSize = Some(nn::aclnnQuantMatmulV5GetWorkspaceSize);
+        api.aclnnQuantMatmulV5 = Some(nn::aclnnQuantMatmulV5);
+    }
+    api
+}
+
 /// The message of this thread's most recent failed call (CANN's `aclGetRecentErrMsg`).
 #[unsafe(no_mangle)]
 pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every required symbol is emulated; the MX ops exist only on an emulated Ascend 950.
+    #[test]
+    fn the_table_has_every_required_symbol_and_the_mx_ops_only_on_950() {
+        let soc = |s: &str| CString::new(s).unwrap_or_default();
+        let a950 = table_for(&soc("Ascend950PR_9599"));
+        assert_eq!(a950.missing_required(), Vec::<&str>::new());
+        assert_eq!(a950.absent(), Vec::<&str>::new());
+        let a2 = table_for(&soc("Ascend910B3"));
+        assert_eq!(a2.missing_required(), Vec::<&str>::new());
+        assert_eq!(a2.absent(), kda_ascend_sys::MX_SYMBOLS.to_vec());
+    }
 }
