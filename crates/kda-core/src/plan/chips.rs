@@ -3,6 +3,10 @@
 
 use std::fmt;
 
+use super::calibrate::Calibration;
+use super::{CostUnit, OpWork, op_time};
+use crate::sanitize::Entry;
+
 /// Where a figure comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Provenance {
@@ -59,6 +63,9 @@ pub struct ChipFigures {
     pub launch_s: Figure<f64>,
     /// Both streams' matrix ops share one matrix unit (they serialise).
     pub shared_matrix_units: Figure<bool>,
+    /// Per-op-kind costs fitted to this machine's measurements (`kda plan --calibrate`); the
+    /// kinds it knows override the roofline.
+    pub calibration: Option<Calibration>,
 }
 
 /// The chips with a built-in table.
@@ -101,6 +108,7 @@ impl Chip {
                 copy_bytes_per_s: assumed(1.6e12, COPY),
                 launch_s: assumed(10e-6, LAUNCH),
                 shared_matrix_units: assumed(true, CUBE),
+                calibration: None,
             },
             Chip::Ascend950 => ChipFigures {
                 name: "Ascend 950 (DT)",
@@ -113,6 +121,7 @@ impl Chip {
                 copy_bytes_per_s: assumed(4.0e12, COPY),
                 launch_s: assumed(10e-6, LAUNCH),
                 shared_matrix_units: assumed(true, CUBE),
+                calibration: None,
             },
             Chip::H200 => ChipFigures {
                 name: "NVIDIA H200 SXM",
@@ -128,6 +137,7 @@ impl Chip {
                     false,
                     "SMs are partitioned between concurrent kernels",
                 ),
+                calibration: None,
             },
         }
     }
@@ -154,6 +164,29 @@ impl ChipFigures {
                 value: false,
                 provenance: Provenance::Assumed("the reference backend: one core per stream"),
             },
+            calibration: None,
+        }
+    }
+
+    /// These figures with per-op-kind costs fitted to measurements.
+    pub fn calibrated(self, calibration: Calibration) -> ChipFigures {
+        ChipFigures { calibration: Some(calibration), ..self }
+    }
+
+    /// The predicted time of an op of `kind` on `unit` doing `work`: its fitted cost where the
+    /// calibration measured the kind, the roofline ([`op_time`]) otherwise.
+    pub fn op_seconds(&self, kind: &str, unit: CostUnit, work: OpWork) -> f64 {
+        self.calibration
+            .as_ref()
+            .and_then(|c| c.time(kind, work))
+            .unwrap_or_else(|| op_time(self, unit, work))
+    }
+
+    /// [`Self::op_seconds`] of a log entry (0 for anything but a launch).
+    pub fn entry_seconds(&self, entry: &Entry, work: OpWork) -> f64 {
+        match entry {
+            Entry::Launch { label, unit, .. } => self.op_seconds(label, CostUnit::from(*unit), work),
+            _ => 0.0,
         }
     }
 

@@ -9,17 +9,28 @@
 //! matrix unit is shared ([`ChipFigures::shared_matrix_units`]) matrix ops of all streams take it
 //! one at a time, in submission order.
 
+pub mod calibrate;
 pub mod chips;
+pub mod recording;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use crate::resource::{ComputeUnit, EventId, StreamId};
 use crate::sanitize::Entry;
+use crate::timeline::{Span, Timeline};
 
+pub use calibrate::{Calibration, KindCost, Sample};
 pub use chips::{ChipFigures, Figure, Provenance};
+pub use recording::{RecordedRun, Recording, Step};
 
 /// The unit an op is costed on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum CostUnit {
     Matrix,
     Vector,
@@ -37,6 +48,17 @@ impl From<Option<ComputeUnit>> for CostUnit {
     }
 }
 
+impl CostUnit {
+    /// The compute unit a launch of this cost unit names (`None` for copies).
+    pub fn compute_unit(self) -> Option<ComputeUnit> {
+        match self {
+            CostUnit::Matrix => Some(ComputeUnit::Matrix),
+            CostUnit::Vector => Some(ComputeUnit::Vector),
+            CostUnit::Copy => None,
+        }
+    }
+}
+
 /// The work of one op: floating-point operations and bytes moved.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct OpWork {
@@ -47,7 +69,7 @@ pub struct OpWork {
 }
 
 /// Why a log cannot be simulated.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     /// A wait names an event that no earlier entry recorded.
     #[error("log entry #{index}: stream {stream} waits on event {event}, which was never recorded")]
@@ -58,6 +80,12 @@ pub enum PlanError {
     /// Extrapolation needs two different token counts.
     #[error("extrapolation needs two different token counts, got {0} twice")]
     SameTokens(usize),
+    /// A plan without a recorded forward for the requested batch shape.
+    #[error("the plan has no recorded forward for this batch shape")]
+    NothingRecorded,
+    /// A measured op time that cannot be fitted.
+    #[error("a measured `{kind}` op took {seconds} s; expected a positive, finite time")]
+    BadSample { kind: String, seconds: f64 },
 }
 
 /// The bytes a launch reads and writes, from its recorded accesses.
@@ -72,6 +100,9 @@ pub fn accessed_bytes(entry: &Entry) -> f64 {
 }
 
 /// The predicted run time of one op on `chip`, without its launch cost.
+/// This is the roofline of the chip's figures; a calibrated chip
+/// ([`ChipFigures::calibration`]) costs the kinds it measured by their fit instead
+/// ([`ChipFigures::op_seconds`]).
 pub fn op_time(chip: &ChipFigures, unit: CostUnit, work: OpWork) -> f64 {
     let bandwidth = match unit {
         CostUnit::Matrix | CostUnit::Vector => chip.vector_bytes_per_s.value,
@@ -108,6 +139,22 @@ impl Simulation {
     /// Summed durations per unit (the serial cost of each op class).
     pub fn busy(&self, unit: CostUnit) -> f64 {
         self.ops.iter().filter(|o| o.unit == unit).map(|o| o.end - o.start).sum()
+    }
+
+    /// The predicted ops as a timeline (one span per op), to draw like a measured one.
+    pub fn timeline(&self) -> Timeline {
+        let at = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        Timeline::new(
+            self.ops
+                .iter()
+                .map(|o| Span {
+                    stream: o.stream,
+                    label: o.label.clone(),
+                    start: at(o.start),
+                    end: at(o.end),
+                })
+                .collect(),
+        )
     }
 }
 
@@ -234,22 +281,14 @@ pub fn predict_with(
     chip: &ChipFigures,
 ) -> Result<Simulation, PlanError> {
     simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |i, e| {
-        let unit = match e {
-            Entry::Launch { unit, .. } => CostUnit::from(*unit),
-            _ => CostUnit::Copy,
-        };
-        op_time(chip, unit, works.get(i).copied().unwrap_or_default())
+        chip.entry_seconds(e, works.get(i).copied().unwrap_or_default())
     })
 }
 
 /// Predicts `entries` on `chip`: each launch's work is what the log recorded ([`work`]).
 pub fn predict(entries: &[Entry], chip: &ChipFigures) -> Result<Simulation, PlanError> {
     simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |_, e| {
-        let unit = match e {
-            Entry::Launch { unit, .. } => CostUnit::from(*unit),
-            _ => CostUnit::Copy,
-        };
-        op_time(chip, unit, work(e))
+        chip.entry_seconds(e, work(e))
     })
 }
 
