@@ -13,15 +13,18 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use kda_core::layer::{BatchShape, KdaLayer, LayerPlan, PLAN_CONFIGS, PlanConfig};
+use kda_core::layer::{
+    BatchShape, Choice, KdaLayer, LayerOptions, LayerPlan, PLAN_CONFIGS, PlanConfig,
+};
 use kda_core::plan::chips::Chip;
-use kda_core::plan::{self, Calibration, ChipFigures, RecordedRun, Recording};
+use kda_core::plan::{self, ChipFigures, RecordedRun, Recording};
 use kda_core::sanitize::Entry;
 use kda_core::timeline::{SvgOptions, Timeline};
 use kda_core::weights::LayerWeights;
 use kda_core::{DType, Device, Op, ScaleAlg};
 use kda_reference::ReferenceBackend;
 use kda_synth::Gen;
+use rand::seq::SliceRandom;
 
 use super::backend::{CliBackend, Settings};
 use super::model::{ModelArgs, Preset};
@@ -83,10 +86,39 @@ pub struct PlanArgs {
     pub recording: Option<PathBuf>,
 }
 
+/// The figures of the chip `name` names (`910b`, `950`, `h200`; `host` measures this machine's).
+fn chip_figures(name: &str, arg: &'static str) -> Result<ChipFigures, CliError> {
+    if name.eq_ignore_ascii_case("host") {
+        let unchecked = Settings { checked: Some(false), timeline: false, threads: 1 };
+        return measure_host(<ReferenceBackend as CliBackend>::open(&unchecked)?);
+    }
+    Chip::parse(name).map(Chip::figures).ok_or_else(|| CliError::Argument {
+        arg,
+        reason: format!("`{name}` is not one of 910b, 950, h200, host"),
+    })
+}
+
+/// `kda run --auto` and `kda layer --auto`: the layer options the planner predicts fastest for
+/// `weights` on the chip `chip` names, for a batch of `tokens` tokens of `shape`. The forwards
+/// are recorded on the reference backend in checked mode (the op log does not depend on the
+/// backend that will run the layer).
+pub(crate) fn auto_options(
+    chip: &str,
+    weights: &LayerWeights,
+    shape: BatchShape,
+    tokens: usize,
+) -> Result<(LayerOptions, Choice), CliError> {
+    let figures = chip_figures(chip, "--auto")?;
+    let checked = Settings { checked: Some(true), timeline: false, threads: 1 };
+    let b = <ReferenceBackend as CliBackend>::open(&checked)?;
+    let plan = LayerPlan::record(&b, &b.new_stream()?, weights)?;
+    Ok(LayerOptions::auto(&plan, &figures, shape, tokens)?)
+}
+
 pub fn run(args: &PlanArgs) -> Result<(), CliError> {
-    let host = args.calibrate || args.recording.is_some() || args.chip.eq_ignore_ascii_case("host");
-    let chip = Chip::parse(&args.chip);
-    if chip.is_none() && !args.chip.eq_ignore_ascii_case("host") {
+    let host = args.calibrate || args.recording.is_some();
+    let chip = if host { "host" } else { args.chip.as_str() };
+    if Chip::parse(&args.chip).is_none() && !args.chip.eq_ignore_ascii_case("host") {
         return Err(CliError::Argument {
             arg: "--chip",
             reason: format!("`{}` is not one of 910b, 950, h200, host", args.chip),
@@ -109,16 +141,10 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
     let b = <ReferenceBackend as CliBackend>::open(&checked)?;
     let plan = LayerPlan::record(&b, &b.new_stream()?, &weights)?;
     let shape = BatchShape::from(args.shape);
-    let mut figures = match (chip, host) {
-        (Some(chip), false) => chip.figures(),
-        _ => {
-            let unchecked = Settings { checked: Some(false), timeline: false, threads: 1 };
-            measure_host(<ReferenceBackend as CliBackend>::open(&unchecked)?)?
-        }
-    };
+    let mut figures = chip_figures(chip, "--chip")?;
     if let Some(path) = &args.recording {
         let recording = read_recording(path)?;
-        figures = figures.calibrated(fit(&recording)?);
+        figures = fit(figures, &recording)?;
     }
     let title = format!(
         "Kimi K3 TP{} rank-0 layer ({} of T tokens: hidden {}, {} local heads of {})",
@@ -142,7 +168,7 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
                 source,
             })?;
         }
-        figures = figures.calibrated(fit(&recording)?);
+        figures = fit(figures, &recording)?;
         println!("kda plan --calibrate: {title} on this host, reference backend\n");
         print_calibration(&figures, &recording)?;
         println!();
@@ -191,10 +217,28 @@ fn read_recording(path: &Path) -> Result<Recording, CliError> {
     })
 }
 
-/// Per-op-kind costs fitted to every op of `recording`.
-fn fit(recording: &Recording) -> Result<Calibration, CliError> {
-    let samples: Vec<_> = recording.runs.iter().flat_map(|r| r.samples()).collect();
-    Calibration::fit(&samples).map_err(plan_error)
+/// `figures` calibrated on `recording` ([`plan::calibrate`]).
+fn fit(figures: ChipFigures, recording: &Recording) -> Result<ChipFigures, CliError> {
+    let runs: Vec<&RecordedRun> = recording.runs.iter().collect();
+    plan::calibrate(figures, &runs, recording.cache_bytes).map_err(plan_error)
+}
+
+/// The cache of one core (its L2) as Linux reports it; 1 MiB where it does not.
+fn core_cache_bytes() -> f64 {
+    const FALLBACK: f64 = 1024.0 * 1024.0;
+    let Ok(text) = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size")
+    else {
+        return FALLBACK;
+    };
+    let text = text.trim();
+    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let scale = match unit {
+        "" => 1.0,
+        "K" => 1024.0,
+        "M" => 1024.0 * 1024.0,
+        _ => return FALLBACK,
+    };
+    digits.parse::<f64>().map(|d| d * scale).unwrap_or(FALLBACK)
 }
 
 /// The median wall time of `f` over a few runs, after a warm-up.
@@ -309,7 +353,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// Measures every configuration at each of `tokens` on `b` (unchecked, with the timeline):
-/// `rounds` forwards after a warm-up, each op's median duration and each round's wall time.
+/// `rounds` rounds after a warm-up, each running the six configurations in a fresh seeded
+/// order (so a change of the machine's load falls on all of them alike); each op's median
+/// duration and each round's wall time.
 fn measure_runs(
     b: &Device<ReferenceBackend>,
     weights: &LayerWeights,
@@ -321,55 +367,74 @@ fn measure_runs(
     let s = b.new_stream()?;
     let mut rng = Gen::new(2);
     let hidden = weights.dims.hidden;
-    let mut runs = Vec::new();
+    let mut layers = Vec::new();
     for config in PLAN_CONFIGS {
         let forward = plan
             .forwards
             .iter()
             .find(|f| f.config == config && f.shape == shape)
             .ok_or_else(|| plan_error(plan::PlanError::NothingRecorded))?;
-        let layer = KdaLayer::new(b, &s, weights, config.options())?;
-        for &t in tokens {
-            let x = random_bf16(b, &s, &mut rng, &[t, hidden], 1.0)?;
-            let mut out = b.alloc(DType::F32, &[t, hidden])?;
-            let mut cache = layer.new_cache(&s, t, 0)?;
-            let meta = shape.meta(t);
-            let mut step = || -> Result<f64, CliError> {
-                let start = Instant::now();
-                layer.forward(&s, &x, &meta, &mut cache, &mut out)?;
-                b.synchronize(&s)?;
-                Ok(start.elapsed().as_secs_f64())
-            };
-            step()?;
-            let [one, two] = &forward.logs;
-            let mut per_op: Vec<Vec<f64>> = vec![Vec::new(); one.len()];
-            let mut walls = Vec::new();
-            for _ in 0..rounds.max(1) {
+        layers.push((forward, KdaLayer::new(b, &s, weights, config.options())?));
+    }
+    let mut runs = Vec::new();
+    for &t in tokens {
+        let x = random_bf16(b, &s, &mut rng, &[t, hidden], 1.0)?;
+        let meta = shape.meta(t);
+        let mut state = Vec::new();
+        for (_, layer) in &layers {
+            state.push((b.alloc(DType::F32, &[t, hidden])?, layer.new_cache(&s, t, 0)?));
+        }
+        let mut step = |i: usize| -> Result<f64, CliError> {
+            let (out, cache) = &mut state[i];
+            let start = Instant::now();
+            layers[i].1.forward(&s, &x, &meta, cache, out)?;
+            b.synchronize(&s)?;
+            Ok(start.elapsed().as_secs_f64())
+        };
+        let mut per_op: Vec<Vec<Vec<f64>>> =
+            layers.iter().map(|(f, _)| vec![Vec::new(); f.logs[0].len()]).collect();
+        let mut walls: Vec<Vec<f64>> = vec![Vec::new(); layers.len()];
+        for i in 0..layers.len() {
+            step(i)?;
+        }
+        for _ in 0..rounds.max(1) {
+            let mut order: Vec<usize> = (0..layers.len()).collect();
+            order.shuffle(rng.rng());
+            for i in order {
                 <ReferenceBackend as CliBackend>::clear_timeline(b);
-                walls.push(step()?);
+                walls[i].push(step(i)?);
                 let timeline = b.raw().timeline();
-                for (i, d) in op_durations(one, &timeline)?.into_iter().enumerate() {
-                    per_op[i].extend(d);
+                for (op, d) in op_durations(&layers[i].0.logs[0], &timeline)?.into_iter().enumerate()
+                {
+                    per_op[i][op].extend(d);
                 }
             }
-            let seconds: Vec<Option<f64>> =
-                per_op.into_iter().map(|d| (!d.is_empty()).then(|| median(d))).collect();
-            let works = plan::extrapolate((1, one), (2, two), t).map_err(plan_error)?;
-            runs.push(RecordedRun::from_log(config.name, t, one, &works, &seconds, walls));
-            eprintln!("measured {} at T = {t}", config.name);
         }
+        for (i, (forward, _)) in layers.iter().enumerate() {
+            let [one, two] = &forward.logs;
+            let seconds: Vec<Option<f64>> = per_op[i]
+                .iter()
+                .map(|d| (!d.is_empty()).then(|| median(d.clone())))
+                .collect();
+            let works = plan::extrapolate((1, one), (2, two), t).map_err(plan_error)?;
+            let name = forward.config.name;
+            runs.push(RecordedRun::from_log(name, t, one, &works, &seconds, walls[i].clone()));
+        }
+        eprintln!("measured the six configurations at T = {t}");
     }
     Ok(Recording {
         about: format!(
             "kda plan --calibrate: Kimi K3 rank-0 layer ({} shape, hidden {}, {} local heads), \
-             reference backend one core per stream, {} round(s) after a warm-up; per-op \
-             seconds are medians over the rounds, rounds_s the forwards' wall times",
+             reference backend one core per stream, {} round(s) after a warm-up, the six \
+             configurations in a fresh seeded order each round; per-op seconds are medians \
+             over the rounds, rounds_s the forwards' wall times",
             shape.name(),
             hidden,
             weights.dims.local_heads,
             rounds.max(1)
         ),
         launch_s: 0.0,
+        cache_bytes: core_cache_bytes(),
         runs,
     })
 }

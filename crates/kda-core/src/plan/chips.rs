@@ -63,6 +63,9 @@ pub struct ChipFigures {
     pub launch_s: Figure<f64>,
     /// Both streams' matrix ops share one matrix unit (they serialise).
     pub shared_matrix_units: Figure<bool>,
+    /// The streams share one set of units: ops of different streams never overlap (true for a
+    /// host whose second core is taken by other work).
+    pub shared_streams: Figure<bool>,
     /// Per-op-kind costs fitted to this machine's measurements (`kda plan --calibrate`); the
     /// kinds it knows override the roofline.
     pub calibration: Option<Calibration>,
@@ -99,6 +102,7 @@ impl Chip {
             "Ascend's Cube units are shared by both streams (docs/design/schedule.md)";
         const LAUNCH: &str = "typical kernel launch overhead, not a vendor figure";
         const COPY: &str = "copies taken at the HBM bandwidth";
+        const STREAMS: &str = "the vector units of each stream's ops run side by side";
         match self {
             Chip::Ascend910B => ChipFigures {
                 name: "Ascend 910B",
@@ -108,6 +112,7 @@ impl Chip {
                 copy_bytes_per_s: assumed(1.6e12, COPY),
                 launch_s: assumed(10e-6, LAUNCH),
                 shared_matrix_units: assumed(true, CUBE),
+                shared_streams: assumed(false, STREAMS),
                 calibration: None,
             },
             Chip::Ascend950 => ChipFigures {
@@ -121,6 +126,7 @@ impl Chip {
                 copy_bytes_per_s: assumed(4.0e12, COPY),
                 launch_s: assumed(10e-6, LAUNCH),
                 shared_matrix_units: assumed(true, CUBE),
+                shared_streams: assumed(false, STREAMS),
                 calibration: None,
             },
             Chip::H200 => ChipFigures {
@@ -137,6 +143,7 @@ impl Chip {
                     false,
                     "SMs are partitioned between concurrent kernels",
                 ),
+                shared_streams: assumed(false, STREAMS),
                 calibration: None,
             },
         }
@@ -164,8 +171,17 @@ impl ChipFigures {
                 value: false,
                 provenance: Provenance::Assumed("the reference backend: one core per stream"),
             },
+            shared_streams: Figure {
+                value: false,
+                provenance: Provenance::Assumed("one core per stream, both free"),
+            },
             calibration: None,
         }
+    }
+
+    /// Which ops of different streams cannot overlap on this chip.
+    pub fn sharing(&self) -> super::Sharing {
+        super::Sharing { matrix: self.shared_matrix_units.value, all: self.shared_streams.value }
     }
 
     /// These figures with per-op-kind costs fitted to measurements.
@@ -218,6 +234,11 @@ impl ChipFigures {
                 "shared matrix unit",
                 self.shared_matrix_units.value.to_string(),
                 &self.shared_matrix_units.provenance,
+            ),
+            (
+                "streams share units",
+                self.shared_streams.value.to_string(),
+                &self.shared_streams.provenance,
             ),
         ]
     }

@@ -22,7 +22,7 @@ use crate::resource::{ComputeUnit, EventId, StreamId};
 use crate::sanitize::Entry;
 use crate::timeline::{Span, Timeline};
 
-pub use calibrate::{Calibration, KindCost, Sample};
+pub use calibrate::{Calibration, KindCost, Sample, calibrate};
 pub use chips::{ChipFigures, Figure, Provenance};
 pub use recording::{RecordedRun, Recording, Step};
 
@@ -158,18 +158,40 @@ impl Simulation {
     }
 }
 
+/// Which ops of different streams cannot run at the same time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sharing {
+    /// Matrix ops of all streams take one matrix unit (Ascend's Cube).
+    pub matrix: bool,
+    /// Every op of every stream takes the one unit there is (a host whose second core is busy
+    /// with other work: two streams measure no faster than one).
+    pub all: bool,
+}
+
 /// Simulates `entries` with each launch lasting `duration(index, entry)` seconds, `launch_s` of
 /// host issue time per launch, and one matrix unit for all streams when `shared_matrix_units`.
 pub fn simulate(
     entries: &[Entry],
     launch_s: f64,
     shared_matrix_units: bool,
+    duration: impl FnMut(usize, &Entry) -> f64,
+) -> Result<Simulation, PlanError> {
+    let sharing = Sharing { matrix: shared_matrix_units, all: false };
+    simulate_shared(entries, launch_s, sharing, duration)
+}
+
+/// [`simulate`] with any [`Sharing`] of the units between streams.
+pub fn simulate_shared(
+    entries: &[Entry],
+    launch_s: f64,
+    sharing: Sharing,
     mut duration: impl FnMut(usize, &Entry) -> f64,
 ) -> Result<Simulation, PlanError> {
     let mut host = 0.0_f64;
     let mut stream_ready: BTreeMap<StreamId, f64> = BTreeMap::new();
     let mut events: BTreeMap<EventId, f64> = BTreeMap::new();
-    let mut matrix_free = 0.0_f64;
+    // When the shared unit (all ops: [0]; matrix ops: [1]) is next free.
+    let mut unit_free = [0.0_f64; 2];
     let mut sim = Simulation::default();
     for (index, entry) in entries.iter().enumerate() {
         match entry {
@@ -178,12 +200,19 @@ pub fn simulate(
                 let unit = CostUnit::from(*unit);
                 let ready = stream_ready.entry(*stream).or_insert(0.0);
                 let mut start = ready.max(host);
-                if shared_matrix_units && unit == CostUnit::Matrix {
-                    start = start.max(matrix_free);
+                let shared = if sharing.all {
+                    Some(0)
+                } else if sharing.matrix && unit == CostUnit::Matrix {
+                    Some(1)
+                } else {
+                    None
+                };
+                if let Some(u) = shared {
+                    start = start.max(unit_free[u]);
                 }
                 let end = start + duration(index, entry).max(0.0);
-                if shared_matrix_units && unit == CostUnit::Matrix {
-                    matrix_free = end;
+                if let Some(u) = shared {
+                    unit_free[u] = end;
                 }
                 *ready = end;
                 sim.makespan = sim.makespan.max(end);
@@ -280,16 +309,14 @@ pub fn predict_with(
     works: &[OpWork],
     chip: &ChipFigures,
 ) -> Result<Simulation, PlanError> {
-    simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |i, e| {
+    simulate_shared(entries, chip.launch_s.value, chip.sharing(), |i, e| {
         chip.entry_seconds(e, works.get(i).copied().unwrap_or_default())
     })
 }
 
 /// Predicts `entries` on `chip`: each launch's work is what the log recorded ([`work`]).
 pub fn predict(entries: &[Entry], chip: &ChipFigures) -> Result<Simulation, PlanError> {
-    simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |_, e| {
-        chip.entry_seconds(e, work(e))
-    })
+    simulate_shared(entries, chip.launch_s.value, chip.sharing(), |_, e| chip.entry_seconds(e, work(e)))
 }
 
 #[cfg(test)]

@@ -55,6 +55,8 @@ pub struct Recording {
     pub about: String,
     /// The measured host cost of one launch, seconds.
     pub launch_s: f64,
+    /// The cache of one core of the host, bytes (its L2, as the OS reports it).
+    pub cache_bytes: f64,
     pub runs: Vec<RecordedRun>,
 }
 
@@ -118,6 +120,21 @@ impl RecordedRun {
             n if n % 2 == 1 => r[n / 2],
             n => 0.5 * (r[n / 2 - 1] + r[n / 2]),
         }
+    }
+
+    /// How many streams ran its ops.
+    pub fn streams(&self) -> usize {
+        let mut streams: Vec<u64> = self
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Launch { stream, .. } => Some(*stream),
+                _ => None,
+            })
+            .collect();
+        streams.sort_unstable();
+        streams.dedup();
+        streams.len()
     }
 
     /// The run as a log to simulate, and each entry's work.
