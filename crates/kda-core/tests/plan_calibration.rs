@@ -1,7 +1,8 @@
 //! The planner calibrated on recorded host measurements (docs/design/planner.md#calibration).
 //!
 //! `data/plan_host_prefill.json` was written once by
-//! `kda plan --calibrate --tokens 16,128,1024 --rounds 5 --record …` on the development VM: the
+//! `kda plan --calibrate --tokens 16,128,1024 --rounds 5 --record …` (run at `nice -n -10`) on the
+//! development VM, 2 vCPUs shared with other builds: the
 //! whole Kimi K3 TP8 rank-0 layer in the six configurations, each op's median time and each
 //! round's wall time. Nothing here measures anything: the assertions are on those numbers.
 
@@ -46,39 +47,60 @@ fn the_recording_covers_six_configurations_at_three_token_counts() {
     }
 }
 
-/// Each op of the single-stream (serial) runs, whose measured time is its own. (In an overlapped
-/// run on this host an op's wall time includes the other stream's op sharing its core; those
-/// runs are held to their makespans below.)
+/// Each distinct op (kind and work) of the single-stream (serial) runs, its measured time the
+/// mean of its medians over the runs that ran it (the composed and staged serial runs share
+/// every op but the BFG projection; on this VM the same `o_proj` measured 10.1 ms in one and
+/// 6.2 ms in the other at T = 16, so one run's median alone is not the op's time). In an
+/// overlapped run an op's wall time also holds the other stream's op sharing its core; those
+/// runs are held to their makespans below.
 #[test]
 fn calibrated_model_predicts_each_recorded_op_within_25_percent() {
     let rec = recording();
     let runs: Vec<&RecordedRun> = rec.runs.iter().collect();
     let figures = calibrated(&runs, &rec);
-    let (mut checked, mut misses) = (0, Vec::new());
+    // (kind, flops, bytes, tokens) -> measured medians, and the forward's time.
+    let mut ops: Vec<(plan::Sample, usize, Vec<f64>, f64)> = Vec::new();
     for run in rec.runs.iter().filter(|r| r.streams() == 1) {
-        let measured = run.measured_s();
         for sample in run.samples() {
-            if sample.seconds < SIGNIFICANT * measured {
-                continue;
+            let same = ops.iter_mut().find(|(s, t, _, _)| {
+                *t == run.tokens && s.kind == sample.kind && s.work == sample.work
+            });
+            match same {
+                Some((_, _, times, _)) => times.push(sample.seconds),
+                None => {
+                    let seconds = sample.seconds;
+                    ops.push((sample, run.tokens, vec![seconds], run.measured_s()));
+                }
             }
-            let p = figures.op_seconds(&sample.kind, plan::CostUnit::Vector, sample.work);
-            let error = p / sample.seconds - 1.0;
-            if error.abs() > 0.25 {
-                misses.push(format!(
-                    "{} at T={}: {} predicted {:.3} ms, measured {:.3} ms ({:+.1} %)",
-                    run.config,
-                    run.tokens,
-                    sample.kind,
-                    p * 1e3,
-                    sample.seconds * 1e3,
-                    100.0 * error
-                ));
-            }
-            checked += 1;
         }
     }
-    assert!(misses.is_empty(), "{} of {checked} ops off by more than 25 %:\n{}", misses.len(), misses.join("\n"));
-    assert!(checked >= 6 * 8, "only {checked} significant ops");
+    let (mut checked, mut misses) = (0, Vec::new());
+    for (sample, tokens, times, forward) in &ops {
+        let measured = times.iter().sum::<f64>() / times.len() as f64;
+        if measured < SIGNIFICANT * forward {
+            continue;
+        }
+        let p = figures.op_seconds(&sample.kind, plan::CostUnit::Vector, sample.work);
+        let error = p / measured - 1.0;
+        if error.abs() > 0.25 {
+            misses.push(format!(
+                "T={tokens}: {} predicted {:.3} ms, measured {:.3} ms ({:+.1} %) from {times:?}",
+                sample.kind,
+                p * 1e3,
+                measured * 1e3,
+                100.0 * error
+            ));
+        }
+        checked += 1;
+    }
+    assert!(
+        misses.is_empty(),
+        "{} of {checked} ops off by more than 25 %:\n{}",
+        misses.len(),
+        misses.join("\n")
+    );
+    // The GEMMs, the conv, the chunk kernel and the norm at three token counts, at least.
+    assert!(checked >= 18, "only {checked} significant ops");
 }
 
 #[test]

@@ -145,6 +145,9 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
     if let Some(path) = &args.recording {
         let recording = read_recording(path)?;
         figures = fit(figures, &recording)?;
+        println!("kda plan --recording {}: {}\n", path.display(), recording.about);
+        print_calibration(&figures, &recording)?;
+        println!();
     }
     let title = format!(
         "Kimi K3 TP{} rank-0 layer ({} of T tokens: hidden {}, {} local heads of {})",

@@ -66,6 +66,8 @@ pub struct ChipFigures {
     /// The streams share one set of units: ops of different streams never overlap (true for a
     /// host whose second core is taken by other work).
     pub shared_streams: Figure<bool>,
+    /// Seconds a wait on another stream's event costs the waiting stream.
+    pub wait_s: Figure<f64>,
     /// Per-op-kind costs fitted to this machine's measurements (`kda plan --calibrate`); the
     /// kinds it knows override the roofline.
     pub calibration: Option<Calibration>,
@@ -102,6 +104,7 @@ impl Chip {
             "Ascend's Cube units are shared by both streams (docs/design/schedule.md)";
         const LAUNCH: &str = "typical kernel launch overhead, not a vendor figure";
         const COPY: &str = "copies taken at the HBM bandwidth";
+        const WAIT: &str = "an event wait is taken as free next to the ops";
         const STREAMS: &str = "the vector units of each stream's ops run side by side";
         match self {
             Chip::Ascend910B => ChipFigures {
@@ -113,6 +116,7 @@ impl Chip {
                 launch_s: assumed(10e-6, LAUNCH),
                 shared_matrix_units: assumed(true, CUBE),
                 shared_streams: assumed(false, STREAMS),
+                wait_s: assumed(0.0, WAIT),
                 calibration: None,
             },
             Chip::Ascend950 => ChipFigures {
@@ -127,6 +131,7 @@ impl Chip {
                 launch_s: assumed(10e-6, LAUNCH),
                 shared_matrix_units: assumed(true, CUBE),
                 shared_streams: assumed(false, STREAMS),
+                wait_s: assumed(0.0, WAIT),
                 calibration: None,
             },
             Chip::H200 => ChipFigures {
@@ -144,6 +149,7 @@ impl Chip {
                     "SMs are partitioned between concurrent kernels",
                 ),
                 shared_streams: assumed(false, STREAMS),
+                wait_s: assumed(0.0, WAIT),
                 calibration: None,
             },
         }
@@ -175,13 +181,21 @@ impl ChipFigures {
                 value: false,
                 provenance: Provenance::Assumed("one core per stream, both free"),
             },
+            wait_s: Figure {
+                value: 0.0,
+                provenance: Provenance::Assumed("not measured before calibration"),
+            },
             calibration: None,
         }
     }
 
     /// Which ops of different streams cannot overlap on this chip.
     pub fn sharing(&self) -> super::Sharing {
-        super::Sharing { matrix: self.shared_matrix_units.value, all: self.shared_streams.value }
+        super::Sharing {
+            matrix: self.shared_matrix_units.value,
+            all: self.shared_streams.value,
+            wait_s: self.wait_s.value,
+        }
     }
 
     /// These figures with per-op-kind costs fitted to measurements.
@@ -240,6 +254,7 @@ impl ChipFigures {
                 self.shared_streams.value.to_string(),
                 &self.shared_streams.provenance,
             ),
+            ("wait s", format!("{:.1e}", self.wait_s.value), &self.wait_s.provenance),
         ]
     }
 }

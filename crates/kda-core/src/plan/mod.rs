@@ -158,14 +158,17 @@ impl Simulation {
     }
 }
 
-/// Which ops of different streams cannot run at the same time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How the streams of a chip share it: which ops of different streams cannot run at the same
+/// time, and what a cross-stream wait costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Sharing {
     /// Matrix ops of all streams take one matrix unit (Ascend's Cube).
     pub matrix: bool,
     /// Every op of every stream takes the one unit there is (a host whose second core is busy
     /// with other work: two streams measure no faster than one).
     pub all: bool,
+    /// Seconds a wait on another stream's event adds to the waiting stream (waking its worker).
+    pub wait_s: f64,
 }
 
 /// Simulates `entries` with each launch lasting `duration(index, entry)` seconds, `launch_s` of
@@ -176,7 +179,7 @@ pub fn simulate(
     shared_matrix_units: bool,
     duration: impl FnMut(usize, &Entry) -> f64,
 ) -> Result<Simulation, PlanError> {
-    let sharing = Sharing { matrix: shared_matrix_units, all: false };
+    let sharing = Sharing { matrix: shared_matrix_units, ..Sharing::default() };
     simulate_shared(entries, launch_s, sharing, duration)
 }
 
@@ -238,7 +241,7 @@ pub fn simulate_shared(
                     });
                 };
                 let ready = stream_ready.entry(*stream).or_insert(0.0);
-                *ready = ready.max(at);
+                *ready = ready.max(at) + sharing.wait_s;
             }
             Entry::Synchronize { stream } => {
                 host = host.max(stream_ready.get(stream).copied().unwrap_or(0.0));
@@ -316,7 +319,9 @@ pub fn predict_with(
 
 /// Predicts `entries` on `chip`: each launch's work is what the log recorded ([`work`]).
 pub fn predict(entries: &[Entry], chip: &ChipFigures) -> Result<Simulation, PlanError> {
-    simulate_shared(entries, chip.launch_s.value, chip.sharing(), |_, e| chip.entry_seconds(e, work(e)))
+    simulate_shared(entries, chip.launch_s.value, chip.sharing(), |_, e| {
+        chip.entry_seconds(e, work(e))
+    })
 }
 
 #[cfg(test)]

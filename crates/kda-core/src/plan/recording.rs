@@ -122,6 +122,11 @@ impl RecordedRun {
         }
     }
 
+    /// How many cross-stream waits it has.
+    pub fn waits(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(s, Step::Wait { .. })).count()
+    }
+
     /// How many streams ran its ops.
     pub fn streams(&self) -> usize {
         let mut streams: Vec<u64> = self
