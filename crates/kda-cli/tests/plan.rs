@@ -120,8 +120,7 @@ fn auto_picks_the_fastest_predicted_configuration() {
         let figures = chip.figures();
         for shape in BatchShape::ALL {
             for tokens in [1, 64, 4096] {
-                let (options, choice) =
-                    LayerOptions::auto(&plan, &figures, shape, tokens).unwrap();
+                let (options, choice) = LayerOptions::auto(&plan, &figures, shape, tokens).unwrap();
                 assert_eq!(choice.predictions.len(), PLAN_CONFIGS.len());
                 let best = choice.predictions[choice.chosen].simulation.makespan;
                 for p in &choice.predictions {
@@ -137,7 +136,9 @@ fn auto_picks_the_fastest_predicted_configuration() {
     }
     // Bigger batches predict longer forwards.
     let figures = Chip::H200.figures();
-    let at = |t| plan.choose(&figures, BatchShape::Prefill, t).unwrap().predictions[0].simulation.makespan;
+    let at = |t| {
+        plan.choose(&figures, BatchShape::Prefill, t).unwrap().predictions[0].simulation.makespan
+    };
     assert!(at(4096) > at(64));
 }
 

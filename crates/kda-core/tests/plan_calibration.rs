@@ -5,6 +5,7 @@
 //! development VM, 2 vCPUs shared with other builds: the
 //! whole Kimi K3 TP8 rank-0 layer in the six configurations, each op's median time and each
 //! round's wall time. Nothing here measures anything: the assertions are on those numbers.
+#![allow(clippy::expect_used, reason = "test setup")]
 
 use kda_core::plan::{self, ChipFigures, RecordedRun, Recording};
 
@@ -42,7 +43,12 @@ fn the_recording_covers_six_configurations_at_three_token_counts() {
         let kinds: Vec<String> = run.samples().into_iter().map(|s| s.kind).collect();
         // The whole layer, not only its projections.
         for kind in ["qkv_matmul", "causal_conv", "kda_chunk", "gated_rms_norm", "o_proj"] {
-            assert!(kinds.iter().any(|k| k == kind), "{} at T={}: no {kind}", run.config, run.tokens);
+            assert!(
+                kinds.iter().any(|k| k == kind),
+                "{} at T={}: no {kind}",
+                run.config,
+                run.tokens
+            );
         }
     }
 }
@@ -161,7 +167,12 @@ fn calibrated_model_ranks_the_configurations_as_measured() {
             }
         }
     }
-    assert!(misses.is_empty(), "{} of {ordered} pairs misordered:\n{}", misses.len(), misses.join("\n"));
+    assert!(
+        misses.is_empty(),
+        "{} of {ordered} pairs misordered:\n{}",
+        misses.len(),
+        misses.join("\n")
+    );
     // The measurement orders some pairs: the test is not vacuous.
     assert!(ordered >= 3, "only {ordered} distinguishable pairs");
 }

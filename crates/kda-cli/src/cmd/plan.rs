@@ -229,12 +229,12 @@ fn fit(figures: ChipFigures, recording: &Recording) -> Result<ChipFigures, CliEr
 /// The cache of one core (its L2) as Linux reports it; 1 MiB where it does not.
 fn core_cache_bytes() -> f64 {
     const FALLBACK: f64 = 1024.0 * 1024.0;
-    let Ok(text) = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size")
-    else {
+    let Ok(text) = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size") else {
         return FALLBACK;
     };
     let text = text.trim();
-    let (digits, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let (digits, unit) =
+        text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
     let scale = match unit {
         "" => 1.0,
         "K" => 1024.0,
@@ -407,7 +407,8 @@ fn measure_runs(
                 <ReferenceBackend as CliBackend>::clear_timeline(b);
                 walls[i].push(step(i)?);
                 let timeline = b.raw().timeline();
-                for (op, d) in op_durations(&layers[i].0.logs[0], &timeline)?.into_iter().enumerate()
+                for (op, d) in
+                    op_durations(&layers[i].0.logs[0], &timeline)?.into_iter().enumerate()
                 {
                     per_op[i][op].extend(d);
                 }
@@ -415,10 +416,8 @@ fn measure_runs(
         }
         for (i, (forward, _)) in layers.iter().enumerate() {
             let [one, two] = &forward.logs;
-            let seconds: Vec<Option<f64>> = per_op[i]
-                .iter()
-                .map(|d| (!d.is_empty()).then(|| median(d.clone())))
-                .collect();
+            let seconds: Vec<Option<f64>> =
+                per_op[i].iter().map(|d| (!d.is_empty()).then(|| median(d.clone()))).collect();
             let works = plan::extrapolate((1, one), (2, two), t).map_err(plan_error)?;
             let name = forward.config.name;
             runs.push(RecordedRun::from_log(name, t, one, &works, &seconds, walls[i].clone()));
@@ -444,7 +443,10 @@ fn measure_runs(
 
 /// Predicted against measured per configuration and T, and the error per op kind.
 fn print_calibration(figures: &ChipFigures, recording: &Recording) -> Result<(), CliError> {
-    println!("{:>7}  {:<34} {:>12} {:>12} {:>8}", "T", "configuration", "predicted", "measured", "error");
+    println!(
+        "{:>7}  {:<34} {:>12} {:>12} {:>8}",
+        "T", "configuration", "predicted", "measured", "error"
+    );
     let mut per_kind: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for run in &recording.runs {
         let (entries, works) = run.log();
@@ -458,12 +460,19 @@ fn print_calibration(figures: &ChipFigures, recording: &Recording) -> Result<(),
             measured * 1e3,
             100.0 * (sim.makespan / measured - 1.0)
         );
-        for sample in run.samples() {
-            let predicted = figures.op_seconds(&sample.kind, plan::CostUnit::Vector, sample.work);
-            per_kind.entry(sample.kind).or_default().push(predicted / sample.seconds - 1.0);
+        // An op's own time is measured only where no other stream shares its core.
+        if run.streams() == 1 {
+            for sample in run.samples() {
+                let predicted =
+                    figures.op_seconds(&sample.kind, plan::CostUnit::Vector, sample.work);
+                per_kind.entry(sample.kind).or_default().push(predicted / sample.seconds - 1.0);
+            }
         }
     }
-    println!("\nper op kind: fitted cost, and the largest relative error over the measured ops");
+    println!(
+        "\nper op kind: fitted cost, and the largest relative error over its ops in the \
+         single-stream runs"
+    );
     let kinds = figures.calibration.as_ref().map(|c| &c.kinds);
     for (kind, errors) in &per_kind {
         let worst = errors.iter().fold(0.0f64, |m, e| m.max(e.abs()));
@@ -500,7 +509,11 @@ fn report(
         println!("  {name:<20} {value:>12}  {provenance}");
     }
     if let Some(c) = &chip.calibration {
-        println!("  {:<20} {:>12}  measured (per-op-kind fit)", "calibrated op kinds", c.kinds.len());
+        println!(
+            "  {:<20} {:>12}  measured (per-op-kind fit)",
+            "calibrated op kinds",
+            c.kinds.len()
+        );
     }
     print!("\n{:>7}", "T");
     for c in &PLAN_CONFIGS {

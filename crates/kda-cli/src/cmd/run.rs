@@ -176,7 +176,8 @@ fn run_on<B: CliBackend>(args: &RunArgs, w: Workload, b: Device<B>) -> Result<()
     let mut serial = match path.layer.schedule() {
         ProjectionSchedule::Overlapped => {
             let schedule = Some(ProjectionSchedule::Serial);
-            let serial = LayerOptions { schedule, forget: options.forget, ..LayerOptions::default() };
+            let serial =
+                LayerOptions { schedule, forget: options.forget, ..LayerOptions::default() };
             Some(Path::new(&b, &main, &loaded, serial, &w)?)
         }
         ProjectionSchedule::Serial => None,

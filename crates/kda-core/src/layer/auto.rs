@@ -146,8 +146,13 @@ impl Choice {
     /// One line: what was picked, its predicted time, and the runner-up's.
     pub fn explain(&self) -> String {
         let chosen = &self.predictions[self.chosen];
-        let mut others: Vec<&Prediction> =
-            self.predictions.iter().enumerate().filter(|(i, _)| *i != self.chosen).map(|(_, p)| p).collect();
+        let mut others: Vec<&Prediction> = self
+            .predictions
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.chosen)
+            .map(|(_, p)| p)
+            .collect();
         others.sort_by(|a, b| a.simulation.makespan.total_cmp(&b.simulation.makespan));
         let us = |p: &Prediction| p.simulation.makespan * 1e6;
         let mut line = format!(
@@ -228,11 +233,8 @@ impl LayerPlan {
             .filter(|f| f.shape == shape)
             .map(|f| {
                 let [a, b] = &f.logs;
-                let works = plan::extrapolate(
-                    (RECORDED_TOKENS[0], a),
-                    (RECORDED_TOKENS[1], b),
-                    tokens,
-                )?;
+                let works =
+                    plan::extrapolate((RECORDED_TOKENS[0], a), (RECORDED_TOKENS[1], b), tokens)?;
                 let simulation = plan::predict_with(a, &works, chip)?;
                 Ok(Prediction { config: f.config, simulation })
             })

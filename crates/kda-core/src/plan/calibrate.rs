@@ -71,10 +71,8 @@ impl Calibration {
             }
             by_kind.entry(&s.kind).or_default().push(s);
         }
-        let kinds = by_kind
-            .into_iter()
-            .map(|(k, s)| (k.to_string(), fit_kind(&s, cache_bytes)))
-            .collect();
+        let kinds =
+            by_kind.into_iter().map(|(k, s)| (k.to_string(), fit_kind(&s, cache_bytes))).collect();
         Ok(Calibration { kinds, cache_bytes })
     }
 
@@ -142,7 +140,7 @@ fn solve_subset(samples: &[&Sample], cols: &[usize], cache_bytes: f64) -> Option
     }
     // Columns scaled to unit diagonal so bytes (1e8) and FLOPs (1e11) do not swamp the pivot test.
     let scale: Vec<f64> = (0..n).map(|i| a[i][i].sqrt()).collect();
-    if scale.iter().any(|s| !(*s > 0.0)) {
+    if scale.iter().any(|s| s.is_nan() || *s <= 0.0) {
         return None;
     }
     for i in 0..n {
@@ -157,11 +155,12 @@ fn solve_subset(samples: &[&Sample], cols: &[usize], cache_bytes: f64) -> Option
             return None;
         }
         a.swap(p, pivot);
-        for r in 0..n {
+        let pivot_row = a[p];
+        for (r, row) in a.iter_mut().enumerate().take(n) {
             if r != p {
-                let factor = a[r][p] / a[p][p];
-                for c in p..=n {
-                    a[r][c] -= factor * a[p][c];
+                let factor = row[p] / pivot_row[p];
+                for (x, y) in row.iter_mut().zip(&pivot_row).take(n + 1).skip(p) {
+                    *x -= factor * y;
                 }
             }
         }
@@ -194,7 +193,9 @@ pub fn calibrate(
     let logs: Vec<_> = runs.iter().map(|r| (r.log(), r.measured_s(), r.waits())).collect();
     let predict = |figures: &ChipFigures| -> Result<Vec<f64>, PlanError> {
         logs.iter()
-            .map(|((entries, works), _, _)| Ok(super::predict_with(entries, works, figures)?.makespan))
+            .map(|((entries, works), _, _)| {
+                Ok(super::predict_with(entries, works, figures)?.makespan)
+            })
             .collect()
     };
     let mut best: Option<(f64, ChipFigures)> = None;

@@ -215,7 +215,9 @@ impl ChipFigures {
     /// [`Self::op_seconds`] of a log entry (0 for anything but a launch).
     pub fn entry_seconds(&self, entry: &Entry, work: OpWork) -> f64 {
         match entry {
-            Entry::Launch { label, unit, .. } => self.op_seconds(label, CostUnit::from(*unit), work),
+            Entry::Launch { label, unit, .. } => {
+                self.op_seconds(label, CostUnit::from(*unit), work)
+            }
             _ => 0.0,
         }
     }

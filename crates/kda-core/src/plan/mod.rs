@@ -27,9 +27,7 @@ pub use chips::{ChipFigures, Figure, Provenance};
 pub use recording::{RecordedRun, Recording, Step};
 
 /// The unit an op is costed on.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CostUnit {
     Matrix,

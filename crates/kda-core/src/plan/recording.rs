@@ -101,10 +101,9 @@ impl RecordedRun {
                     stream: number_stream(*stream),
                     event: number_event(*event),
                 }),
-                Entry::Wait { stream, event } => Some(Step::Wait {
-                    stream: number_stream(*stream),
-                    event: number_event(*event),
-                }),
+                Entry::Wait { stream, event } => {
+                    Some(Step::Wait { stream: number_stream(*stream), event: number_event(*event) })
+                }
                 _ => None,
             })
             .collect();

@@ -239,11 +239,26 @@ fn sample(kind: &str, flops: f64, bytes: f64, cost: KindCost) -> Sample {
 
 #[test]
 fn the_fit_recovers_each_kinds_costs() {
-    let gemm = KindCost { overhead_s: 2e-4, s_per_byte: 1e-10, s_per_flop: 4e-11, s_per_spilled_byte: 0.0 };
-    let norm = KindCost { overhead_s: 5e-6, s_per_byte: 1e-10, s_per_flop: 0.0, s_per_spilled_byte: 5e-10 };
+    let gemm = KindCost {
+        overhead_s: 2e-4,
+        s_per_byte: 1e-10,
+        s_per_flop: 4e-11,
+        s_per_spilled_byte: 0.0,
+    };
+    let norm = KindCost {
+        overhead_s: 5e-6,
+        s_per_byte: 1e-10,
+        s_per_flop: 0.0,
+        s_per_spilled_byte: 5e-10,
+    };
     let mut samples = Vec::new();
     // Shapes on both sides of the cache, so that no column is a combination of the others.
-    for (m, n, k) in [(8.0, 256.0, 256.0), (64.0, 512.0, 256.0), (512.0, 1024.0, 512.0), (2048.0, 2048.0, 1024.0)] {
+    for (m, n, k) in [
+        (8.0, 256.0, 256.0),
+        (64.0, 512.0, 256.0),
+        (512.0, 1024.0, 512.0),
+        (2048.0, 2048.0, 1024.0),
+    ] {
         let bytes = 2.0 * (m * k + n * k) + 4.0 * m * n;
         samples.push(sample("gemm", 2.0 * m * n * k, bytes, gemm));
     }
@@ -286,7 +301,8 @@ fn the_fit_keeps_every_cost_non_negative() {
 fn a_calibrated_kind_overrides_the_roofline_and_others_keep_it() {
     let mut kinds = std::collections::BTreeMap::new();
     kinds.insert("gemm".to_string(), KindCost { overhead_s: 1.0, ..KindCost::default() });
-    let chip = ChipFigures::host(1e9, 1e9, 1e9, 0.0).calibrated(Calibration { kinds, cache_bytes: 0.0 });
+    let chip =
+        ChipFigures::host(1e9, 1e9, 1e9, 0.0).calibrated(Calibration { kinds, cache_bytes: 0.0 });
     let work = OpWork { flops: 2e9, bytes: 0.0, mx: false };
     assert_eq!(chip.op_seconds("gemm", CostUnit::Matrix, work), 1.0);
     assert_eq!(chip.op_seconds("other", CostUnit::Matrix, work), 2.0);
@@ -301,7 +317,10 @@ fn a_recorded_run_simulates_like_its_log() {
     let run = RecordedRun::from_log("x", 7, &log.entries, &works, &seconds, vec![3.0, 1.0, 2.0]);
     assert_eq!(run.measured_s(), 2.0);
     // One byte per second: the simulation of the run equals the hand-made log's.
-    let chip = ChipFigures { shared_matrix_units: chips::Figure { value: true, provenance: Provenance::Measured }, ..ChipFigures::host(1.0, 1.0, 1.0, 0.0) };
+    let chip = ChipFigures {
+        shared_matrix_units: chips::Figure { value: true, provenance: Provenance::Measured },
+        ..ChipFigures::host(1.0, 1.0, 1.0, 0.0)
+    };
     let (entries, works) = run.log();
     let sim = predict_with(&entries, &works, &chip).unwrap();
     assert_eq!(sim.makespan, log.simulate(true).makespan);
