@@ -174,3 +174,12 @@ fn run_auto_prints_the_choice_in_one_line() {
     let chosen = PLAN_CONFIGS.iter().find(|c| line.contains(&format!("plan: {} on", c.name)));
     assert!(chosen.is_some(), "{line}");
 }
+
+#[test]
+fn auto_on_an_empty_plan_names_the_plan() {
+    let figures = Chip::H200.figures();
+    let err =
+        LayerOptions::auto(&LayerPlan::default(), &figures, BatchShape::Decode, 8).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("plan") && text.contains("decode"), "{text}");
+}

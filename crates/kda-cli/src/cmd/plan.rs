@@ -205,7 +205,7 @@ pub(crate) fn rank_weights(tp: usize) -> Result<LayerWeights, CliError> {
 }
 
 fn plan_error(e: plan::PlanError) -> CliError {
-    CliError::Layer(e.into())
+    CliError::Argument { arg: "plan", reason: e.to_string() }
 }
 
 fn read_recording(path: &Path) -> Result<Recording, CliError> {

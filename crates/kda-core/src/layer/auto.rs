@@ -261,14 +261,21 @@ impl LayerPlan {
 
 impl LayerOptions {
     /// The options the planner predicts fastest on `chip` for batches of `tokens` tokens of
-    /// `shape`, and the choice with the predictions behind it ([`Choice::explain`]).
+    /// `shape`, and the choice with the predictions behind it ([`Choice::explain`]). A plan
+    /// that cannot be predicted (no forward of `shape`, logs that do not line up) is an
+    /// [`Error::Param`] on `plan`.
     pub fn auto(
         plan: &LayerPlan,
         chip: &ChipFigures,
         shape: BatchShape,
         tokens: usize,
     ) -> Result<(LayerOptions, Choice)> {
-        let choice = plan.choose(chip, shape, tokens.max(1))?;
+        let choice = plan.choose(chip, shape, tokens.max(1)).map_err(|e| Error::Param {
+            op: "layer_options_auto",
+            param: "plan",
+            expected: format!("recorded forwards of every configuration for a {}", shape.name()),
+            actual: e.to_string(),
+        })?;
         Ok((choice.config().options(), choice))
     }
 }

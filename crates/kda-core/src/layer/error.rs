@@ -5,7 +5,6 @@ use thiserror::Error;
 
 use crate::error::{Error, ViewError};
 use crate::layer::batch::BatchError;
-use crate::plan::PlanError;
 use crate::weights::WeightError;
 
 /// Everything a [`KdaLayer`](super::KdaLayer) call can report.
@@ -20,9 +19,6 @@ pub enum LayerError {
     /// The layer's weights are missing, malformed or of the wrong shape.
     #[error(transparent)]
     Weights(#[from] WeightError),
-    /// The planner could not predict the layer (`LayerOptions::auto`).
-    #[error(transparent)]
-    Plan(#[from] PlanError),
 }
 
 impl From<ViewError> for LayerError {
