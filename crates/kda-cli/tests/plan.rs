@@ -4,14 +4,18 @@
 
 mod common;
 
-use common::{TempDir, kda, stderr, stdout};
+use common::{TempDir, kda, stderr, stdout, write_safetensors};
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::layer::{BatchShape, LayerOptions, LayerPlan, PLAN_CONFIGS};
 use kda_core::plan::chips::Chip;
 use kda_core::sanitize::Entry;
 use kda_core::weights::{LayerWeights, LoadOptions, load_layer};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
-use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
+use kda_testkit::checkpoint::{
+    SyntheticCheckpoint, SyntheticSpec, scaled_config, write_checkpoint,
+};
+use kda_testkit::conformance::layer::{Model, tiny_config};
+use safetensors::tensor::Dtype;
 
 /// Layer 0 of a synthetic checkpoint of `config`, rank 0 of `tp` ranks.
 fn weights(config: &KdaConfig, tp: usize) -> LayerWeights {
@@ -182,4 +186,49 @@ fn auto_on_an_empty_plan_names_the_plan() {
         LayerOptions::auto(&LayerPlan::default(), &figures, BatchShape::Decode, 8).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("plan") && text.contains("decode"), "{text}");
+}
+
+/// `kda layer --auto` prints the plan's choice for the input's live tokens in one line and runs
+/// that configuration's schedule.
+#[test]
+fn layer_auto_prints_the_choice_and_runs_its_schedule() {
+    let dir = TempDir::new("plan-layer-auto");
+    let ckpt = dir.path("ckpt");
+    let config = tiny_config(Model::K3);
+    let spec = SyntheticSpec::new(config.clone(), 5);
+    write_checkpoint(&ckpt, &SyntheticCheckpoint::new(spec), 1).unwrap();
+    let (rows, hidden) = (6usize, config.hidden_size);
+    let x: Vec<u8> = (0..rows * hidden)
+        .flat_map(|i| half::bf16::from_f32((i % 7) as f32 * 0.1 - 0.3).to_le_bytes())
+        .collect();
+    let qsl: Vec<u8> = [0i32, 6].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let input = dir.path("in.safetensors");
+    write_safetensors(
+        &input,
+        &[
+            ("hidden_states".to_string(), Dtype::BF16, vec![rows, hidden], x),
+            ("query_start_loc".to_string(), Dtype::I32, vec![2], qsl),
+        ],
+    );
+    let output = dir.path("out.safetensors");
+    let o = kda(&[
+        "layer",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--auto",
+        "910b",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = out.lines().find(|l| l.starts_with("plan: ")).unwrap_or_default();
+    assert!(line.contains("Ascend 910B") && line.contains("prefill of 6 tokens"), "{out}");
+    let chosen = PLAN_CONFIGS.iter().find(|c| line.starts_with(&format!("plan: {} on", c.name)));
+    let chosen = chosen.unwrap_or_else(|| panic!("no configuration named in {line}"));
+    let schedule = format!("{:?} schedule", chosen.schedule).to_lowercase();
+    assert!(out.contains(&schedule), "{schedule} not in {out}");
+    assert!(output.exists());
 }
