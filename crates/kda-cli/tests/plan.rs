@@ -232,3 +232,30 @@ fn layer_auto_prints_the_choice_and_runs_its_schedule() {
     assert!(out.contains(&schedule), "{schedule} not in {out}");
     assert!(output.exists());
 }
+
+/// `--recording` calibrates the host from the checked-in runs and prints predicted against
+/// measured; the measured column is each run's median round.
+#[test]
+fn plan_recording_prints_predicted_against_measured() {
+    let path =
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../kda-core/tests/data/plan_host_prefill.json");
+    let o = kda(&["plan", "--recording", path, "--tokens", "16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let rec: kda_core::plan::Recording =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for run in &rec.runs {
+        let mut rounds = run.rounds_s.clone();
+        rounds.sort_by(f64::total_cmp);
+        let median = rounds[rounds.len() / 2];
+        let row = out
+            .lines()
+            .find(|l| {
+                let mut words = l.split_whitespace();
+                words.next() == Some(&run.tokens.to_string()) && l.contains(&run.config)
+            })
+            .unwrap_or_else(|| panic!("no row for {} at {}: {out}", run.config, run.tokens));
+        assert!(row.contains(&format!("{:.2} ms", median * 1e3)), "{row}");
+    }
+    assert!(out.contains("streams share units") && out.contains("calibrated op kinds"), "{out}");
+}
