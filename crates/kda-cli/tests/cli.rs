@@ -110,25 +110,3 @@ fn bad_arguments_fail_with_a_message() {
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
     }
 }
-
-#[test]
-fn plan_prints_the_six_configurations_and_a_recommendation() {
-    let o = kda(&["plan", "--chip", "910b", "--tokens", "1,1024"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    assert!(out.contains("Ascend 910B") && out.contains("assumed"), "{out}");
-    assert!(out.contains("co ser'd") && out.contains("st conc"), "{out}");
-    assert!(out.contains("composed 22.02 MB, staged (f_a + f_b shard) 2.23 MB"), "{out}");
-    let rows: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with("1024")).collect();
-    assert_eq!(rows.len(), 1, "{out}");
-}
-
-#[test]
-fn plan_refuses_an_unknown_chip_and_tp() {
-    let o = kda(&["plan", "--chip", "tpu"]);
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("--chip"), "{}", stderr(&o));
-    let o = kda(&["plan", "--tp", "4"]);
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("--tp"), "{}", stderr(&o));
-}

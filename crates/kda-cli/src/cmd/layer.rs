@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
-use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, LayerTrace};
-use kda_core::weights::Checkpoint;
+use kda_core::layer::{BatchMeta, BatchShape, KdaLayer, LayerOptions, LayerTrace};
+use kda_core::weights::{Checkpoint, LoadOptions, load_layer};
 use kda_core::{Backend, DType, Device, Tensor};
 
 use super::backend::{BackendArg, Settings, on_backend};
@@ -45,6 +45,11 @@ pub struct LayerArgs {
     /// The projection schedule.
     #[arg(long, value_enum, default_value_t = ScheduleArg::Overlapped)]
     pub schedule: ScheduleArg,
+    /// Let the planner pick the schedule and the F form on this chip's figures (910b, 950,
+    /// h200, host) for the input's live tokens, instead of --schedule; prints what it picked
+    /// and the predicted times behind it in one line.
+    #[arg(long, value_name = "CHIP")]
+    pub auto: Option<String>,
     /// Also write the intermediates: beta, g1, gate, g2, mixed_qkv, core_attn_out.
     #[arg(long)]
     pub dump: bool,
@@ -90,8 +95,18 @@ fn run_on<B: Backend>(
     backend: Device<B>,
 ) -> Result<(), CliError> {
     let stream = backend.new_stream()?;
-    let options = LayerOptions { schedule: Some(args.schedule.into()), ..LayerOptions::default() };
-    let layer = KdaLayer::load(&backend, &stream, checkpoint, config, tp, args.layer, options)?;
+    let weights = load_layer(checkpoint, config, tp, args.layer, LoadOptions::default())?.weights;
+    let options = match &args.auto {
+        Some(chip) => {
+            let tokens = input.meta.num_actual_tokens;
+            let (options, choice) =
+                super::plan::auto_options(chip, &weights, BatchShape::Prefill, tokens)?;
+            println!("{}", choice.explain());
+            options
+        }
+        None => LayerOptions { schedule: Some(args.schedule.into()), ..LayerOptions::default() },
+    };
+    let layer = KdaLayer::new(&backend, &stream, &weights, options)?;
     let d = *layer.dims();
     let requests = input.meta.num_requests();
     let mut cache = layer.new_cache(&stream, requests.max(1), 0)?;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use kda_core::config::QkvFormat;
-use kda_core::layer::{KdaLayer, LayerOptions, StateCache};
+use kda_core::layer::{BatchShape, KdaLayer, LayerOptions, StateCache};
 use kda_core::schedule::{MatrixOverlap, ProjectionSchedule, labels};
 use kda_core::timeline::{Span, Timeline};
 use kda_core::{Backend, DType, Device, Tensor};
@@ -45,6 +45,11 @@ pub struct RunArgs {
     /// Decode steps after the prefill (one token per request each).
     #[arg(long, default_value_t = 16)]
     pub decode_steps: usize,
+    /// Let the planner pick the schedule and the F form on this chip's figures (910b, 950,
+    /// h200, host) for the prefill's token count, instead of --schedule; prints what it picked
+    /// and the predicted times behind it in one line.
+    #[arg(long, value_name = "CHIP")]
+    pub auto: Option<String>,
 }
 
 /// The op labels of each stage of the layer, for the per-stage report.
@@ -94,10 +99,9 @@ impl<B: Backend> Path<B> {
         b: &Device<B>,
         s: &B::Stream,
         loaded: &model::Loaded,
-        schedule: ProjectionSchedule,
+        options: LayerOptions,
         w: &Workload,
     ) -> Result<Self, CliError> {
-        let options = LayerOptions { schedule: Some(schedule), ..LayerOptions::default() };
         let layer = KdaLayer::new(b, s, &loaded.weights, options)?;
         let hidden = layer.dims().hidden;
         Ok(Self {
@@ -154,12 +158,27 @@ fn run_on<B: CliBackend>(args: &RunArgs, w: Workload, b: Device<B>) -> Result<()
     let main = b.new_stream()?;
 
     let loaded = model::load(&args.model)?;
+    let (options, choice) = match &args.auto {
+        Some(chip) => {
+            let tokens = w.prefill_tokens();
+            let (options, choice) =
+                super::plan::auto_options(chip, &loaded.weights, BatchShape::Prefill, tokens)?;
+            (options, Some(choice))
+        }
+        None => {
+            let schedule = Some(args.schedule.into());
+            (LayerOptions { schedule, ..LayerOptions::default() }, None)
+        }
+    };
     let upload_start = Instant::now();
-    let chosen: ProjectionSchedule = args.schedule.into();
-    let mut path = Path::new(&b, &main, &loaded, chosen, &w)?;
-    let mut serial = match chosen {
+    let mut path = Path::new(&b, &main, &loaded, options, &w)?;
+    // The serial schedule with the same F form, to compare with bit for bit.
+    let mut serial = match path.layer.schedule() {
         ProjectionSchedule::Overlapped => {
-            Some(Path::new(&b, &main, &loaded, ProjectionSchedule::Serial, &w)?)
+            let schedule = Some(ProjectionSchedule::Serial);
+            let serial =
+                LayerOptions { schedule, forget: options.forget, ..LayerOptions::default() };
+            Some(Path::new(&b, &main, &loaded, serial, &w)?)
         }
         ProjectionSchedule::Serial => None,
     };
@@ -249,6 +268,9 @@ fn run_on<B: CliBackend>(args: &RunArgs, w: Workload, b: Device<B>) -> Result<()
     );
     let n = w.prefill_tokens();
     println!("  prefill: {} requests x {} tokens = {n} tokens", w.requests, w.prompt_tokens);
+    if let Some(choice) = &choice {
+        println!("  {}", choice.explain());
+    }
     let policy = match path.layer.projection().matrix_overlap() {
         MatrixOverlap::Serialized => "GEMMs serialized",
         MatrixOverlap::Concurrent => "GEMMs concurrent",

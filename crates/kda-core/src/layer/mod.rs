@@ -12,12 +12,14 @@
 //! [`KdaLayer::forward`] checks everything it can (shapes, dtypes, metadata, slots, aliasing)
 //! before it launches anything, so a rejected call leaves the cache and the output as they were.
 
+pub mod auto;
 pub mod batch;
 pub mod cache;
 mod dispatch;
 pub mod error;
 pub mod weights;
 
+pub use auto::{BatchShape, Choice, LayerPlan, PLAN_CONFIGS, PlanConfig};
 pub use batch::{BatchError, BatchMeta, DispatchPlan, Group, GroupKind, RequestSlots};
 pub use cache::{CacheDims, StateCache};
 pub use error::LayerError;

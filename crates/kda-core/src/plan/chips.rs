@@ -3,6 +3,10 @@
 
 use std::fmt;
 
+use super::calibrate::Calibration;
+use super::{CostUnit, OpWork, op_time};
+use crate::sanitize::Entry;
+
 /// Where a figure comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Provenance {
@@ -59,6 +63,14 @@ pub struct ChipFigures {
     pub launch_s: Figure<f64>,
     /// Both streams' matrix ops share one matrix unit (they serialise).
     pub shared_matrix_units: Figure<bool>,
+    /// The streams share one set of units: ops of different streams never overlap (true for a
+    /// host whose second core is taken by other work).
+    pub shared_streams: Figure<bool>,
+    /// Seconds a wait on another stream's event costs the waiting stream.
+    pub wait_s: Figure<f64>,
+    /// Per-op-kind costs fitted to this machine's measurements (`kda plan --calibrate`); the
+    /// kinds it knows override the roofline.
+    pub calibration: Option<Calibration>,
 }
 
 /// The chips with a built-in table.
@@ -92,6 +104,8 @@ impl Chip {
             "Ascend's Cube units are shared by both streams (docs/design/schedule.md)";
         const LAUNCH: &str = "typical kernel launch overhead, not a vendor figure";
         const COPY: &str = "copies taken at the HBM bandwidth";
+        const WAIT: &str = "an event wait is taken as free next to the ops";
+        const STREAMS: &str = "the vector units of each stream's ops run side by side";
         match self {
             Chip::Ascend910B => ChipFigures {
                 name: "Ascend 910B",
@@ -101,6 +115,9 @@ impl Chip {
                 copy_bytes_per_s: assumed(1.6e12, COPY),
                 launch_s: assumed(10e-6, LAUNCH),
                 shared_matrix_units: assumed(true, CUBE),
+                shared_streams: assumed(false, STREAMS),
+                wait_s: assumed(0.0, WAIT),
+                calibration: None,
             },
             Chip::Ascend950 => ChipFigures {
                 name: "Ascend 950 (DT)",
@@ -113,6 +130,9 @@ impl Chip {
                 copy_bytes_per_s: assumed(4.0e12, COPY),
                 launch_s: assumed(10e-6, LAUNCH),
                 shared_matrix_units: assumed(true, CUBE),
+                shared_streams: assumed(false, STREAMS),
+                wait_s: assumed(0.0, WAIT),
+                calibration: None,
             },
             Chip::H200 => ChipFigures {
                 name: "NVIDIA H200 SXM",
@@ -128,6 +148,9 @@ impl Chip {
                     false,
                     "SMs are partitioned between concurrent kernels",
                 ),
+                shared_streams: assumed(false, STREAMS),
+                wait_s: assumed(0.0, WAIT),
+                calibration: None,
             },
         }
     }
@@ -154,6 +177,48 @@ impl ChipFigures {
                 value: false,
                 provenance: Provenance::Assumed("the reference backend: one core per stream"),
             },
+            shared_streams: Figure {
+                value: false,
+                provenance: Provenance::Assumed("one core per stream, both free"),
+            },
+            wait_s: Figure {
+                value: 0.0,
+                provenance: Provenance::Assumed("not measured before calibration"),
+            },
+            calibration: None,
+        }
+    }
+
+    /// Which ops of different streams cannot overlap on this chip.
+    pub fn sharing(&self) -> super::Sharing {
+        super::Sharing {
+            matrix: self.shared_matrix_units.value,
+            all: self.shared_streams.value,
+            wait_s: self.wait_s.value,
+        }
+    }
+
+    /// These figures with per-op-kind costs fitted to measurements.
+    pub fn calibrated(self, calibration: Calibration) -> ChipFigures {
+        ChipFigures { calibration: Some(calibration), ..self }
+    }
+
+    /// The predicted time of an op of `kind` on `unit` doing `work`: its fitted cost where the
+    /// calibration measured the kind, the roofline ([`op_time`]) otherwise.
+    pub fn op_seconds(&self, kind: &str, unit: CostUnit, work: OpWork) -> f64 {
+        self.calibration
+            .as_ref()
+            .and_then(|c| c.time(kind, work))
+            .unwrap_or_else(|| op_time(self, unit, work))
+    }
+
+    /// [`Self::op_seconds`] of a log entry (0 for anything but a launch).
+    pub fn entry_seconds(&self, entry: &Entry, work: OpWork) -> f64 {
+        match entry {
+            Entry::Launch { label, unit, .. } => {
+                self.op_seconds(label, CostUnit::from(*unit), work)
+            }
+            _ => 0.0,
         }
     }
 
@@ -186,6 +251,12 @@ impl ChipFigures {
                 self.shared_matrix_units.value.to_string(),
                 &self.shared_matrix_units.provenance,
             ),
+            (
+                "streams share units",
+                self.shared_streams.value.to_string(),
+                &self.shared_streams.provenance,
+            ),
+            ("wait s", format!("{:.1e}", self.wait_s.value), &self.wait_s.provenance),
         ]
     }
 }

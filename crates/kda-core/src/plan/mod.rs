@@ -9,17 +9,26 @@
 //! matrix unit is shared ([`ChipFigures::shared_matrix_units`]) matrix ops of all streams take it
 //! one at a time, in submission order.
 
+pub mod calibrate;
 pub mod chips;
+pub mod recording;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use crate::resource::{ComputeUnit, EventId, StreamId};
 use crate::sanitize::Entry;
+use crate::timeline::{Span, Timeline};
 
+pub use calibrate::{Calibration, KindCost, Sample, calibrate};
 pub use chips::{ChipFigures, Figure, Provenance};
+pub use recording::{RecordedRun, Recording, Step};
 
 /// The unit an op is costed on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CostUnit {
     Matrix,
     Vector,
@@ -37,6 +46,17 @@ impl From<Option<ComputeUnit>> for CostUnit {
     }
 }
 
+impl CostUnit {
+    /// The compute unit a launch of this cost unit names (`None` for copies).
+    pub fn compute_unit(self) -> Option<ComputeUnit> {
+        match self {
+            CostUnit::Matrix => Some(ComputeUnit::Matrix),
+            CostUnit::Vector => Some(ComputeUnit::Vector),
+            CostUnit::Copy => None,
+        }
+    }
+}
+
 /// The work of one op: floating-point operations and bytes moved.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct OpWork {
@@ -47,7 +67,7 @@ pub struct OpWork {
 }
 
 /// Why a log cannot be simulated.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     /// A wait names an event that no earlier entry recorded.
     #[error("log entry #{index}: stream {stream} waits on event {event}, which was never recorded")]
@@ -58,6 +78,12 @@ pub enum PlanError {
     /// Extrapolation needs two different token counts.
     #[error("extrapolation needs two different token counts, got {0} twice")]
     SameTokens(usize),
+    /// A plan without a recorded forward for the requested batch shape.
+    #[error("the plan has no recorded forward for this batch shape")]
+    NothingRecorded,
+    /// A measured op time that cannot be fitted.
+    #[error("a measured `{kind}` op took {seconds} s; expected a positive, finite time")]
+    BadSample { kind: String, seconds: f64 },
 }
 
 /// The bytes a launch reads and writes, from its recorded accesses.
@@ -72,6 +98,9 @@ pub fn accessed_bytes(entry: &Entry) -> f64 {
 }
 
 /// The predicted run time of one op on `chip`, without its launch cost.
+/// This is the roofline of the chip's figures; a calibrated chip
+/// ([`ChipFigures::calibration`]) costs the kinds it measured by their fit instead
+/// ([`ChipFigures::op_seconds`]).
 pub fn op_time(chip: &ChipFigures, unit: CostUnit, work: OpWork) -> f64 {
     let bandwidth = match unit {
         CostUnit::Matrix | CostUnit::Vector => chip.vector_bytes_per_s.value,
@@ -109,6 +138,35 @@ impl Simulation {
     pub fn busy(&self, unit: CostUnit) -> f64 {
         self.ops.iter().filter(|o| o.unit == unit).map(|o| o.end - o.start).sum()
     }
+
+    /// The predicted ops as a timeline (one span per op), to draw like a measured one.
+    pub fn timeline(&self) -> Timeline {
+        let at = |s: f64| Duration::from_secs_f64(s.max(0.0));
+        Timeline::new(
+            self.ops
+                .iter()
+                .map(|o| Span {
+                    stream: o.stream,
+                    label: o.label.clone(),
+                    start: at(o.start),
+                    end: at(o.end),
+                })
+                .collect(),
+        )
+    }
+}
+
+/// How the streams of a chip share it: which ops of different streams cannot run at the same
+/// time, and what a cross-stream wait costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sharing {
+    /// Matrix ops of all streams take one matrix unit (Ascend's Cube).
+    pub matrix: bool,
+    /// Every op of every stream takes the one unit there is (a host whose second core is busy
+    /// with other work: two streams measure no faster than one).
+    pub all: bool,
+    /// Seconds a wait on another stream's event adds to the waiting stream (waking its worker).
+    pub wait_s: f64,
 }
 
 /// Simulates `entries` with each launch lasting `duration(index, entry)` seconds, `launch_s` of
@@ -117,12 +175,24 @@ pub fn simulate(
     entries: &[Entry],
     launch_s: f64,
     shared_matrix_units: bool,
+    duration: impl FnMut(usize, &Entry) -> f64,
+) -> Result<Simulation, PlanError> {
+    let sharing = Sharing { matrix: shared_matrix_units, ..Sharing::default() };
+    simulate_shared(entries, launch_s, sharing, duration)
+}
+
+/// [`simulate`] with any [`Sharing`] of the units between streams.
+pub fn simulate_shared(
+    entries: &[Entry],
+    launch_s: f64,
+    sharing: Sharing,
     mut duration: impl FnMut(usize, &Entry) -> f64,
 ) -> Result<Simulation, PlanError> {
     let mut host = 0.0_f64;
     let mut stream_ready: BTreeMap<StreamId, f64> = BTreeMap::new();
     let mut events: BTreeMap<EventId, f64> = BTreeMap::new();
-    let mut matrix_free = 0.0_f64;
+    // When the shared unit (all ops: [0]; matrix ops: [1]) is next free.
+    let mut unit_free = [0.0_f64; 2];
     let mut sim = Simulation::default();
     for (index, entry) in entries.iter().enumerate() {
         match entry {
@@ -131,12 +201,19 @@ pub fn simulate(
                 let unit = CostUnit::from(*unit);
                 let ready = stream_ready.entry(*stream).or_insert(0.0);
                 let mut start = ready.max(host);
-                if shared_matrix_units && unit == CostUnit::Matrix {
-                    start = start.max(matrix_free);
+                let shared = if sharing.all {
+                    Some(0)
+                } else if sharing.matrix && unit == CostUnit::Matrix {
+                    Some(1)
+                } else {
+                    None
+                };
+                if let Some(u) = shared {
+                    start = start.max(unit_free[u]);
                 }
                 let end = start + duration(index, entry).max(0.0);
-                if shared_matrix_units && unit == CostUnit::Matrix {
-                    matrix_free = end;
+                if let Some(u) = shared {
+                    unit_free[u] = end;
                 }
                 *ready = end;
                 sim.makespan = sim.makespan.max(end);
@@ -162,7 +239,7 @@ pub fn simulate(
                     });
                 };
                 let ready = stream_ready.entry(*stream).or_insert(0.0);
-                *ready = ready.max(at);
+                *ready = ready.max(at) + sharing.wait_s;
             }
             Entry::Synchronize { stream } => {
                 host = host.max(stream_ready.get(stream).copied().unwrap_or(0.0));
@@ -233,23 +310,15 @@ pub fn predict_with(
     works: &[OpWork],
     chip: &ChipFigures,
 ) -> Result<Simulation, PlanError> {
-    simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |i, e| {
-        let unit = match e {
-            Entry::Launch { unit, .. } => CostUnit::from(*unit),
-            _ => CostUnit::Copy,
-        };
-        op_time(chip, unit, works.get(i).copied().unwrap_or_default())
+    simulate_shared(entries, chip.launch_s.value, chip.sharing(), |i, e| {
+        chip.entry_seconds(e, works.get(i).copied().unwrap_or_default())
     })
 }
 
 /// Predicts `entries` on `chip`: each launch's work is what the log recorded ([`work`]).
 pub fn predict(entries: &[Entry], chip: &ChipFigures) -> Result<Simulation, PlanError> {
-    simulate(entries, chip.launch_s.value, chip.shared_matrix_units.value, |_, e| {
-        let unit = match e {
-            Entry::Launch { unit, .. } => CostUnit::from(*unit),
-            _ => CostUnit::Copy,
-        };
-        op_time(chip, unit, work(e))
+    simulate_shared(entries, chip.launch_s.value, chip.sharing(), |_, e| {
+        chip.entry_seconds(e, work(e))
     })
 }
 

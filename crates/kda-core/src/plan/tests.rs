@@ -181,7 +181,7 @@ fn every_chip_says_where_each_figure_comes_from() {
         let figures = chip.figures();
         assert_eq!(chips::Chip::parse(chip.name()), Some(chip));
         let rows = figures.rows();
-        assert_eq!(rows.len(), 6);
+        assert_eq!(rows.len(), 8);
         for (_, _, provenance) in rows {
             assert!(!provenance.to_string().is_empty());
         }
@@ -228,4 +228,114 @@ fn extrapolation_is_exact_for_affine_work() {
         extrapolate((1, &one), (2, &two[..1]), 8),
         Err(PlanError::Mismatch { index: 1, .. })
     ));
+}
+
+const CACHE: f64 = 1e6;
+
+fn sample(kind: &str, flops: f64, bytes: f64, cost: KindCost) -> Sample {
+    let work = OpWork { flops, bytes, mx: false };
+    Sample { kind: kind.into(), work, seconds: cost.time(work, CACHE) }
+}
+
+#[test]
+fn the_fit_recovers_each_kinds_costs() {
+    let gemm = KindCost {
+        overhead_s: 2e-4,
+        s_per_byte: 1e-10,
+        s_per_flop: 4e-11,
+        s_per_spilled_byte: 0.0,
+    };
+    let norm = KindCost {
+        overhead_s: 5e-6,
+        s_per_byte: 1e-10,
+        s_per_flop: 0.0,
+        s_per_spilled_byte: 5e-10,
+    };
+    let mut samples = Vec::new();
+    // Shapes on both sides of the cache, so that no column is a combination of the others.
+    for (m, n, k) in [
+        (8.0, 256.0, 256.0),
+        (64.0, 512.0, 256.0),
+        (512.0, 1024.0, 512.0),
+        (2048.0, 2048.0, 1024.0),
+    ] {
+        let bytes = 2.0 * (m * k + n * k) + 4.0 * m * n;
+        samples.push(sample("gemm", 2.0 * m * n * k, bytes, gemm));
+    }
+    for t in [4.0, 16.0, 128.0, 1024.0] {
+        samples.push(sample("norm", 0.0, 8.0 * 4096.0 * t, norm));
+    }
+    let fit = Calibration::fit(&samples, CACHE).unwrap();
+    for (kind, want) in [("gemm", gemm), ("norm", norm)] {
+        let got = fit.kinds[kind];
+        for (g, w) in [
+            (got.overhead_s, want.overhead_s),
+            (got.s_per_byte, want.s_per_byte),
+            (got.s_per_flop, want.s_per_flop),
+            (got.s_per_spilled_byte, want.s_per_spilled_byte),
+        ] {
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-15), "{kind}: {got:?} != {want:?}");
+        }
+    }
+    assert_eq!(fit.time("absent", OpWork::default()), None);
+}
+
+#[test]
+fn the_fit_keeps_every_cost_non_negative() {
+    // Times that fall with the work would need a negative rate: the fit takes a per-call cost.
+    let samples: Vec<Sample> = [(1e6, 3e-3), (2e6, 2e-3), (4e6, 1e-3)]
+        .into_iter()
+        .map(|(bytes, seconds)| Sample {
+            kind: "odd".into(),
+            work: OpWork { flops: 0.0, bytes, mx: false },
+            seconds,
+        })
+        .collect();
+    let cost = Calibration::fit(&samples, CACHE).unwrap().kinds["odd"];
+    assert!(cost.overhead_s > 0.0 && cost.s_per_byte == 0.0 && cost.s_per_flop == 0.0);
+    let bad = [Sample { kind: "x".into(), work: OpWork::default(), seconds: 0.0 }];
+    assert!(matches!(Calibration::fit(&bad, CACHE), Err(PlanError::BadSample { .. })));
+}
+
+#[test]
+fn a_calibrated_kind_overrides_the_roofline_and_others_keep_it() {
+    let mut kinds = std::collections::BTreeMap::new();
+    kinds.insert("gemm".to_string(), KindCost { overhead_s: 1.0, ..KindCost::default() });
+    let chip =
+        ChipFigures::host(1e9, 1e9, 1e9, 0.0).calibrated(Calibration { kinds, cache_bytes: 0.0 });
+    let work = OpWork { flops: 2e9, bytes: 0.0, mx: false };
+    assert_eq!(chip.op_seconds("gemm", CostUnit::Matrix, work), 1.0);
+    assert_eq!(chip.op_seconds("other", CostUnit::Matrix, work), 2.0);
+}
+
+#[test]
+fn a_recorded_run_simulates_like_its_log() {
+    let log = overlapped_serialised();
+    let works: Vec<OpWork> =
+        log.durations.iter().map(|d| OpWork { flops: 0.0, bytes: *d, mx: false }).collect();
+    let seconds: Vec<Option<f64>> = log.durations.iter().map(|d| Some(*d)).collect();
+    let run = RecordedRun::from_log("x", 7, &log.entries, &works, &seconds, vec![3.0, 1.0, 2.0]);
+    assert_eq!(run.measured_s(), 2.0);
+    // One byte per second: the simulation of the run equals the hand-made log's.
+    let chip = ChipFigures {
+        shared_matrix_units: chips::Figure { value: true, provenance: Provenance::Measured },
+        ..ChipFigures::host(1.0, 1.0, 1.0, 0.0)
+    };
+    let (entries, works) = run.log();
+    let sim = predict_with(&entries, &works, &chip).unwrap();
+    assert_eq!(sim.makespan, log.simulate(true).makespan);
+    let json = serde_json::to_string(&run).unwrap();
+    assert_eq!(serde_json::from_str::<RecordedRun>(&json).unwrap(), run);
+}
+
+#[test]
+fn the_predicted_timeline_has_one_span_per_op() {
+    let sim = overlapped_concurrent().simulate(false);
+    let timeline = sim.timeline();
+    assert_eq!(timeline.spans.len(), sim.ops.len());
+    for (span, op) in timeline.spans.iter().zip(&sim.ops) {
+        assert_eq!(span.label, op.label);
+        assert_eq!(span.end.as_secs_f64(), op.end);
+    }
+    assert_eq!(timeline.makespan().as_secs_f64(), sim.makespan);
 }

@@ -1,0 +1,230 @@
+//! Calibration: per-op-kind costs fitted to measured op times
+//! (docs/design/planner.md#calibration).
+//!
+//! One rate per unit misses what the host measurements show: the reference's MXFP8 GEMM at the
+//! layer's shapes runs at 21–29 GFLOP/s against 37 for a square bf16 GEMM, each kind of vector
+//! kernel moves bytes at its own rate, and an op whose bytes fit in a core's cache moves them
+//! faster than one that streams from memory (the short conv: 2.3 GB/s at 16 tokens, 1.1 GB/s
+//! from 128). So each op kind (its label) gets its own cost,
+//! `overhead + bytes · s_per_byte + flops · s_per_flop + (bytes − cache)⁺ · s_per_spilled_byte`,
+//! fitted with non-negative coefficients by least squares on the *relative* error, so that a
+//! 50 µs gate weighs as much as a 300 ms GEMM.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::chips::{ChipFigures, Figure, Provenance};
+use super::recording::RecordedRun;
+use super::{OpWork, PlanError};
+
+/// The fitted cost of one op kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KindCost {
+    /// Fixed cost per call, seconds (dispatch, thread hand-off, small-tensor overheads).
+    pub overhead_s: f64,
+    /// Seconds per byte read or written.
+    pub s_per_byte: f64,
+    /// Seconds per floating-point operation.
+    pub s_per_flop: f64,
+    /// Extra seconds per byte beyond the cache ([`Calibration::cache_bytes`]).
+    #[serde(default)]
+    pub s_per_spilled_byte: f64,
+}
+
+impl KindCost {
+    /// The time of an op doing `work` on a core with `cache_bytes` of cache.
+    pub fn time(&self, work: OpWork, cache_bytes: f64) -> f64 {
+        let [one, bytes, flops, spilled] = features(work, cache_bytes);
+        self.overhead_s * one
+            + bytes * self.s_per_byte
+            + flops * self.s_per_flop
+            + spilled * self.s_per_spilled_byte
+    }
+}
+
+/// One measured op: its kind, its work and how long it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub kind: String,
+    pub work: OpWork,
+    pub seconds: f64,
+}
+
+/// Per-op-kind costs fitted to measurements.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    pub kinds: BTreeMap<String, KindCost>,
+    /// The cache of one core, bytes: what an op can touch without streaming from memory.
+    pub cache_bytes: f64,
+}
+
+impl Calibration {
+    /// Fits each kind of `samples` on its own, on a core with `cache_bytes` of cache. Every
+    /// sample needs a positive, finite time; a kind whose work never varies gets a pure
+    /// per-call cost.
+    pub fn fit(samples: &[Sample], cache_bytes: f64) -> Result<Self, PlanError> {
+        let mut by_kind: BTreeMap<&str, Vec<&Sample>> = BTreeMap::new();
+        for s in samples {
+            if !(s.seconds.is_finite() && s.seconds > 0.0) {
+                return Err(PlanError::BadSample { kind: s.kind.clone(), seconds: s.seconds });
+            }
+            by_kind.entry(&s.kind).or_default().push(s);
+        }
+        let kinds =
+            by_kind.into_iter().map(|(k, s)| (k.to_string(), fit_kind(&s, cache_bytes))).collect();
+        Ok(Calibration { kinds, cache_bytes })
+    }
+
+    /// The fitted time of an op of `kind`, or `None` for a kind never measured.
+    pub fn time(&self, kind: &str, work: OpWork) -> Option<f64> {
+        self.kinds.get(kind).map(|c| c.time(work, self.cache_bytes))
+    }
+}
+
+/// The columns a kind's cost can use: per call, per byte, per FLOP, per byte beyond the cache.
+const COLUMNS: usize = 4;
+
+fn features(work: OpWork, cache_bytes: f64) -> [f64; COLUMNS] {
+    [1.0, work.bytes, work.flops, (work.bytes - cache_bytes).max(0.0)]
+}
+
+/// Non-negative weighted least squares over the 4 columns: every subset of the columns is
+/// solved by its normal equations, and the feasible (all coefficients ≥ 0) solution with the
+/// smallest relative squared error wins. Fifteen 4×4-or-smaller systems: exact, no iteration.
+fn fit_kind(samples: &[&Sample], cache_bytes: f64) -> KindCost {
+    let mut best: Option<(f64, [f64; COLUMNS])> = None;
+    for mask in 1u32..(1 << COLUMNS) {
+        let cols: Vec<usize> = (0..COLUMNS).filter(|c| mask & (1 << c) != 0).collect();
+        let Some(coef) = solve_subset(samples, &cols, cache_bytes) else { continue };
+        if coef.iter().any(|c| *c < 0.0 || !c.is_finite()) {
+            continue;
+        }
+        let err = relative_sse(samples, &coef, cache_bytes);
+        if best.is_none_or(|(e, _)| err < e) {
+            best = Some((err, coef));
+        }
+    }
+    // The per-call column alone always has a solution (the mean of 1/y over the mean of
+    // 1/y²), so `best` is set whenever there is a sample.
+    let [overhead_s, s_per_byte, s_per_flop, s_per_spilled_byte] =
+        best.map(|(_, c)| c).unwrap_or_default();
+    KindCost { overhead_s, s_per_byte, s_per_flop, s_per_spilled_byte }
+}
+
+fn relative_sse(samples: &[&Sample], coef: &[f64; COLUMNS], cache_bytes: f64) -> f64 {
+    samples
+        .iter()
+        .map(|s| {
+            let f = features(s.work, cache_bytes);
+            let predicted: f64 = (0..COLUMNS).map(|c| coef[c] * f[c]).sum();
+            ((predicted - s.seconds) / s.seconds).powi(2)
+        })
+        .sum()
+}
+
+/// Minimises Σ ((Σ_c coef_c · f_c) / y − 1)² over the columns `cols` (others zero); `None` when
+/// the system is singular (a column that never varies independently of the others).
+fn solve_subset(samples: &[&Sample], cols: &[usize], cache_bytes: f64) -> Option<[f64; COLUMNS]> {
+    let n = cols.len();
+    let mut a = [[0.0f64; COLUMNS + 1]; COLUMNS];
+    for s in samples {
+        let f = features(s.work, cache_bytes);
+        let row: Vec<f64> = cols.iter().map(|&c| f[c] / s.seconds).collect();
+        for i in 0..n {
+            for j in 0..n {
+                a[i][j] += row[i] * row[j];
+            }
+            a[i][n] += row[i];
+        }
+    }
+    // Columns scaled to unit diagonal so bytes (1e8) and FLOPs (1e11) do not swamp the pivot test.
+    let scale: Vec<f64> = (0..n).map(|i| a[i][i].sqrt()).collect();
+    if scale.iter().any(|s| s.is_nan() || *s <= 0.0) {
+        return None;
+    }
+    for i in 0..n {
+        for j in 0..n {
+            a[i][j] /= scale[i] * scale[j];
+        }
+        a[i][n] /= scale[i];
+    }
+    for p in 0..n {
+        let pivot = (p..n).max_by(|&x, &y| a[x][p].abs().total_cmp(&a[y][p].abs()))?;
+        if a[pivot][p].abs() < 1e-9 {
+            return None;
+        }
+        a.swap(p, pivot);
+        let pivot_row = a[p];
+        for (r, row) in a.iter_mut().enumerate().take(n) {
+            if r != p {
+                let factor = row[p] / pivot_row[p];
+                for (x, y) in row.iter_mut().zip(&pivot_row).take(n + 1).skip(p) {
+                    *x -= factor * y;
+                }
+            }
+        }
+    }
+    let mut coef = [0.0; COLUMNS];
+    for (i, &c) in cols.iter().enumerate() {
+        coef[c] = a[i][n] / a[i][i] / scale[i];
+    }
+    Some(coef)
+}
+
+/// Calibrates `base` (this host's measured figures) on recorded runs: each op kind's cost is
+/// fitted on the ops of the single-stream runs (there an op's time is its own; in an
+/// overlapped run the other stream's op may share its core). Then, for each value of whether
+/// the streams share the units, the cost of a cross-stream wait is fitted to the multi-stream
+/// runs' makespans (one least-squares coefficient on the relative error, at least 0), and the
+/// pair that predicts every run's makespan best is kept.
+pub fn calibrate(
+    base: ChipFigures,
+    runs: &[&RecordedRun],
+    cache_bytes: f64,
+) -> Result<ChipFigures, PlanError> {
+    let single: Vec<&&RecordedRun> = runs.iter().filter(|r| r.streams() == 1).collect();
+    let samples: Vec<Sample> = if single.is_empty() {
+        runs.iter().flat_map(|r| r.samples()).collect()
+    } else {
+        single.iter().flat_map(|r| r.samples()).collect()
+    };
+    let calibrated = base.calibrated(Calibration::fit(&samples, cache_bytes)?);
+    let logs: Vec<_> = runs.iter().map(|r| (r.log(), r.measured_s(), r.waits())).collect();
+    let predict = |figures: &ChipFigures| -> Result<Vec<f64>, PlanError> {
+        logs.iter()
+            .map(|((entries, works), _, _)| {
+                Ok(super::predict_with(entries, works, figures)?.makespan)
+            })
+            .collect()
+    };
+    let mut best: Option<(f64, ChipFigures)> = None;
+    for shared in [false, true] {
+        let mut figures = ChipFigures {
+            shared_streams: Figure { value: shared, provenance: Provenance::Measured },
+            wait_s: Figure { value: 0.0, provenance: Provenance::Measured },
+            ..calibrated.clone()
+        };
+        // Each wait adds its cost to its stream; with the streams sharing the units (or on the
+        // critical path) it adds to the makespan, so the fit is linear: p + n·w against m.
+        let free = predict(&figures)?;
+        let (mut num, mut den) = (0.0, 0.0);
+        for ((_, m, n), p) in logs.iter().zip(&free) {
+            let (m, n) = (m.max(f64::MIN_POSITIVE), *n as f64);
+            num += n / m * (1.0 - p / m);
+            den += (n / m).powi(2);
+        }
+        if den > 0.0 {
+            figures.wait_s.value = (num / den).max(0.0);
+        }
+        let error: f64 = predict(&figures)?
+            .iter()
+            .zip(&logs)
+            .map(|(p, (_, m, _))| (p / m.max(f64::MIN_POSITIVE) - 1.0).powi(2))
+            .sum();
+        if best.as_ref().is_none_or(|(e, _)| error < *e) {
+            best = Some((error, figures));
+        }
+    }
+    Ok(best.map(|(_, f)| f).unwrap_or(calibrated))
+}
