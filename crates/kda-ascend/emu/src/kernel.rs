@@ -241,6 +241,7 @@ fn build(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
         names::CHUNK => {
             expect(10)?;
             Op::KdaChunk(KdaChunk {
+                chunk_state_slots: None,
                 q: need(&mut t, "q")?,
                 k: need(&mut t, "k")?,
                 v: need(&mut t, "v")?,
