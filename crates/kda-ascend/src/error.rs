@@ -11,6 +11,9 @@ pub enum AscendError {
          toolkit) or `emulated`"
     )]
     NotCompiledWithAscend,
+    /// The CANN libraries (or a required symbol) could not be found at backend creation.
+    #[error("kda-ascend could not bind CANN: {0}")]
+    Load(#[from] kda_ascend_sys::LoadError),
     /// An ACL runtime or aclnn call returned a non-zero code.
     #[error("{func} failed with ACL error {code}: {message}")]
     Acl { func: &'static str, code: i32, message: String },

@@ -1,8 +1,8 @@
 //! `kda-ascend`: the Ascend NPU backend of kda.
 //!
-//! - `sys`: the hand-written `extern "C"` declarations of the ACL runtime, aclnn and
-//!   kernel-launch entry points used (feature `acl` links CANN's libraries; feature `emulated`
-//!   links `kda-acl-emu`, which exports the same symbols).
+//! - `sys`: the CANN declarations of `kda-ascend-sys`: one list of prototypes as a table of
+//!   function pointers, filled at run time from CANN's libraries (feature `acl`; the build needs
+//!   no toolkit) or from the emulated runtime `kda-acl-emu` (feature `emulated`).
 //! - [`AscendBackend`]: the kda-core HAL over them. Streams and `ACL_EVENT_SYNC` events, a
 //!   caching allocator with stream-ordered reuse, host↔device copies, capture through
 //!   `aclmdlRICapture*`; aclnn two-phase ops for the GEMMs, MXFP8 quantization and copies; the
@@ -32,8 +32,3 @@ pub use backend::{AclGraph, AscendBackend, AscendBuffer, AscendEvent, AscendStre
 mod twin;
 #[cfg(not(any(feature = "acl", feature = "emulated")))]
 pub use twin::{AscendBackend, AscendBuffer, AscendEvent, AscendStream};
-
-// The emulated runtime is linked only for its exported C symbols.
-#[cfg(all(feature = "emulated", not(feature = "acl")))]
-#[allow(unused_extern_crates, reason = "linked for the C symbols `sys` declares")]
-extern crate kda_acl_emu;

@@ -587,7 +587,7 @@ fn capture_end_without_the_final_join_fails_with_the_acl_error() {
         (end, ri)
     };
     let (end, _) = capture(false);
-    assert_eq!(end, sys::ACL_ERROR_RT_STREAM_CAPTURE_UNJOINED);
+    assert_eq!(end, sys::ACL_ERROR_RT_STREAM_UNJOINED);
     assert!(sys::recent_error().contains("never joined back"), "{}", sys::recent_error());
 
     let (end, ri) = capture(true);

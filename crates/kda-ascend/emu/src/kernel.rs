@@ -84,28 +84,60 @@ pub unsafe extern "C" fn aclrtLaunchKernel(
 ) -> aclError {
     const API: &str = "aclrtLaunchKernel";
     call(|| {
-        let emu = emu();
-        let name = *emu.functions.get(&(func as usize)).ok_or_else(|| {
-            (ACL_ERROR_INVALID_PARAM, format!("{API}: unknown function {func:?}"))
-        })?;
         // SAFETY: `args` holds `args_size` bytes (CANN's contract).
         let bytes = unsafe { array(args.cast::<u8>(), args_size) }?;
-        let block = abi::decode(&bytes)
-            .map_err(|m| (ACL_ERROR_INVALID_PARAM, format!("{API} {name}: {m}")))?;
-        if block_dim == 0 || block_dim != block.tiling.block_dim {
-            return invalid(format!(
-                "{API} {name}: blockDim {block_dim}, tiling says {}",
-                block.tiling.block_dim
-            ));
-        }
-        let s = emu.stream(API, stream)?;
-        let op = build(&emu, name, &block).map_err(|(c, m)| (c, format!("{API} {name}: {m}")))?;
-        op.validate(emu.backend_instance())
-            .map_err(|e| (ACL_ERROR_INVALID_PARAM, format!("{API} {name}: {e}")))?;
-        emu.launch(name, &s, vec![op])?;
-        crate::log(name, stream as usize, 0);
-        Ok(())
+        run(API, func, block_dim, &bytes, stream)
     })
+}
+
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments, reason = "CANN's prototype")]
+pub unsafe extern "C" fn aclrtLaunchKernelWithHostArgs(
+    func: aclrtFuncHandle,
+    num_blocks: u32,
+    stream: aclrtStream,
+    _cfg: *mut aclrtLaunchKernelCfg,
+    host_args: *mut c_void,
+    args_size: usize,
+    _place_holders: *mut aclrtPlaceHolderInfo,
+    _place_holder_num: usize,
+) -> aclError {
+    const API: &str = "aclrtLaunchKernelWithHostArgs";
+    call(|| {
+        // SAFETY: `hostArgs` holds `argsSize` bytes (CANN's contract).
+        let bytes = unsafe { array(host_args.cast_const().cast::<u8>(), args_size) }?;
+        run(API, func, num_blocks, &bytes, stream)
+    })
+}
+
+/// Queue the kernel `func` with the argument block `bytes`.
+fn run(
+    api: &str,
+    func: aclrtFuncHandle,
+    block_dim: u32,
+    bytes: &[u8],
+    stream: aclrtStream,
+) -> Res<()> {
+    let emu = emu();
+    let name = *emu
+        .functions
+        .get(&(func as usize))
+        .ok_or_else(|| (ACL_ERROR_INVALID_PARAM, format!("{api}: unknown function {func:?}")))?;
+    let block =
+        abi::decode(bytes).map_err(|m| (ACL_ERROR_INVALID_PARAM, format!("{api} {name}: {m}")))?;
+    if block_dim == 0 || block_dim != block.tiling.block_dim {
+        return invalid(format!(
+            "{api} {name}: blockDim {block_dim}, tiling says {}",
+            block.tiling.block_dim
+        ));
+    }
+    let s = emu.stream(api, stream)?;
+    let op = build(&emu, name, &block).map_err(|(c, m)| (c, format!("{api} {name}: {m}")))?;
+    op.validate(emu.backend_instance())
+        .map_err(|e| (ACL_ERROR_INVALID_PARAM, format!("{api} {name}: {e}")))?;
+    emu.launch(name, &s, vec![op])?;
+    crate::log(name, stream as usize, 0);
+    Ok(())
 }
 
 /// The tensors of a block, in order; `None` for absent optional operands.

@@ -21,14 +21,12 @@
     reason = "each entry point's contract is CANN's documentation of the same symbol"
 )]
 
-#[path = "../../src/kernels/abi.rs"]
-#[allow(dead_code, reason = "the backend uses the encoding half")]
-mod abi;
 mod kernel;
 mod nn;
 mod rt;
-#[path = "../../src/sys/types.rs"]
-mod types;
+
+/// The declarations shared with the backend.
+use kda_ascend_sys::{abi, types};
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -237,7 +235,7 @@ impl Emu {
 
     /// Whether the MX dtypes exist on this SoC (Ascend 950 only).
     fn has_mx(&self) -> bool {
-        self.soc.to_bytes().starts_with(b"Ascend950")
+        rt::soc_has_mx(&self.soc)
     }
 
     /// The allocation holding `len` bytes from device address `addr`, and the byte offset.
@@ -354,8 +352,89 @@ unsafe fn put<V>(api: &str, out: *mut V, value: V) -> Res<()> {
     Ok(())
 }
 
+/// The emulated runtime as a `kda-ascend-sys` table: each field is assigned this crate's own
+/// function, so the compiler checks every emulated prototype against the shared list. The MX
+/// ops are left out on a SoC without them (`KDA_ACL_EMU_SOC` not an Ascend 950), as CANN for
+/// A2/A3 lacks them.
+pub fn table() -> kda_ascend_sys::Api {
+    table_for(&rt::soc_name())
+}
+
+/// The table of an emulated `soc`.
+fn table_for(soc: &CString) -> kda_ascend_sys::Api {
+    let mut api = kda_ascend_sys::Api {
+        aclInit: Some(rt::aclInit),
+        aclrtSetDevice: Some(rt::aclrtSetDevice),
+        aclrtGetSocName: Some(rt::aclrtGetSocName),
+        aclGetRecentErrMsg: Some(aclGetRecentErrMsg),
+        aclrtMalloc: Some(rt::aclrtMalloc),
+        aclrtFree: Some(rt::aclrtFree),
+        aclrtMallocHost: Some(rt::aclrtMallocHost),
+        aclrtFreeHost: Some(rt::aclrtFreeHost),
+        aclrtHostRegister: Some(rt::aclrtHostRegister),
+        aclrtHostUnregister: Some(rt::aclrtHostUnregister),
+        aclrtMemcpyAsync: Some(rt::aclrtMemcpyAsync),
+        aclrtCreateStream: Some(rt::aclrtCreateStream),
+        aclrtDestroyStream: Some(rt::aclrtDestroyStream),
+        aclrtSetStreamFailureMode: Some(rt::aclrtSetStreamFailureMode),
+        aclrtSynchronizeStream: Some(rt::aclrtSynchronizeStream),
+        aclrtCreateEventExWithFlag: Some(rt::aclrtCreateEventExWithFlag),
+        aclrtDestroyEvent: Some(rt::aclrtDestroyEvent),
+        aclrtRecordEvent: Some(rt::aclrtRecordEvent),
+        aclrtStreamWaitEvent: Some(rt::aclrtStreamWaitEvent),
+        aclrtQueryEventStatus: Some(rt::aclrtQueryEventStatus),
+        aclrtLaunchHostFunc: Some(rt::aclrtLaunchHostFunc),
+        aclmdlRICaptureBegin: Some(rt::aclmdlRICaptureBegin),
+        aclmdlRICaptureEnd: Some(rt::aclmdlRICaptureEnd),
+        aclmdlRIExecuteAsync: Some(rt::aclmdlRIExecuteAsync),
+        aclmdlRIDestroy: Some(rt::aclmdlRIDestroy),
+        aclrtBinaryLoadFromFile: Some(kernel::aclrtBinaryLoadFromFile),
+        aclrtBinaryUnLoad: Some(kernel::aclrtBinaryUnLoad),
+        aclrtBinaryGetFunction: Some(kernel::aclrtBinaryGetFunction),
+        aclrtLaunchKernel: Some(kernel::aclrtLaunchKernel),
+        aclrtLaunchKernelWithHostArgs: Some(kernel::aclrtLaunchKernelWithHostArgs),
+        aclCreateTensor: Some(nn::aclCreateTensor),
+        aclDestroyTensor: Some(nn::aclDestroyTensor),
+        aclCreateScalar: Some(nn::aclCreateScalar),
+        aclDestroyScalar: Some(nn::aclDestroyScalar),
+        aclSetAclOpExecutorRepeatable: Some(nn::aclSetAclOpExecutorRepeatable),
+        aclDestroyAclOpExecutor: Some(nn::aclDestroyAclOpExecutor),
+        aclnnMatmulGetWorkspaceSize: Some(nn::aclnnMatmulGetWorkspaceSize),
+        aclnnMatmul: Some(nn::aclnnMatmul),
+        aclnnInplaceCopyGetWorkspaceSize: Some(nn::aclnnInplaceCopyGetWorkspaceSize),
+        aclnnInplaceCopy: Some(nn::aclnnInplaceCopy),
+        aclnnInplaceFillScalarGetWorkspaceSize: Some(nn::aclnnInplaceFillScalarGetWorkspaceSize),
+        aclnnInplaceFillScalar: Some(nn::aclnnInplaceFillScalar),
+        ..kda_ascend_sys::Api::default()
+    };
+    if rt::soc_has_mx(soc) {
+        api.aclnnDynamicMxQuantV3GetWorkspaceSize = Some(nn::aclnnDynamicMxQuantV3GetWorkspaceSize);
+        api.aclnnDynamicMxQuantV3 = Some(nn::aclnnDynamicMxQuantV3);
+        api.aclnnQuantMatmulV5GetWorkspaceSize = Some(nn::aclnnQuantMatmulV5GetWorkspaceSize);
+        api.aclnnQuantMatmulV5 = Some(nn::aclnnQuantMatmulV5);
+    }
+    api
+}
+
 /// The message of this thread's most recent failed call (CANN's `aclGetRecentErrMsg`).
 #[unsafe(no_mangle)]
 pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every required symbol is emulated; the MX ops exist only on an emulated Ascend 950.
+    #[test]
+    fn the_table_has_every_required_symbol_and_the_mx_ops_only_on_950() {
+        let soc = |s: &str| CString::new(s).unwrap_or_default();
+        let a950 = table_for(&soc("Ascend950PR"));
+        assert_eq!(a950.missing_required(), Vec::<&str>::new());
+        assert_eq!(a950.absent(), Vec::<&str>::new());
+        let a2 = table_for(&soc("Ascend910B3"));
+        assert_eq!(a2.missing_required(), Vec::<&str>::new());
+        assert_eq!(a2.absent(), kda_ascend_sys::MX_SYMBOLS.to_vec());
+    }
 }

@@ -11,9 +11,14 @@ use crate::types::*;
 use crate::{EmuEvent, Res, array, call, emu, invalid, put};
 
 /// The SoC the emulated device reports: `KDA_ACL_EMU_SOC`, else an Ascend 950 (MX GEMMs).
-fn soc_name() -> CString {
+pub(crate) fn soc_name() -> CString {
     let name = std::env::var("KDA_ACL_EMU_SOC").unwrap_or_else(|_| "Ascend950PR".into());
     CString::new(name).unwrap_or_default()
+}
+
+/// Whether the MX dtypes (and their aclnn ops) exist on `soc` (Ascend 950 only).
+pub(crate) fn soc_has_mx(soc: &CString) -> bool {
+    soc.to_bytes().starts_with(b"Ascend950")
 }
 
 #[unsafe(no_mangle)]
@@ -390,7 +395,7 @@ pub extern "C" fn aclmdlRICaptureBegin(stream: aclrtStream, mode: aclmdlRICaptur
     })
 }
 
-/// End the capture: fails with `ACL_ERROR_RT_STREAM_CAPTURE_UNJOINED` when a forked stream was
+/// End the capture: fails with `ACL_ERROR_RT_STREAM_UNJOINED` when a forked stream was
 /// not joined back to the origin after its last work.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclmdlRICaptureEnd(
@@ -404,7 +409,7 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(
         let graph = emu.backend.end_capture(&s).map_err(|e| match e {
             Error::Capture(
                 c @ (CaptureError::NotJoined { .. } | CaptureError::WorkAfterJoin { .. }),
-            ) => (ACL_ERROR_RT_STREAM_CAPTURE_UNJOINED, format!("{API}: {c}")),
+            ) => (ACL_ERROR_RT_STREAM_UNJOINED, format!("{API}: {c}")),
             other => (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {other}")),
         });
         if emu.capture.is_some_and(|c| c.stream == stream as usize) {

@@ -17,10 +17,13 @@ pub(crate) fn check(func: &'static str, code: sys::aclError) -> Result<(), Ascen
     }
 }
 
-/// `aclInit` once per process (a second init is reported by CANN and harmless).
+/// Resolve the CANN table (feature `acl`: open the libraries; a missing library or required
+/// symbol is [`AscendError::Load`]), then `aclInit` once per process (a second init is
+/// reported by CANN and harmless).
 fn init() -> Result<(), AscendError> {
     static INIT: OnceLock<Result<(), AscendError>> = OnceLock::new();
     INIT.get_or_init(|| {
+        sys::bind_table()?;
         // SAFETY: a null config path is allowed ("no configuration").
         let code = unsafe { sys::aclInit(std::ptr::null()) };
         if code == sys::ACL_ERROR_REPEAT_INITIALIZE { Ok(()) } else { check("aclInit", code) }
@@ -141,9 +144,6 @@ pub(crate) struct HostMemory {
     device: usize,
 }
 
-/// `aclrtHostRegister`'s mapped mode.
-const ACL_HOST_REGISTER_MAPPED: std::ffi::c_int = 0;
-
 impl HostMemory {
     pub(crate) fn alloc(len: usize) -> Result<Self, AscendError> {
         let mut p: *mut c_void = std::ptr::null_mut();
@@ -161,7 +161,7 @@ impl HostMemory {
             sys::aclrtHostRegister(
                 mem.ptr as *mut c_void,
                 mem.len as u64,
-                ACL_HOST_REGISTER_MAPPED,
+                sys::ACL_HOST_REGISTER_MAPPED,
                 &mut d,
             )
         })?;

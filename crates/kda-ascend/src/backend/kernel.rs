@@ -95,20 +95,25 @@ pub(crate) struct Launch {
 impl Launch {
     pub(crate) fn issue(&self, stream: sys::aclrtStream) -> Result<()> {
         let _span = tracing::trace_span!(
-            "aclrtLaunchKernel",
+            "aclrtLaunchKernelWithHostArgs",
             kernel = self.name,
             block_dim = self.block_dim
         )
         .entered();
-        // SAFETY: a function of the loaded binary; `args` is a complete argument block that
-        // outlives the call (the runtime copies it); a live stream.
-        check("aclrtLaunchKernel", unsafe {
-            sys::aclrtLaunchKernel(
+        let mut args = self.args.clone();
+        // SAFETY: a function of the loaded binary; `args` is a complete argument block in host
+        // memory, which the runtime copies to the device before the call returns; no launch
+        // configuration, no placeholders; a live stream.
+        check("aclrtLaunchKernelWithHostArgs", unsafe {
+            sys::aclrtLaunchKernelWithHostArgs(
                 self.func as sys::aclrtFuncHandle,
                 self.block_dim,
-                self.args.as_ptr().cast(),
-                self.args.len(),
                 stream,
+                std::ptr::null_mut(),
+                args.as_mut_ptr().cast(),
+                args.len(),
+                std::ptr::null_mut(),
+                0,
             )
         })?;
         Ok(())

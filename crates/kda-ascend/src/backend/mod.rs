@@ -39,6 +39,8 @@ struct Inner {
     chip: Chip,
     /// Whether the MX ops use aclnn (`true`) or the emulation path.
     native_mx: bool,
+    /// The optional CANN symbols this installation lacks (capabilities absent here).
+    absent: Vec<&'static str>,
     pool: Arc<memory::Pool>,
     kernels: kernel::Kernels,
     /// What `launch_graph` built for each graph (its ACL model), by graph id.
@@ -146,15 +148,33 @@ impl AscendBackend {
     fn raw_with_options(options: AscendOptions) -> std::result::Result<Self, AscendError> {
         acl::bind(options.device)?;
         let chip = Chip::from_soc(&acl::soc_name());
+        let api = crate::sys::installed().ok_or(AscendError::Unsupported {
+            op: "AscendBackend::with_options",
+            message: "the CANN table was not installed".into(),
+        })?;
+        // The native MX path needs its aclnn ops in this installation, not only an MX chip.
+        let mx_ops = api.has_all(&crate::sys::MX_SYMBOLS);
         let native_mx = match options.mx_gemm {
-            MxGemmPath::Auto => chip.mx_gemm,
-            MxGemmPath::Native => true,
+            MxGemmPath::Auto => chip.mx_gemm && mx_ops,
+            MxGemmPath::Native if mx_ops => true,
+            MxGemmPath::Native => {
+                let absent: Vec<&str> =
+                    crate::sys::MX_SYMBOLS.into_iter().filter(|s| !api.has(s)).collect();
+                return Err(AscendError::Unsupported {
+                    op: "MxGemmPath::Native",
+                    message: format!(
+                        "the native MXFP8 path needs {absent:?}, absent from this CANN ({})",
+                        chip.soc
+                    ),
+                });
+            }
             MxGemmPath::Emulated => false,
         };
         let inner = Inner {
             instance: InstanceId::fresh(),
             chip,
             native_mx,
+            absent: api.absent(),
             options,
             pool: Arc::default(),
             kernels: kernel::Kernels::default(),
@@ -178,6 +198,12 @@ impl AscendBackend {
     /// Whether the MXFP8 ops run natively (`aclnnQuantMatmulV5`) or through the emulation path.
     pub fn native_mx(&self) -> bool {
         self.inner.native_mx
+    }
+
+    /// The optional CANN symbols (ops) this installation lacks: capabilities reported absent,
+    /// which the backend routes around (the MXFP8 ops: the bf16 emulation path).
+    pub fn absent_symbols(&self) -> &[&'static str] {
+        &self.inner.absent
     }
 
     fn enter(&self) -> Result<()> {
@@ -210,7 +236,15 @@ impl Backend for AscendBackend {
                 concurrent_streams: true,
                 // Cube units are shared by both projection GEMMs.
                 shared_matrix_units: true,
-                execution: format!("ACL streams on {} ({mx})", chip.soc),
+                execution: if self.inner.absent.is_empty() {
+                    format!("ACL streams on {} ({mx})", chip.soc)
+                } else {
+                    format!(
+                        "ACL streams on {} ({mx}; absent: {})",
+                        chip.soc,
+                        self.inner.absent.join(", ")
+                    )
+                },
                 threads: chip.vector_cores as usize,
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],
             },

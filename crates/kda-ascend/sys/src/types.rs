@@ -1,10 +1,9 @@
 //! The C types, codes and flags of CANN's `acl_base.h`, `acl_rt.h`, `acl_mdl.h` and
 //! `aclnn/acl_meta.h` that kda uses, with their values from the 8.x/9.x headers.
 //!
-//! Shared, like the headers themselves, by the FFI declarations (`sys`) and by the emulated
-//! runtime that implements them.
-
-#![allow(non_camel_case_types, dead_code)]
+//! Error codes are those of `include/external/acl/error_codes/rt_error_codes.h` and
+//! `acl_base.h` in CANN's open-sourced runtime (`hicann/runtime`); the flags those of
+//! `acl_rt.h`. Shared, like the headers themselves, by the backend and the emulated runtime.
 
 use std::ffi::{c_int, c_void};
 
@@ -56,11 +55,34 @@ pub const ACL_ERROR_REPEAT_INITIALIZE: aclError = 100002;
 pub const ACL_ERROR_INVALID_FILE: aclError = 100003;
 pub const ACL_ERROR_FEATURE_UNSUPPORTED: aclError = 200006;
 pub const ACL_ERROR_BAD_ALLOC: aclError = 200000;
+// rt_error_codes.h: parameter and capture errors (107xxx).
 pub const ACL_ERROR_RT_PARAM_INVALID: aclError = 107000;
-pub const ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: aclError = 107022;
-pub const ACL_ERROR_RT_STREAM_CAPTURE_UNJOINED: aclError = 107023;
+pub const ACL_ERROR_RT_FILE_OPEN: aclError = 107009;
+pub const ACL_ERROR_RT_INVALID_HANDLE: aclError = 107017;
+pub const ACL_ERROR_RT_DEVICE_TASK_ABORT: aclError = 107022;
+pub const ACL_ERROR_RT_STREAM_ABORT: aclError = 107023;
+pub const ACL_ERROR_RT_CAPTURE_DEPENDENCY: aclError = 107024;
+/// A capture ended with a forked stream that was not joined back to the origin.
+pub const ACL_ERROR_RT_STREAM_UNJOINED: aclError = 107025;
+/// A stream that is capturing cannot be synchronized, queried or destroyed.
+pub const ACL_ERROR_RT_STREAM_CAPTURED: aclError = 107027;
+/// An event recorded in an open capture cannot be synchronized or queried.
+pub const ACL_ERROR_RT_EVENT_CAPTURED: aclError = 107028;
+pub const ACL_ERROR_RT_STREAM_NOT_CAPTURED: aclError = 107029;
+pub const ACL_ERROR_RT_SYMBOL_NOT_FOUND: aclError = 107042;
+pub const ACL_ERROR_RT_INVALID_DEVICE_FUNCTION: aclError = 107044;
+// Resource errors (207xxx).
+pub const ACL_ERROR_RT_FEATURE_NOT_SUPPORT: aclError = 207000;
+pub const ACL_ERROR_RT_MEMORY_ALLOCATION: aclError = 207001;
+// Runtime and device errors (507xxx).
+pub const ACL_ERROR_RT_INTERNAL_ERROR: aclError = 507000;
 pub const ACL_ERROR_RT_AICORE_EXCEPTION: aclError = 507015;
-pub const ACL_ERROR_RT_INTERNAL_ERROR: aclError = 507899;
+pub const ACL_ERROR_RT_AICORE_TRAP_EXCEPTION: aclError = 507016;
+pub const ACL_ERROR_RT_KERNEL_LOOKUP: aclError = 507027;
+pub const ACL_ERROR_RT_VECTOR_CORE_EXCEPTION: aclError = 507035;
+pub const ACL_ERROR_RT_DRV_INTERNAL_ERROR: aclError = 507899;
+/// The capture was invalidated (an operation the capture cannot hold).
+pub const ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: aclError = 507903;
 pub const ACLNN_SUCCESS: aclnnStatus = 0;
 pub const ACLNN_ERR_PARAM_NULLPTR: aclnnStatus = 161001;
 pub const ACLNN_ERR_PARAM_INVALID: aclnnStatus = 161002;
@@ -88,15 +110,41 @@ pub const ACL_MEMCPY_DEVICE_TO_DEVICE: aclrtMemcpyKind = 3;
 
 pub const ACL_MEM_MALLOC_HUGE_FIRST: aclrtMemMallocPolicy = 0;
 
-/// `aclrtCreateEventExWithFlag` flags: only SYNC events may be waited on by another stream.
+/// `aclrtCreateEventExWithFlag` flags: only SYNC events may be waited on by another stream
+/// (a scarce resource: 65,536 per device); CAPTURE_STREAM_PROGRESS events mark a stream's
+/// progress for host queries and may be recorded inside a capture.
 pub const ACL_EVENT_SYNC: u32 = 0x1;
+pub const ACL_EVENT_CAPTURE_STREAM_PROGRESS: u32 = 0x2;
 pub const ACL_EVENT_TIME_LINE: u32 = 0x8;
 
 pub const ACL_EVENT_RECORDED_STATUS_NOT_READY: aclrtEventRecordedStatus = 0;
 pub const ACL_EVENT_RECORDED_STATUS_COMPLETE: aclrtEventRecordedStatus = 1;
 
-/// `aclrtSetStreamFailureMode`: stop the stream's later tasks after a failed one.
+/// `aclrtSetStreamFailureMode`: stop the stream's later tasks after a failed one (the mode then
+/// holds for every stream of the context, and no new task is accepted).
+pub const ACL_CONTINUE_ON_FAILURE: u64 = 0;
 pub const ACL_STOP_ON_FAILURE: u64 = 1;
+
+/// `aclrtHostRegister`'s mapped mode.
+pub const ACL_HOST_REGISTER_MAPPED: c_int = 0;
+
+/// `aclrtLaunchKernelCfg` (`acl_rt.h`): launch attributes; kda passes none (null).
+#[repr(C)]
+#[derive(Debug)]
+pub struct aclrtLaunchKernelCfg {
+    pub attrs: *mut c_void,
+    pub num_attrs: usize,
+}
+
+/// `aclrtPlaceHolderInfo` (`acl_rt.h`): at launch the runtime copies the host data at
+/// `dataOffset` of `hostArgs` into device memory and writes that device address into `hostArgs`
+/// at `addrOffset`.
+#[repr(C)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct aclrtPlaceHolderInfo {
+    pub addr_offset: u32,
+    pub data_offset: u32,
+}
 
 pub const ACL_MODEL_RI_CAPTURE_MODE_GLOBAL: aclmdlRICaptureMode = 0;
 pub const ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL: aclmdlRICaptureMode = 1;
