@@ -110,6 +110,7 @@ fn library(
         let n = bb * t;
         Op::KdaChunk(KdaChunk {
             chunk_state_slots: None,
+            host_meta: None,
             q: upload("q", &[n, h, k]),
             k: upload("k", &[n, h, k]),
             v: upload("v", &[n, h, v]),

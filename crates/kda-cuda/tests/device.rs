@@ -103,6 +103,7 @@ fn chunk_on(
     });
     let op = KdaChunk {
         chunk_state_slots: None,
+        host_meta: None,
         q,
         k,
         v,
@@ -303,6 +304,7 @@ fn graph_failures_are_reported_and_do_not_stick() -> Result<(), Failed> {
     let slots = i32_tensor(&b, &s, &[0]);
     let op = Op::KdaChunk(KdaChunk {
         chunk_state_slots: None,
+        host_meta: None,
         q: q.clone(),
         k: q.clone(),
         v: q,

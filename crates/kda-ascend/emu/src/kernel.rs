@@ -285,6 +285,7 @@ fn build(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
                 state: need(&mut t, "state")?,
                 o: need(&mut t, "o")?,
                 chunk_state_slots: t.next().flatten(),
+                host_meta: None,
                 scale: scalar(block, 0, "scale")? as f32,
                 qk_l2norm: scalar(block, 1, "qk_l2norm")? != 0.0,
             })

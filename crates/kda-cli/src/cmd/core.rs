@@ -351,6 +351,7 @@ pub fn compute<B: Backend>(
             let cu_seqlens: Vec<i32> = (0..=batch_i32).map(|r| r * tokens_i32).collect();
             Op::KdaChunk(KdaChunk {
                 chunk_state_slots: None,
+                host_meta: None,
                 q: upload(b, &s, &inputs.q, &[n, heads, k])?,
                 k: upload(b, &s, &inputs.k, &[n, heads, k])?,
                 v: upload(b, &s, &inputs.v, &[n, heads, v])?,
@@ -528,6 +529,7 @@ pub fn prefill_workload<B: Backend>(
     let o = b.alloc(DType::F32, &[t, h, d])?;
     let op = Op::KdaChunk(KdaChunk {
         chunk_state_slots: None,
+        host_meta: None,
         q,
         k,
         v,

@@ -176,6 +176,12 @@ pub struct KdaChunk<B: Resources> {
     /// chunk, in f32 and written where the caller caches it instead of into an `[NC, H, V, K]`
     /// array.)
     pub chunk_state_slots: Option<Tensor<B>>,
+    /// Optional: the request metadata as host values, equal to the device tensors, when the
+    /// caller has them (the layer does). A backend whose vendor operator takes the offsets on
+    /// the host when it is built (`aclnnChunkKdaFwd`'s `cuSeqlens`) needs them to use that
+    /// operator; without them it runs its own kernel. A backend that reads them checks them
+    /// against the device tensors where it can (the reference does).
+    pub host_meta: Option<ChunkHostMeta>,
     /// State cache `[N, H, V, K]` f32 (v-first), read and written in place.
     pub state: Tensor<B>,
     /// Output `[T, H, V]` (bf16, f16 or f32).
@@ -184,6 +190,17 @@ pub struct KdaChunk<B: Resources> {
     pub scale: f32,
     /// L2-normalise q and k first (eps 1e-6 inside the square root).
     pub qk_l2norm: bool,
+}
+
+/// [`KdaChunk`]'s request metadata as host values (see [`KdaChunk::host_meta`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkHostMeta {
+    /// `cu_seqlens`, `[B + 1]`.
+    pub cu_seqlens: std::sync::Arc<[i32]>,
+    /// `state_slots`, `[B]`.
+    pub state_slots: std::sync::Arc<[i32]>,
+    /// `has_initial_state`, `[B]`.
+    pub has_initial_state: std::sync::Arc<[i32]>,
 }
 
 /// Chunks of a request of `len` tokens: entries it owns in [`KdaChunk::chunk_state_slots`].
@@ -239,6 +256,22 @@ impl<B: Resources> KdaChunk<B> {
         check::meta(OP, "state_slots", &self.state_slots, &[batch], "B of cu_seqlens")?;
         let why = "B of cu_seqlens";
         check::meta(OP, "has_initial_state", &self.has_initial_state, &[batch], why)?;
+        if let Some(m) = &self.host_meta {
+            for (param, len, want) in [
+                ("host_meta.cu_seqlens", m.cu_seqlens.len(), batch + 1),
+                ("host_meta.state_slots", m.state_slots.len(), batch),
+                ("host_meta.has_initial_state", m.has_initial_state.len(), batch),
+            ] {
+                if len != want {
+                    return Err(Error::Shape {
+                        op: OP,
+                        param,
+                        expected: format!("[{want}] (B of cu_seqlens)"),
+                        actual: vec![len],
+                    });
+                }
+            }
+        }
         if let Some(c) = &self.chunk_state_slots {
             // NC depends on the offsets (device data); only the rank is known here.
             let [nc] = check::dims(OP, "chunk_state_slots", c, "[NC]")?;

@@ -17,7 +17,9 @@ use std::ops::Range;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::hal::Backend;
-use crate::kda::{CausalConv, CausalConvUpdate, ChunkGate, KdaChunk, KdaGate, KdaRecurrent};
+use crate::kda::{
+    CausalConv, CausalConvUpdate, ChunkGate, ChunkHostMeta, KdaChunk, KdaGate, KdaRecurrent,
+};
 use crate::layer::error::Result;
 use crate::op::Op;
 use crate::tensor::Tensor;
@@ -152,6 +154,11 @@ pub(super) fn run_group<B: Backend>(
                 chunk_state_slots: chunk_state_slots
                     .map(|slots| meta_tensor(b, stream, slots))
                     .transpose()?,
+                host_meta: Some(ChunkHostMeta {
+                    cu_seqlens: group.local_offsets().into(),
+                    state_slots: group.state_slots.as_slice().into(),
+                    has_initial_state: group.has_initial_state.as_slice().into(),
+                }),
                 q,
                 k,
                 v,

@@ -538,6 +538,7 @@ fn run_chunk<B: Backend>(
     let o = b.alloc(DType::F32, &[t, h, vd]).unwrap();
     let op = KdaChunk {
         chunk_state_slots: None,
+        host_meta: None,
         q: float_tensor(b, s, dtype, &[t, h, kd], &seq.q).0,
         k: float_tensor(b, s, dtype, &[t, h, kd], &seq.k).0,
         v: float_tensor(b, s, dtype, &[t, h, vd], &seq.v).0,
@@ -752,6 +753,7 @@ fn varlen_chunk<B: Backend>(
     let requests = lens.len();
     KdaChunk {
         chunk_state_slots: None,
+        host_meta: None,
         q: f32_tensor(b, s, &[t, h, kd], q),
         k: f32_tensor(b, s, &[t, h, kd], k),
         v: f32_tensor(b, s, &[t, h, vd], v),
@@ -1154,6 +1156,7 @@ pub fn kda_ops_reject_bad_operands<B: Backend>(make: &impl Factory<B>) {
     let (t, h, kd, vd) = (5, 2, 8, 6);
     let chunk = || KdaChunk {
         chunk_state_slots: None,
+        host_meta: None,
         q: f(&[t, h, kd]),
         k: f(&[t, h, kd]),
         v: f(&[t, h, vd]),
@@ -1205,6 +1208,7 @@ pub fn kda_ops_reject_bad_operands<B: Backend>(make: &impl Factory<B>) {
     // The in-kernel gate's parameters, checked as KdaGate checks them (`g` holds the logits).
     let gated = |a_log: Tensor<B>, dt_bias: Tensor<B>, form| KdaChunk {
         chunk_state_slots: None,
+        host_meta: None,
         gate: Some(ChunkGate { a_log, dt_bias, form }),
         ..chunk()
     };
@@ -1323,6 +1327,7 @@ pub fn kda_bad_metadata_fails_at_synchronize<B: Backend>(make: &impl Factory<B>)
     let zeros = |shape: &[usize]| f32_tensor(&b, &s, shape, &vec![0.0; shape.iter().product()]);
     let chunk = |starts: &[i32], slot: i32| KdaChunk {
         chunk_state_slots: None,
+        host_meta: None,
         q: zeros(&[t, h, kd]),
         k: zeros(&[t, h, kd]),
         v: zeros(&[t, h, kd]),

@@ -585,6 +585,19 @@ pub(in crate::kernels) fn chunk(
         .collect::<Result<Vec<_>, _>>()?;
     let boundary = boundary_slots(op, &ranges, &request_slots, slots)?;
     let has_initial = read_i32(&op.has_initial_state);
+    if let Some(m) = &op.host_meta {
+        for (param, host, device) in [
+            ("cu_seqlens", &m.cu_seqlens, read_i32(&op.cu_seqlens)),
+            ("state_slots", &m.state_slots, read_i32(&op.state_slots)),
+            ("has_initial_state", &m.has_initial_state, has_initial.clone()),
+        ] {
+            if **host != *device {
+                return Err(format!(
+                    "host_meta.{param} = {host:?} differs from {param} = {device:?} on the device"
+                ));
+            }
+        }
+    }
     // Initial states (K-first), all read before any state is written.
     let mut initial = Vec::with_capacity(ranges.len() * heads);
     for (b, s) in request_slots.iter().enumerate() {
