@@ -24,6 +24,7 @@
 mod kernel;
 mod nn;
 mod rt;
+mod vendor;
 
 /// The declarations shared with the backend.
 use kda_ascend_sys::{abi, types};
@@ -413,6 +414,7 @@ fn table_for(soc: &CString) -> kda_ascend_sys::Api {
         api.aclnnQuantMatmulV5GetWorkspaceSize = Some(nn::aclnnQuantMatmulV5GetWorkspaceSize);
         api.aclnnQuantMatmulV5 = Some(nn::aclnnQuantMatmulV5);
     }
+    vendor::register(&mut api);
     api
 }
 
