@@ -69,7 +69,11 @@ __aicore__ inline void conv_update(const ConvUpdateArgs &a)
     }
 }
 
-extern "C" __global__ __aicore__ void kda_conv_update(ConvUpdateArgs args)
+extern "C" __global__ __aicore__ void kda_conv_update(GM_ADDR x, GM_ADDR weight, GM_ADDR state_slots, GM_ADDR num_accepted_tokens, GM_ADDR state, GM_ADDR y, GM_ADDR meta)
 {
+    KDA_VECTOR_KERNEL();
+    ConvUpdateArgs args;
+    GM_ADDR tensors[] = {x, weight, state_slots, num_accepted_tokens, state, y};
+    kda_load_args(args, meta, tensors, 6);
     KDA_FOR_FLOAT_DTYPE(args.x.dtype, conv_update, args);
 }

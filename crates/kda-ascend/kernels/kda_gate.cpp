@@ -73,7 +73,11 @@ __aicore__ inline void gate_rows(const GateArgs &a)
     }
 }
 
-extern "C" __global__ __aicore__ void kda_gate(GateArgs args)
+extern "C" __global__ __aicore__ void kda_gate(GM_ADDR g1, GM_ADDR a_log, GM_ADDR dt_bias, GM_ADDR g, GM_ADDR meta)
 {
+    KDA_VECTOR_KERNEL();
+    GateArgs args;
+    GM_ADDR tensors[] = {g1, a_log, dt_bias, g};
+    kda_load_args(args, meta, tensors, 4);
     KDA_FOR_FLOAT_DTYPE(args.g1.dtype, gate_rows, args);
 }

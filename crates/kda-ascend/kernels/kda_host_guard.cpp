@@ -9,8 +9,12 @@ struct GuardArgs {
     GmTensor flag;  // [1] i32
 };
 
-extern "C" __global__ __aicore__ void kda_host_guard(GuardArgs a)
+extern "C" __global__ __aicore__ void kda_host_guard(GM_ADDR flag_addr, GM_ADDR meta)
 {
+    KDA_VECTOR_KERNEL();
+    GuardArgs a;
+    GM_ADDR tensors[] = {flag_addr};
+    kda_load_args(a, meta, tensors, 1);
     GlobalTensor<int32_t> flag;
     flag.SetGlobalBuffer(kda_gm<int32_t>(a.flag));
     if (flag.GetValue(0) != 0) {

@@ -1,12 +1,15 @@
-// The argument block of every kda kernel: the C side of src/kernels/abi.rs (keep in step;
-// ABI_VERSION guards it). aclrtLaunchKernel copies the block into the kernel's parameter area,
-// so each kernel takes one by-value struct: the header, its tensors, its scalars.
+// The arguments of every kda kernel: the C side of kda-ascend-sys's abi.rs (keep in step;
+// ABI_VERSION guards it). The host launches with aclrtLaunchKernelWithHostArgs: a kernel with n
+// tensors is kernel(GM_ADDR t_0, ..., GM_ADDR t_{n-1}, GM_ADDR meta), where `meta` points to a
+// device copy (made by the runtime through an aclrtPlaceHolderInfo) of the meta region: the
+// ArgsHeader with the tiling, n GmTensor descriptors, then the f64 scalars, laid out exactly as
+// each kernel's *Args struct. Every kernel is a vector-only kernel (KDA_VECTOR_KERNEL).
 #ifndef KDA_KERNEL_ABI_H
 #define KDA_KERNEL_ABI_H
 
 #include "kernel_operator.h"
 
-#define KDA_ABI_VERSION 1
+#define KDA_ABI_VERSION 2
 #define KDA_MAX_RANK 6
 
 // ACL dtype codes (acl_base.h).
@@ -16,7 +19,7 @@
 #define KDA_BF16 27
 
 struct GmTensor {
-    uint64_t addr;      // device address of the buffer; 0 = absent optional operand
+    uint64_t addr;      // device address of the buffer (from the pointer parameter); 0 = absent
     int64_t offset;     // elements
     int64_t shape[KDA_MAX_RANK];
     int64_t strides[KDA_MAX_RANK];
@@ -40,6 +43,27 @@ struct ArgsHeader {
     uint32_t reserved;
     KernelTiling tiling;
 };
+
+// Every kda kernel runs on the vector cores only: typed explicitly, since a binary with several
+// kernels (and every Ascend 950 kernel) cannot have its type deduced.
+#define KDA_VECTOR_KERNEL() KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY)
+
+// Read the meta region into the kernel's *Args struct `a` (header, descriptors, scalars: all
+// 8-byte words), then take each tensor's address from its pointer parameter.
+template <typename A>
+__aicore__ inline void kda_load_args(A &a, GM_ADDR meta, GM_ADDR const *tensors, uint32_t n)
+{
+    static_assert(sizeof(A) % sizeof(uint64_t) == 0, "meta regions are 8-byte words");
+    const __gm__ uint64_t *src = reinterpret_cast<const __gm__ uint64_t *>(meta);
+    uint64_t *dst = reinterpret_cast<uint64_t *>(&a);
+    for (uint32_t i = 0; i < sizeof(A) / sizeof(uint64_t); ++i) {
+        dst[i] = src[i];
+    }
+    GmTensor *t = reinterpret_cast<GmTensor *>(reinterpret_cast<uint8_t *>(&a) + sizeof(ArgsHeader));
+    for (uint32_t i = 0; i < n; ++i) {
+        t[i].addr = reinterpret_cast<uint64_t>(tensors[i]);
+    }
+}
 
 // This core's share of the units: [start, start + count).
 __aicore__ inline void kda_share(const KernelTiling &t, uint32_t &start, uint32_t &count)

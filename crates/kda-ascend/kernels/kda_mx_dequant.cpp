@@ -52,8 +52,12 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
     }
 }
 
-extern "C" __global__ __aicore__ void kda_mx_dequant(MxDequantArgs args)
+extern "C" __global__ __aicore__ void kda_mx_dequant(GM_ADDR data, GM_ADDR scale, GM_ADDR y, GM_ADDR meta)
 {
+    KDA_VECTOR_KERNEL();
+    MxDequantArgs args;
+    GM_ADDR tensors[] = {data, scale, y};
+    kda_load_args(args, meta, tensors, 3);
     if (args.y.dtype == KDA_BF16) {
         dequant<bfloat16_t>(args);
     } else {

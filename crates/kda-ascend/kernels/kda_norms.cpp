@@ -123,12 +123,20 @@ __aicore__ inline void gated_rms_norm(const GatedRmsNormArgs &a)
     }
 }
 
-extern "C" __global__ __aicore__ void kda_l2norm(L2NormArgs args)
+extern "C" __global__ __aicore__ void kda_l2norm(GM_ADDR x, GM_ADDR y, GM_ADDR meta)
 {
+    KDA_VECTOR_KERNEL();
+    L2NormArgs args;
+    GM_ADDR tensors[] = {x, y};
+    kda_load_args(args, meta, tensors, 2);
     KDA_FOR_FLOAT_DTYPE(args.x.dtype, l2norm, args);
 }
 
-extern "C" __global__ __aicore__ void kda_gated_rms_norm(GatedRmsNormArgs args)
+extern "C" __global__ __aicore__ void kda_gated_rms_norm(GM_ADDR x, GM_ADDR gate, GM_ADDR weight, GM_ADDR y, GM_ADDR meta)
 {
+    KDA_VECTOR_KERNEL();
+    GatedRmsNormArgs args;
+    GM_ADDR tensors[] = {x, gate, weight, y};
+    kda_load_args(args, meta, tensors, 4);
     KDA_FOR_FLOAT_DTYPE(args.x.dtype, gated_rms_norm, args);
 }

@@ -89,7 +89,11 @@ __aicore__ inline void step(const RecurrentArgs &a)
     }
 }
 
-extern "C" __global__ __aicore__ void kda_recurrent_step(RecurrentArgs args)
+extern "C" __global__ __aicore__ void kda_recurrent_step(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR g, GM_ADDR beta, GM_ADDR state_slots, GM_ADDR num_accepted_tokens, GM_ADDR state, GM_ADDR o, GM_ADDR meta)
 {
+    KDA_VECTOR_KERNEL();
+    RecurrentArgs args;
+    GM_ADDR tensors[] = {q, k, v, g, beta, state_slots, num_accepted_tokens, state, o};
+    kda_load_args(args, meta, tensors, 9);
     KDA_FOR_FLOAT_DTYPE(args.q.dtype, step, args);
 }

@@ -72,7 +72,11 @@ __aicore__ inline void sigmoid(const SigmoidArgs &args)
     k.Run(args);
 }
 
-extern "C" __global__ __aicore__ void kda_sigmoid_f32(SigmoidArgs args)
+extern "C" __global__ __aicore__ void kda_sigmoid_f32(GM_ADDR x, GM_ADDR y, GM_ADDR meta)
 {
+    KDA_VECTOR_KERNEL();
+    SigmoidArgs args;
+    GM_ADDR tensors[] = {x, y};
+    kda_load_args(args, meta, tensors, 2);
     KDA_FOR_FLOAT_DTYPE(args.x.dtype, sigmoid, args);
 }

@@ -11,7 +11,7 @@ struct ZeroPaddingArgs {
     GmTensor num_actual_tokens;  // [1] i32
 };
 
-extern "C" __global__ __aicore__ void kda_zero_padding(ZeroPaddingArgs a)
+__aicore__ inline void zero_padding(const ZeroPaddingArgs &a)
 {
     uint32_t start, count;
     kda_share(a.h.tiling, start, count);
@@ -38,4 +38,13 @@ extern "C" __global__ __aicore__ void kda_zero_padding(ZeroPaddingArgs a)
             DataCopy(x[row * stride * elem / 2], z, words);
         }
     }
+}
+
+extern "C" __global__ __aicore__ void kda_zero_padding(GM_ADDR x, GM_ADDR num_actual_tokens, GM_ADDR meta)
+{
+    KDA_VECTOR_KERNEL();
+    ZeroPaddingArgs args;
+    GM_ADDR tensors[] = {x, num_actual_tokens};
+    kda_load_args(args, meta, tensors, 2);
+    zero_padding(args);
 }

@@ -17,6 +17,9 @@ pub enum AscendError {
     /// An ACL runtime or aclnn call returned a non-zero code.
     #[error("{func} failed with ACL error {code}: {message}")]
     Acl { func: &'static str, code: i32, message: String },
+    /// The kernel binary could not be found or loaded (the path is absolute).
+    #[error("kernel binary {path}: {message}")]
+    KernelBinary { path: String, message: String },
     /// A tiling that cannot be built (a row larger than the unified buffer, no cores).
     #[error("tiling of {kernel}: {message}")]
     Tiling { kernel: &'static str, message: String },

@@ -1,5 +1,7 @@
 //! The backend's options, the same with or without Ascend support compiled in.
 
+use std::path::PathBuf;
+
 use kda_core::sanitize::checked_from_env;
 
 /// How the MXFP8 GEMM (and DynamicQuant) run.
@@ -22,11 +24,20 @@ pub struct AscendOptions {
     /// Checked mode: record every call and reject ops that race (see [`kda_core::sanitize`]).
     pub checked: bool,
     pub mx_gemm: MxGemmPath,
+    /// The kernel binary (`cargo xtask kernels` builds it): this path, else
+    /// `KDA_ASCEND_KERNELS`, else `ascend-kernels/kda_kernels.o` in a directory above the
+    /// executable (`target/`); made absolute, as `aclrtBinaryLoadFromFile` requires.
+    pub kernels: Option<PathBuf>,
 }
 
 impl Default for AscendOptions {
     /// Device 0, checked mode as `KDA_SANITIZE` says, the chip's MX path.
     fn default() -> Self {
-        Self { device: 0, checked: checked_from_env(false), mx_gemm: MxGemmPath::Auto }
+        Self {
+            device: 0,
+            checked: checked_from_env(false),
+            mx_gemm: MxGemmPath::Auto,
+            kernels: None,
+        }
     }
 }

@@ -1,9 +1,14 @@
 //! Kernel binaries and launches: `aclrtBinaryLoadFromFile`, `aclrtBinaryGetFunction`,
-//! `aclrtLaunchKernel`. The emulator serves the kda kernels (`abi::names`) by name and runs each
-//! launch through the reference kernel of the same op, after checking the argument block the
-//! backend built and the `blockDim` its tiling chose.
+//! `aclrtLaunchKernelWithHostArgs`, `aclrtLaunchKernel`.
+//!
+//! A binary is a file at an absolute path; its kernels are the kda kernel names (`abi::names`)
+//! it contains as NUL-terminated strings (as an ELF string table holds them; [`write_stand_in`]
+//! writes a stand-in with all of them). A launch is read the way the hardware kernel reads it:
+//! the parameter area (one pointer per tensor, then `meta`) and the meta region at the `meta`
+//! device address; then it runs through the reference kernel of the same op.
 
 use std::ffi::{CStr, c_char, c_void};
+use std::path::Path;
 
 use kda_core::kda::{
     CausalConv, CausalConvUpdate, GateForm, GatedRmsNorm, KdaChunk, KdaGate, KdaRecurrent, L2Norm,
@@ -15,6 +20,41 @@ use crate::abi::{self, GmTensor, names};
 use crate::types::*;
 use crate::{Emu, Ref, Res, T, array, call, emu, invalid, put};
 
+/// The tag that opens a stand-in binary.
+const STAND_IN: &[u8] = b"kda-acl-emu stand-in kernel binary\0";
+
+/// Write a stand-in kernel binary holding every kda kernel name at `path` (what the emulated
+/// backend loads when no compiled binary is named).
+pub fn write_stand_in(path: &Path) -> std::io::Result<()> {
+    let mut bytes = STAND_IN.to_vec();
+    for name in names::ALL {
+        bytes.extend_from_slice(name.as_bytes());
+        bytes.push(0);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, bytes)
+}
+
+/// The kda kernels `bytes` holds (each name as a NUL-terminated string).
+fn kernels_in(bytes: &[u8]) -> Vec<&'static str> {
+    names::ALL
+        .into_iter()
+        .filter(|name| {
+            let mut needle = name.as_bytes().to_vec();
+            needle.push(0);
+            bytes.windows(needle.len()).enumerate().any(|(i, w)| {
+                // A whole string: preceded by a NUL (or the start), not a longer name's tail.
+                w == needle.as_slice() && (i == 0 || bytes[i - 1] == 0)
+            })
+        })
+        .collect()
+}
+
+/// `aclrtBinaryLoadFromFile`: CANN requires an absolute path (API reference, "binPath … 要求绝对
+/// 路径") and fails when the file cannot be resolved (`RealPath` in the runtime's binary
+/// loader: `ACL_ERROR_RT_PARAM_INVALID`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclrtBinaryLoadFromFile(
     path: *const c_char,
@@ -24,12 +64,25 @@ pub unsafe extern "C" fn aclrtBinaryLoadFromFile(
     const API: &str = "aclrtBinaryLoadFromFile";
     call(|| {
         if path.is_null() {
-            return invalid(format!("{API}: null path"));
+            return Err((ACL_ERROR_RT_PARAM_INVALID, format!("{API}: null path")));
         }
+        // SAFETY: a C string per CANN's contract.
+        let text = unsafe { CStr::from_ptr(path) }.to_string_lossy().into_owned();
+        let file = Path::new(&text);
+        if !file.is_absolute() {
+            return Err((
+                ACL_ERROR_RT_PARAM_INVALID,
+                format!("{API}: binPath `{text}` is not an absolute path"),
+            ));
+        }
+        let bytes = std::fs::read(file).map_err(|e| {
+            (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: cannot read `{text}`: {e}"))
+        })?;
+        let kernels = kernels_in(&bytes);
         let mut emu = emu();
         emu.ready(API)?;
         let h = emu.handle();
-        emu.binaries.insert(h);
+        emu.binaries.insert(h, kernels);
         // SAFETY: writable out-parameter per CANN's contract.
         unsafe { put(API, handle, h as aclrtBinHandle) }
     })
@@ -38,11 +91,13 @@ pub unsafe extern "C" fn aclrtBinaryLoadFromFile(
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtBinaryUnLoad(handle: aclrtBinHandle) -> aclError {
     call(|| match emu().binaries.remove(&(handle as usize)) {
-        true => Ok(()),
-        false => invalid(format!("aclrtBinaryUnLoad: unknown binary {handle:?}")),
+        Some(_) => Ok(()),
+        None => invalid(format!("aclrtBinaryUnLoad: unknown binary {handle:?}")),
     })
 }
 
+/// A name the binary does not contain is the runtime's `RT_ERROR_KERNEL_NULL` ("Cannot find
+/// kernel by name"), which it reports as `ACL_ERROR_RT_INTERNAL_ERROR`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclrtBinaryGetFunction(
     binary: aclrtBinHandle,
@@ -52,19 +107,18 @@ pub unsafe extern "C" fn aclrtBinaryGetFunction(
     const API: &str = "aclrtBinaryGetFunction";
     call(|| {
         let mut emu = emu();
-        if !emu.binaries.contains(&(binary as usize)) {
+        let Some(kernels) = emu.binaries.get(&(binary as usize)) else {
             return invalid(format!("{API}: unknown binary {binary:?}"));
-        }
+        };
         if kernel_name.is_null() {
             return invalid(format!("{API}: null kernel name"));
         }
         // SAFETY: a C string per CANN's contract.
         let name = unsafe { CStr::from_ptr(kernel_name) }.to_string_lossy();
-        let known = names::ALL.iter().find(|n| **n == name).copied();
-        let Some(known) = known else {
+        let Some(known) = kernels.iter().find(|n| **n == name).copied() else {
             return Err((
-                ACL_ERROR_INVALID_PARAM,
-                format!("{API}: no kernel `{name}` in the binary"),
+                ACL_ERROR_RT_INTERNAL_ERROR,
+                format!("{API}: cannot find kernel by name `{name}` in the binary"),
             ));
         };
         let h = emu.handle();
@@ -74,6 +128,10 @@ pub unsafe extern "C" fn aclrtBinaryGetFunction(
     })
 }
 
+/// `aclrtLaunchKernel` reads `argsData` from device memory (the runtime does not copy it:
+/// `isNoNeedH2DCopy = 1`), and is not the launch function for binaries loaded from a file
+/// (those take `aclrtLaunchKernelWithConfig`, `…V2` or `…WithHostArgs`). A host block is
+/// rejected here; on hardware the kernel would fault reading it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclrtLaunchKernel(
     func: aclrtFuncHandle,
@@ -84,12 +142,31 @@ pub unsafe extern "C" fn aclrtLaunchKernel(
 ) -> aclError {
     const API: &str = "aclrtLaunchKernel";
     call(|| {
-        // SAFETY: `args` holds `args_size` bytes (CANN's contract).
-        let bytes = unsafe { array(args.cast::<u8>(), args_size) }?;
-        run(API, func, block_dim, &bytes, stream)
+        let emu = emu();
+        let name = function(&emu, API, func)?;
+        if emu.locate(API, args as usize, args_size).is_err() {
+            return Err((
+                ACL_ERROR_RT_PARAM_INVALID,
+                format!(
+                    "{API} {name}: argsData {args:?} ({args_size} bytes) is not device memory \
+                     (aclrtLaunchKernel does not copy host arguments)"
+                ),
+            ));
+        }
+        Err((
+            ACL_ERROR_RT_PARAM_INVALID,
+            format!(
+                "{API} {name}: a kernel of a binary loaded with aclrtBinaryLoadFromFile is \
+                 launched with aclrtLaunchKernelWithConfig, V2 or WithHostArgs (block_dim \
+                 {block_dim}, stream {stream:?})"
+            ),
+        ))
     })
 }
 
+/// `aclrtLaunchKernelWithHostArgs`: the runtime copies each placeholder's data region into
+/// device memory and writes its address into the block at `addrOffset` (`aclrtPlaceHolderInfo`);
+/// the kernel then reads its parameter area and its meta region at the `meta` address.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments, reason = "CANN's prototype")]
 pub unsafe extern "C" fn aclrtLaunchKernelWithHostArgs(
@@ -99,48 +176,127 @@ pub unsafe extern "C" fn aclrtLaunchKernelWithHostArgs(
     _cfg: *mut aclrtLaunchKernelCfg,
     host_args: *mut c_void,
     args_size: usize,
-    _place_holders: *mut aclrtPlaceHolderInfo,
-    _place_holder_num: usize,
+    place_holders: *mut aclrtPlaceHolderInfo,
+    place_holder_num: usize,
 ) -> aclError {
     const API: &str = "aclrtLaunchKernelWithHostArgs";
     call(|| {
-        // SAFETY: `hostArgs` holds `argsSize` bytes (CANN's contract).
-        let bytes = unsafe { array(host_args.cast_const().cast::<u8>(), args_size) }?;
-        run(API, func, num_blocks, &bytes, stream)
+        // SAFETY: `hostArgs` holds `argsSize` bytes and `placeHolderArray` `placeHolderNum`
+        // entries (CANN's contract).
+        let mut block = unsafe { array(host_args.cast_const().cast::<u8>(), args_size) }?;
+        // SAFETY: as above.
+        let holders = unsafe { array(place_holders.cast_const(), place_holder_num) }?;
+        let mut emu = emu();
+        let name = function(&emu, API, func)?;
+        // The runtime's part: each data region to device memory, its address into the block.
+        let staged = stage_place_holders(&mut emu, API, &mut block, &holders)?;
+        let result = read_and_queue(&emu, API, name, num_blocks, &block, stream);
+        for addr in staged {
+            emu.memory.remove(&addr);
+        }
+        result
     })
 }
 
-/// Queue the kernel `func` with the argument block `bytes`.
-fn run(
+fn function(emu: &Emu, api: &str, func: aclrtFuncHandle) -> Res<&'static str> {
+    emu.functions
+        .get(&(func as usize))
+        .copied()
+        .ok_or_else(|| (ACL_ERROR_RT_PARAM_INVALID, format!("{api}: unknown function {func:?}")))
+}
+
+/// Copy each placeholder's data region (from its `dataOffset` to the next region or the end)
+/// into fresh device memory and write the address at its `addrOffset`; returns the addresses.
+fn stage_place_holders(
+    emu: &mut Emu,
     api: &str,
-    func: aclrtFuncHandle,
-    block_dim: u32,
-    bytes: &[u8],
+    block: &mut [u8],
+    holders: &[aclrtPlaceHolderInfo],
+) -> Res<Vec<usize>> {
+    let len = block.len();
+    let mut starts: Vec<usize> = holders.iter().map(|h| h.data_offset as usize).collect();
+    starts.sort_unstable();
+    let first_data = starts.first().copied().unwrap_or(len);
+    let mut staged = Vec::new();
+    for h in holders {
+        let (slot, data) = (h.addr_offset as usize, h.data_offset as usize);
+        if slot % 8 != 0 || slot + 8 > first_data || data > len {
+            return Err((
+                ACL_ERROR_RT_PARAM_INVALID,
+                format!(
+                    "{api}: placeholder {{addrOffset {slot}, dataOffset {data}}} outside a block \
+                     of {len} bytes whose data regions start at {first_data}"
+                ),
+            ));
+        }
+        let end = starts.iter().copied().find(|&s| s > data).unwrap_or(len);
+        let region = &block[data..end];
+        let buf = emu
+            .backend
+            .alloc_buffer(region.len().max(1))
+            .map_err(|e| (ACL_ERROR_RT_MEMORY_ALLOCATION, format!("{api}: {e}")))?;
+        let addr = buf.element_ptr::<u8>(0);
+        // SAFETY: `addr` starts a fresh allocation of at least `region.len()` bytes that nothing
+        // else references yet.
+        unsafe { std::ptr::copy_nonoverlapping(region.as_ptr(), addr, region.len()) };
+        emu.memory.insert(addr as usize, buf);
+        block[slot..slot + 8].copy_from_slice(&(addr as u64).to_ne_bytes());
+        staged.push(addr as usize);
+    }
+    Ok(staged)
+}
+
+/// `len` bytes of device memory at `addr`, read now (the emulator's kernels read their
+/// arguments at launch).
+fn device_bytes(emu: &Emu, api: &str, addr: u64, len: usize) -> Res<Vec<u8>> {
+    let (buf, offset) = emu.locate(api, addr as usize, len).map_err(|_| {
+        (
+            ACL_ERROR_RT_PARAM_INVALID,
+            format!(
+                "{api}: the kernel reads {len} bytes of meta at {addr:#x}, which is not device \
+                 memory (no placeholder filled it)"
+            ),
+        )
+    })?;
+    let ptr = buf.element_ptr::<u8>(offset);
+    // SAFETY: `ptr` and the `len` bytes after it lie inside a live allocation (`locate`).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec())
+}
+
+/// The kernel's side: the parameter area, then the meta region from device memory; queue the
+/// launch.
+fn read_and_queue(
+    emu: &Emu,
+    api: &str,
+    name: &'static str,
+    num_blocks: u32,
+    block: &[u8],
     stream: aclrtStream,
 ) -> Res<()> {
-    let emu = emu();
-    let name = *emu
-        .functions
-        .get(&(func as usize))
-        .ok_or_else(|| (ACL_ERROR_INVALID_PARAM, format!("{api}: unknown function {func:?}")))?;
-    let block =
-        abi::decode(bytes).map_err(|m| (ACL_ERROR_INVALID_PARAM, format!("{api} {name}: {m}")))?;
-    if block_dim == 0 || block_dim != block.tiling.block_dim {
+    let bad = |m: String| (ACL_ERROR_RT_PARAM_INVALID, format!("{api} {name}: {m}"));
+    let n = names::tensors(name).ok_or_else(|| bad("no parameter list".into()))?;
+    let params = abi::decode_params(block, n).map_err(bad)?;
+    let head = device_bytes(emu, api, params.meta, size_of::<abi::ArgsHeader>())?;
+    let header = abi::decode_header(&head).map_err(bad)?;
+    let size = abi::meta_size(header.tensors as usize, header.scalars as usize);
+    let meta = device_bytes(emu, api, params.meta, size)?;
+    let args = abi::decode_meta(&meta, &params).map_err(bad)?;
+    if num_blocks == 0 || num_blocks != args.tiling.block_dim {
         return invalid(format!(
-            "{api} {name}: blockDim {block_dim}, tiling says {}",
-            block.tiling.block_dim
+            "{api} {name}: numBlocks {num_blocks}, tiling says {}",
+            args.tiling.block_dim
         ));
     }
     let s = emu.stream(api, stream)?;
-    let op = build(&emu, name, &block).map_err(|(c, m)| (c, format!("{api} {name}: {m}")))?;
+    let op = build(emu, name, &args).map_err(|(c, m)| (c, format!("{api} {name}: {m}")))?;
     op.validate(emu.backend_instance())
-        .map_err(|e| (ACL_ERROR_INVALID_PARAM, format!("{api} {name}: {e}")))?;
+        .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{api} {name}: {e}")))?;
     emu.launch(name, &s, vec![op])?;
     crate::log(name, stream as usize, 0);
     Ok(())
 }
 
-/// The tensors of a block, in order; `None` for absent optional operands.
+/// The tensors of a launch, in order; `None` for absent optional operands.
 fn tensors(emu: &Emu, block: &abi::Args) -> Res<Vec<Option<T>>> {
     block
         .tensors

@@ -12,8 +12,9 @@
 //! stream not joined back, an aclnn executor prepared while a capture is open, MX dtypes on a
 //! SoC without MX GEMMs (`KDA_ACL_EMU_SOC`, default `Ascend950PR`).
 //!
-//! What it does not emulate: timing, the AI Core / AI Vector split, real kernel binaries
-//! (`aclrtBinaryLoadFromFile` accepts any path and serves the kda kernels by name).
+//! What it does not emulate: timing, the AI Core / AI Vector split, the kernels' device code (a
+//! binary is any file at an absolute path holding the kernels' names; each launch computes
+//! through the reference op after decoding the arguments as the kernel reads them).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(
@@ -25,6 +26,8 @@ mod kernel;
 mod nn;
 mod rt;
 mod vendor;
+
+pub use kernel::write_stand_in;
 
 /// The declarations shared with the backend.
 use kda_ascend_sys::{abi, types};
@@ -77,7 +80,8 @@ struct Emu {
     /// Executors freed by their (only) run: a second run is the error CANN reports.
     spent: HashSet<usize>,
     models: HashMap<usize, Graph<Ref>>,
-    binaries: HashSet<usize>,
+    /// Loaded binaries and the kda kernels each contains.
+    binaries: HashMap<usize, Vec<&'static str>>,
     functions: HashMap<usize, &'static str>,
     /// The capture open now, if any.
     capture: Option<Capturing>,
@@ -118,7 +122,7 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         executors: HashMap::new(),
         spent: HashSet::new(),
         models: HashMap::new(),
-        binaries: HashSet::new(),
+        binaries: HashMap::new(),
         functions: HashMap::new(),
         capture: None,
         next: 0x1000,

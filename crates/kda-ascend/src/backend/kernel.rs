@@ -1,8 +1,12 @@
-//! The kda AscendC kernel binary: loaded once per backend instance, functions resolved by name
-//! and cached, launched with an argument block and the host-computed tiling.
+//! The kda AscendC kernel binary: loaded once per backend instance from an absolute path,
+//! functions resolved by name and cached, launched with `aclrtLaunchKernelWithHostArgs` (the
+//! launch function CANN documents for binaries loaded with `aclrtBinaryLoadFromFile`): tensor
+//! pointers by value, the tiling and descriptors as a GM pointer through a placeholder (see
+//! [`abi`]).
 
 use std::collections::HashMap;
 use std::ffi::CString;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use kda_core::Result;
@@ -12,30 +16,92 @@ use crate::error::AscendError;
 use crate::kernels::abi::{self, GmTensor, KernelTiling};
 use crate::sys;
 
-/// Where `cargo xtask kernels` puts the compiled kernels, unless `KDA_ASCEND_KERNELS` says.
-pub const DEFAULT_KERNELS: &str = "target/ascend-kernels/kda_kernels.o";
+/// Where `cargo xtask kernels` puts the compiled kernels, below the target directory.
+pub const KERNELS_IN_TARGET: &str = "ascend-kernels/kda_kernels.o";
+
+/// The kernel binary to load, as an absolute path (`aclrtBinaryLoadFromFile` requires one):
+/// `explicit`, else `KDA_ASCEND_KERNELS`, else [`KERNELS_IN_TARGET`] in the nearest directory
+/// above the executable that has it (`target/` for tests and `kda`), else — over the emulated
+/// runtime — its stand-in binary. A relative path is taken from the working directory.
+pub(crate) fn binary_path(explicit: Option<&Path>) -> std::result::Result<PathBuf, AscendError> {
+    let named = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("KDA_ASCEND_KERNELS").map(PathBuf::from));
+    let absolute = |p: &Path| {
+        std::path::absolute(p).map_err(|e| AscendError::KernelBinary {
+            path: p.display().to_string(),
+            message: format!("cannot make the path absolute: {e}"),
+        })
+    };
+    if let Some(path) = named {
+        return absolute(&path);
+    }
+    let exe = std::env::current_exe().ok();
+    let above_exe = exe.as_deref().and_then(Path::parent).into_iter().flat_map(Path::ancestors);
+    if let Some(found) = above_exe.map(|dir| dir.join(KERNELS_IN_TARGET)).find(|p| p.is_file()) {
+        return absolute(&found);
+    }
+    default_binary(exe.as_deref())
+}
+
+/// No compiled binary: the emulated runtime's stand-in, written once per process.
+#[cfg(not(feature = "acl"))]
+fn default_binary(_exe: Option<&Path>) -> std::result::Result<PathBuf, AscendError> {
+    static STAND_IN: std::sync::OnceLock<std::result::Result<PathBuf, AscendError>> =
+        std::sync::OnceLock::new();
+    STAND_IN
+        .get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("kda-acl-emu-{}", std::process::id()));
+            let path = std::path::absolute(dir.join("kda_kernels.o")).unwrap_or_default();
+            kda_acl_emu::write_stand_in(&path).map_err(|e| AscendError::KernelBinary {
+                path: path.display().to_string(),
+                message: format!("cannot write the emulator's stand-in binary: {e}"),
+            })?;
+            Ok(path)
+        })
+        .clone()
+}
+
+/// No compiled binary on a CANN build: say where it was looked for.
+#[cfg(feature = "acl")]
+fn default_binary(exe: Option<&Path>) -> std::result::Result<PathBuf, AscendError> {
+    Err(AscendError::KernelBinary {
+        path: KERNELS_IN_TARGET.into(),
+        message: format!(
+            "not found above {} and KDA_ASCEND_KERNELS is not set; build it with `cargo xtask \
+             kernels`",
+            exe.map_or_else(|| "the executable".into(), |e| e.display().to_string())
+        ),
+    })
+}
 
 /// The loaded binary and its functions (addresses of opaque handles).
 #[derive(Debug, Default)]
 pub(crate) struct Kernels {
+    /// The binary named by the backend's options (`None`: the default search).
+    path: Option<PathBuf>,
     loaded: Mutex<Option<(usize, HashMap<&'static str, usize>)>>,
 }
 
 impl Kernels {
+    pub(crate) fn new(path: Option<PathBuf>) -> Self {
+        Kernels { path, loaded: Mutex::default() }
+    }
+
     fn function(&self, name: &'static str) -> Result<usize> {
         let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
         if loaded.is_none() {
-            let path =
-                std::env::var("KDA_ASCEND_KERNELS").unwrap_or_else(|_| DEFAULT_KERNELS.into());
-            let c = CString::new(path.clone()).map_err(|_| AscendError::Unsupported {
-                op: "aclrtBinaryLoadFromFile",
-                message: format!("kernel path {path:?} contains NUL"),
+            let path = binary_path(self.path.as_deref())?;
+            let shown = path.display().to_string();
+            let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| {
+                AscendError::KernelBinary { path: shown.clone(), message: "contains NUL".into() }
             })?;
             let mut bin: sys::aclrtBinHandle = std::ptr::null_mut();
-            // SAFETY: NUL-terminated path, no options, valid out-parameter.
-            check("aclrtBinaryLoadFromFile", unsafe {
-                sys::aclrtBinaryLoadFromFile(c.as_ptr(), std::ptr::null_mut(), &mut bin)
-            })?;
+            // SAFETY: a NUL-terminated absolute path, no options, a valid out-parameter.
+            let code =
+                unsafe { sys::aclrtBinaryLoadFromFile(c.as_ptr(), std::ptr::null_mut(), &mut bin) };
+            check("aclrtBinaryLoadFromFile", code)
+                .map_err(|e| AscendError::KernelBinary { path: shown, message: e.to_string() })?;
             *loaded = Some((bin as usize, HashMap::new()));
         }
         let (bin, functions) = loaded.as_mut().ok_or(AscendError::Unsupported {
@@ -89,7 +155,7 @@ pub(crate) struct Launch {
     pub(crate) name: &'static str,
     func: usize,
     block_dim: u32,
-    args: Vec<u8>,
+    args: abi::HostArgs,
 }
 
 impl Launch {
@@ -100,10 +166,13 @@ impl Launch {
             block_dim = self.block_dim
         )
         .entered();
-        let mut args = self.args.clone();
-        // SAFETY: a function of the loaded binary; `args` is a complete argument block in host
-        // memory, which the runtime copies to the device before the call returns; no launch
-        // configuration, no placeholders; a live stream.
+        // The runtime writes the meta copy's device address into the block: a fresh copy per
+        // launch (a graph may issue the same launch again).
+        let mut args = self.args.bytes.clone();
+        let mut place_holder = self.args.place_holder;
+        // SAFETY: a function of the loaded binary; `args` is a complete host argument block that
+        // the runtime copies (and patches at the placeholder) before the call returns; one
+        // placeholder inside the block; no launch configuration; a live stream.
         check("aclrtLaunchKernelWithHostArgs", unsafe {
             sys::aclrtLaunchKernelWithHostArgs(
                 self.func as sys::aclrtFuncHandle,
@@ -112,8 +181,8 @@ impl Launch {
                 std::ptr::null_mut(),
                 args.as_mut_ptr().cast(),
                 args.len(),
-                std::ptr::null_mut(),
-                0,
+                &mut place_holder,
+                1,
             )
         })?;
         Ok(())

@@ -170,6 +170,7 @@ impl AscendBackend {
             }
             MxGemmPath::Emulated => false,
         };
+        let kernels = kernel::Kernels::new(options.kernels.clone());
         let inner = Inner {
             instance: InstanceId::fresh(),
             chip,
@@ -177,7 +178,7 @@ impl AscendBackend {
             absent: api.absent(),
             options,
             pool: Arc::default(),
-            kernels: kernel::Kernels::default(),
+            kernels,
             graphs: capture::GraphCache::default(),
             next_stream: AtomicU64::new(0),
             next_event: AtomicU64::new(0),

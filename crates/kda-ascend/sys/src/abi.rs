@@ -1,21 +1,32 @@
-//! The argument block of every kda AscendC kernel, as `aclrtLaunchKernel` passes it
-//! (`argsData`, `argsSize`): the C layout the kernels in `crates/kda-ascend/kernels/` read
-//! (`kda_kernel_abi.h` declares the same structs).
+//! The arguments of every kda AscendC kernel, as `aclrtLaunchKernelWithHostArgs` passes them:
+//! the C layout the kernels in `crates/kda-ascend/kernels/` read (`kda_kernel_abi.h` declares
+//! the same structs). One definition, used by the backend (which writes launches) and by the
+//! emulated runtime (which reads them as the kernels do).
 //!
-//! This file is the one definition, compiled into the backend (which writes blocks) and into the
-//! emulated runtime (which reads them), as a C header is shared by host and device code.
+//! A kernel with `n` tensors is `kernel(GM_ADDR t_0, …, GM_ADDR t_{n-1}, GM_ADDR meta)`. The
+//! host argument block ([`HostArgs`]) is its parameter area followed by one data region:
 //!
-//! Layout: an [`ArgsHeader`], then `tensors` × [`GmTensor`], then `scalars` × `f64`.
+//! ```text
+//! offset 0       u64 × n   the tensors' device addresses (buffer base; 0: absent operand)
+//! offset 8n      u64       `meta`: a placeholder the runtime fills with a device address
+//! offset 8(n+1)  Meta      ArgsHeader (with the tiling), n × GmTensor, scalars × f64
+//! ```
+//!
+//! One `aclrtPlaceHolderInfo { addrOffset: 8n, dataOffset: 8(n+1) }` asks the runtime to copy
+//! the meta region into device memory and write its address into the `meta` slot, so the
+//! kernel receives its tiling, shapes, strides and scalars as a GM pointer — the way the
+//! `add_custom_tiling` sample passes `GM_ADDR tiling` — and nothing by value.
 
 /// Most dimensions a kernel tensor has.
 pub const MAX_RANK: usize = 6;
 
 /// Format version written into every header; a kernel binary of another version is rejected.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// One global-memory tensor: device address of element 0 of the buffer, the view's offset,
 /// shape and strides in elements, and its ACL dtype code. `addr == 0` marks an absent optional
-/// operand.
+/// operand. The kernels take the address from their pointer parameter (the copy here is
+/// informational); the rest from the meta region.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct GmTensor {
@@ -44,7 +55,7 @@ pub struct KernelTiling {
     pub reserved: u32,
 }
 
-/// Leads every argument block.
+/// Leads every meta region.
 #[repr(C)]
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ArgsHeader {
@@ -55,9 +66,19 @@ pub struct ArgsHeader {
     pub tiling: KernelTiling,
 }
 
-/// Byte size of a block with `tensors` tensors and `scalars` scalars.
-pub const fn args_size(tensors: usize, scalars: usize) -> usize {
+/// Byte size of the meta region with `tensors` tensors and `scalars` scalars.
+pub const fn meta_size(tensors: usize, scalars: usize) -> usize {
     size_of::<ArgsHeader>() + tensors * size_of::<GmTensor>() + scalars * size_of::<f64>()
+}
+
+/// Byte size of the whole host argument block.
+pub const fn args_size(tensors: usize, scalars: usize) -> usize {
+    params_size(tensors) + meta_size(tensors, scalars)
+}
+
+/// Byte size of a kernel's parameter area: one pointer per tensor, then `meta`.
+pub const fn params_size(tensors: usize) -> usize {
+    (tensors + 1) * size_of::<u64>()
 }
 
 /// Read one `T` at `offset` of `bytes` (unaligned), or `None` past the end.
@@ -65,21 +86,35 @@ fn read_at<T: Copy>(bytes: &[u8], offset: usize) -> Option<T> {
     let end = offset.checked_add(size_of::<T>())?;
     let raw = bytes.get(offset..end)?;
     // SAFETY: `raw` holds exactly `size_of::<T>()` bytes; every `T` read here is a plain
-    // `repr(C)` struct of integers or an `f64`, valid for any bit pattern; the read is unaligned.
+    // `repr(C)` struct of integers, a `u64` or an `f64`, valid for any bit pattern; the read is
+    // unaligned.
     Some(unsafe { raw.as_ptr().cast::<T>().read_unaligned() })
 }
 
 fn write_at<T: Copy>(bytes: &mut Vec<u8>, value: &T) {
-    // SAFETY: `value` is a live `T` of plain integers/floats without padding-dependent meaning;
-    // viewing its bytes is sound.
+    // SAFETY: `value` is a live `T` of plain integers/floats without padding (checked by the
+    // layout test); viewing its bytes is sound.
     let raw =
         unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) };
     bytes.extend_from_slice(raw);
 }
 
-/// Serialise a block.
-pub fn encode(tiling: KernelTiling, tensors: &[GmTensor], scalars: &[f64]) -> Vec<u8> {
+/// A launch's host argument block and the placeholder that turns its meta region into a GM
+/// pointer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostArgs {
+    pub bytes: Vec<u8>,
+    pub place_holder: crate::aclrtPlaceHolderInfo,
+}
+
+/// Build the host argument block of a launch.
+pub fn encode(tiling: KernelTiling, tensors: &[GmTensor], scalars: &[f64]) -> HostArgs {
     let mut bytes = Vec::with_capacity(args_size(tensors.len(), scalars.len()));
+    for t in tensors {
+        write_at(&mut bytes, &t.addr);
+    }
+    // The `meta` slot; the runtime writes the device copy's address here.
+    write_at(&mut bytes, &0u64);
     let header = ArgsHeader {
         version: ABI_VERSION,
         tensors: tensors.len() as u32,
@@ -94,10 +129,43 @@ pub fn encode(tiling: KernelTiling, tensors: &[GmTensor], scalars: &[f64]) -> Ve
     for s in scalars {
         write_at(&mut bytes, s);
     }
-    bytes
+    let place_holder = crate::aclrtPlaceHolderInfo {
+        addr_offset: (tensors.len() * size_of::<u64>()) as u32,
+        data_offset: params_size(tensors.len()) as u32,
+    };
+    HostArgs { bytes, place_holder }
 }
 
-/// A decoded block.
+/// A kernel's parameters as it reads them: the tensor pointers and `meta`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Params {
+    pub tensors: Vec<u64>,
+    pub meta: u64,
+}
+
+/// Read the parameter area of a kernel with `tensors` tensor parameters.
+pub fn decode_params(area: &[u8], tensors: usize) -> Result<Params, String> {
+    if area.len() < params_size(tensors) {
+        return Err(format!(
+            "parameter area of {} bytes, the kernel reads {} ({tensors} pointers and meta)",
+            area.len(),
+            params_size(tensors)
+        ));
+    }
+    let word = |i: usize| read_at::<u64>(area, i * size_of::<u64>()).unwrap_or(0);
+    Ok(Params { tensors: (0..tensors).map(word).collect(), meta: word(tensors) })
+}
+
+/// The header of a meta region (to learn its size before reading the rest).
+pub fn decode_header(bytes: &[u8]) -> Result<ArgsHeader, String> {
+    let header: ArgsHeader = read_at(bytes, 0).ok_or("meta region shorter than its header")?;
+    if header.version != ABI_VERSION {
+        return Err(format!("meta region version {} (expected {ABI_VERSION})", header.version));
+    }
+    Ok(header)
+}
+
+/// A decoded meta region, tensor addresses taken from the kernel's pointer parameters.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Args {
     pub tiling: KernelTiling,
@@ -105,24 +173,29 @@ pub struct Args {
     pub scalars: Vec<f64>,
 }
 
-/// Parse a block; `Err` says what is wrong with it.
-pub fn decode(bytes: &[u8]) -> Result<Args, String> {
-    let header: ArgsHeader = read_at(bytes, 0).ok_or("argument block shorter than its header")?;
-    if header.version != ABI_VERSION {
-        return Err(format!("argument block version {} (expected {ABI_VERSION})", header.version));
-    }
+/// Parse a meta region of a kernel whose pointer parameters are `params`.
+pub fn decode_meta(bytes: &[u8], params: &Params) -> Result<Args, String> {
+    let header = decode_header(bytes)?;
     let (nt, ns) = (header.tensors as usize, header.scalars as usize);
-    if bytes.len() != args_size(nt, ns) {
+    if nt != params.tensors.len() {
         return Err(format!(
-            "argument block of {} bytes, expected {} for {nt} tensors and {ns} scalars",
+            "meta region describes {nt} tensors, the kernel takes {}",
+            params.tensors.len()
+        ));
+    }
+    if bytes.len() < meta_size(nt, ns) {
+        return Err(format!(
+            "meta region of {} bytes, expected {} for {nt} tensors and {ns} scalars",
             bytes.len(),
-            args_size(nt, ns)
+            meta_size(nt, ns)
         ));
     }
     let mut offset = size_of::<ArgsHeader>();
     let mut tensors = Vec::with_capacity(nt);
-    for _ in 0..nt {
-        tensors.push(read_at::<GmTensor>(bytes, offset).ok_or("truncated tensor")?);
+    for addr in &params.tensors {
+        let mut t = read_at::<GmTensor>(bytes, offset).ok_or("truncated tensor")?;
+        t.addr = *addr;
+        tensors.push(t);
         offset += size_of::<GmTensor>();
     }
     let mut scalars = Vec::with_capacity(ns);
@@ -166,6 +239,25 @@ pub mod names {
     /// does not exist (A2/A3), the plain `[M, ceil(K/32)]` scale layout.
     pub const MX_QUANT: &str = "kda_mx_quant";
 
+    /// Each kernel's tensor-parameter count (its pointer parameters before `meta`).
+    pub const fn tensors(name: &str) -> Option<usize> {
+        Some(match name.as_bytes() {
+            b"kda_sigmoid_f32" => 2,
+            b"kda_gate" => 4,
+            b"kda_zero_padding" => 2,
+            b"kda_conv_update" => 6,
+            b"kda_recurrent_step" => 9,
+            b"kda_conv_prefill" => 7,
+            b"kda_l2norm" => 2,
+            b"kda_gated_rms_norm" => 4,
+            b"kda_chunk_prefill" => 10,
+            b"kda_mx_dequant" => 3,
+            b"kda_mx_quant" => 3,
+            b"kda_host_guard" => 1,
+            _ => return None,
+        })
+    }
+
     pub const ALL: [&str; 12] = [
         SIGMOID,
         GATE,
@@ -183,6 +275,7 @@ pub mod names {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used, reason = "tests")]
 mod tests {
     use super::*;
 
@@ -192,11 +285,12 @@ mod tests {
         assert_eq!(size_of::<GmTensor>(), 8 + 8 + 6 * 8 + 6 * 8 + 4 + 4);
         assert_eq!(size_of::<KernelTiling>(), 6 * 4);
         assert_eq!(size_of::<ArgsHeader>(), 4 * 4 + 24);
-        assert_eq!(args_size(2, 1), 40 + 2 * 120 + 8);
+        assert_eq!(meta_size(2, 1), 40 + 2 * 120 + 8);
+        assert_eq!(args_size(2, 1), 3 * 8 + 40 + 2 * 120 + 8);
     }
 
     #[test]
-    fn blocks_round_trip_and_bad_blocks_are_rejected() {
+    fn the_host_block_is_pointers_a_meta_slot_and_the_meta_region() {
         let tiling = KernelTiling {
             block_dim: 3,
             per_core: 16,
@@ -213,17 +307,41 @@ mod tests {
             rank: 2,
             dtype: 27,
         };
-        let bytes = encode(tiling, &[t, GmTensor::default()], &[0.5, -5.0]);
-        assert_eq!(bytes.len(), args_size(2, 2));
-        let back = decode(&bytes).expect("decode");
+        let host = encode(tiling, &[t, GmTensor::default()], &[0.5, -5.0]);
+        assert_eq!(host.bytes.len(), args_size(2, 2));
+        assert_eq!(
+            host.place_holder,
+            crate::aclrtPlaceHolderInfo { addr_offset: 16, data_offset: 24 }
+        );
+        // The parameter area: the two pointers, then the (unfilled) meta slot.
+        let params = decode_params(&host.bytes, 2).expect("params");
+        assert_eq!(params, Params { tensors: vec![0x1000, 0], meta: 0 });
+        let meta = &host.bytes[24..];
+        let back = decode_meta(meta, &params).expect("meta");
         assert_eq!(
             back,
             Args { tiling, tensors: vec![t, GmTensor::default()], scalars: vec![0.5, -5.0] }
         );
-        assert!(decode(&bytes[..bytes.len() - 1]).expect_err("short").contains("expected"));
-        let mut wrong = bytes.clone();
+        // The kernel's pointer parameter wins over the descriptor's copy.
+        let moved = Params { tensors: vec![0x2000, 0], meta: 0 };
+        assert_eq!(decode_meta(meta, &moved).expect("meta").tensors[0].addr, 0x2000);
+        assert!(
+            decode_meta(&meta[..meta.len() - 1], &params).expect_err("short").contains("expected")
+        );
+        let three = Params { tensors: vec![1, 2, 3], meta: 0 };
+        assert!(decode_meta(meta, &three).expect_err("arity").contains("takes 3"));
+        let mut wrong = meta.to_vec();
         wrong[0] = 9;
-        assert!(decode(&wrong).expect_err("version").contains("version 9"));
-        assert!(decode(&[0; 3]).is_err());
+        assert!(decode_meta(&wrong, &params).expect_err("version").contains("version 9"));
+        assert!(decode_params(&host.bytes[..20], 2).is_err());
+    }
+
+    #[test]
+    fn every_kernel_has_a_tensor_count() {
+        for name in names::ALL {
+            assert!(names::tensors(name).is_some(), "{name}");
+        }
+        assert_eq!(names::tensors(names::RECURRENT), Some(9));
+        assert_eq!(names::tensors("nope"), None);
     }
 }
