@@ -26,7 +26,7 @@
 //   cache line first, since earlier tasks wrote that memory;
 // - no double arithmetic: the f64 scalars of the meta region are converted bit by bit; exp and
 //   sqrt are vector instructions on one-block tensors, never scalar library calls.
-#include "kda_kernel_abi.h"
+#include "kda_kernel_util.h"
 
 using namespace AscendC;
 
@@ -40,82 +40,6 @@ struct RecurrentArgs {
     uint64_t scale_bits;          // f64 bits (read without double arithmetic)
     uint64_t qk_l2norm_bits;      // f64 bits, nonzero = on
 };
-
-// The f32 nearest to the f64 with bits `x` (round to nearest even; subnormal results flush to
-// zero, as the vector unit does), with integer operations only.
-__aicore__ inline float kda_f64_bits_to_f32(uint64_t x)
-{
-    uint32_t sign = static_cast<uint32_t>(x >> 63) << 31;
-    int32_t e = static_cast<int32_t>((x >> 52) & 0x7ff);
-    uint64_t m = x & ((1ULL << 52) - 1);
-    uint32_t bits;
-    if (e == 0x7ff) {
-        bits = sign | 0x7f800000u | (m != 0 ? 0x400000u : 0u);
-    } else {
-        int32_t e32 = e - 1023 + 127;
-        uint32_t m32 = static_cast<uint32_t>(m >> 29);
-        uint64_t rem = m & ((1ULL << 29) - 1);
-        const uint64_t half = 1ULL << 28;
-        if (rem > half || (rem == half && (m32 & 1u) != 0)) {
-            ++m32;
-            if (m32 == (1u << 23)) {
-                m32 = 0;
-                ++e32;
-            }
-        }
-        if (e == 0 || e32 <= 0) {
-            bits = sign;
-        } else if (e32 >= 0xff) {
-            bits = sign | 0x7f800000u;
-        } else {
-            bits = sign | (static_cast<uint32_t>(e32) << 23) | m32;
-        }
-    }
-    union {
-        uint32_t u;
-        float f;
-    } v;
-    v.u = bits;
-    return v.f;
-}
-
-// Elements that fill whole 32-byte blocks: the UB row pitch of `n` values of `bytes` each.
-__aicore__ inline int64_t kda_pitch(int64_t n, int64_t bytes)
-{
-    int64_t per = 32 / bytes;
-    return (n + per - 1) / per * per;
-}
-
-// The scalar unit reads GM that earlier tasks wrote: drop its cached line first.
-template <typename T>
-__aicore__ inline T kda_read(GlobalTensor<T> &g, int64_t at)
-{
-    DataCacheCleanAndInvalid<T, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(g[at]);
-    return g.GetValue(at);
-}
-
-// `n` values of GM at `at` into `dst` as f32 (through `stage` for 16-bit types).
-template <typename T>
-__aicore__ inline void kda_load_f32(const LocalTensor<float> &dst, const LocalTensor<T> &stage,
-                                    GlobalTensor<T> &src, int64_t at, int64_t n)
-{
-    DataCopyExtParams p{1, static_cast<uint32_t>(n * sizeof(T)), 0, 0, 0};
-    DataCopyPadExtParams<T> pad{false, 0, 0, 0};
-    if constexpr (IsSameType<T, float>::value) {
-        DataCopyPad(dst, src[at], p, pad);
-        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-    } else {
-        DataCopyPad(stage, src[at], p, pad);
-        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        Cast(dst, stage, RoundMode::CAST_NONE, n);
-        PipeBarrier<PIPE_V>();
-        // The next load into `stage` waits for this cast.
-        SetFlag<HardEvent::V_MTE2>(EVENT_ID0);
-        WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
-    }
-}
 
 // Σ x[i]·y[i] over `n` values, read by the scalar unit.
 __aicore__ inline float kda_dot(const LocalTensor<float> &x, const LocalTensor<float> &y,
@@ -160,7 +84,7 @@ __aicore__ inline void step(const RecurrentArgs &a)
     const int64_t Kp = kda_pitch(K, sizeof(float)), Vp = kda_pitch(V, sizeof(float));
     const int64_t Sp = kda_pitch(K > V ? K : V, sizeof(T));
     const float scale = kda_f64_bits_to_f32(a.scale_bits);
-    const bool l2 = (a.qk_l2norm_bits << 1) != 0;
+    const bool l2 = kda_f64_bits_nonzero(a.qk_l2norm_bits);
     const bool has_accepted = a.num_accepted_tokens.addr != 0;
     GlobalTensor<float> st, g, beta;
     GlobalTensor<T> q, k, v, o;
