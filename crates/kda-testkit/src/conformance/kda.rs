@@ -734,6 +734,39 @@ pub fn chunk_split_equals_one_call<B: Backend>(make: &impl Factory<B>) {
     );
 }
 
+/// Random requests of `lens` tokens (`g` in `g_range`, initial states), a random cache of
+/// `n_slots` slots, and the requests' operands back to back: `[q, k, v, beta]` and `g`.
+struct Varlen {
+    seqs: Vec<Seq>,
+    cache0: Vec<f32>,
+    total: usize,
+    operands: [Vec<f32>; 4],
+    g: Vec<f32>,
+}
+
+impl Varlen {
+    fn random(
+        seed: u64,
+        lens: &[usize],
+        (h, kd, vd): (usize, usize, usize),
+        g_range: (f32, f32),
+        n_slots: usize,
+    ) -> Self {
+        let mut rng = Gen::new(seed);
+        let seqs: Vec<Seq> = lens
+            .iter()
+            .map(|&t| Seq::random(&mut rng, (t, h, kd, vd), g_range, (0.0, 1.0), true))
+            .collect();
+        let cache0 = rng.uniform_f32(n_slots * h * vd * kd, -1.0, 1.0);
+        let cat = |f: &dyn Fn(&Seq) -> &Vec<f32>| {
+            seqs.iter().flat_map(|q| f(q).clone()).collect::<Vec<f32>>()
+        };
+        let operands = [cat(&|q| &q.q), cat(&|q| &q.k), cat(&|q| &q.v), cat(&|q| &q.beta)];
+        let g = cat(&|q| &q.g);
+        Self { total: lens.iter().sum(), seqs, cache0, operands, g }
+    }
+}
+
 /// `KdaChunk` (scale 0.25, L2 norm on) over the requests `lens` with their `slots` and
 /// initial-state flags, reading f32 `q`, `k`, `v`, `beta` (`[T, H, K]`, `[T, H, K]`,
 /// `[T, H, V]`, `[T, H]`, the sizes of `g` and `o`) and `g` with its gate as given.
@@ -781,22 +814,13 @@ pub fn chunk_varlen_batch_matches_f64<B: Backend>(make: &impl Factory<B>) {
     let slots = [2i32, 0, 4, -1, 1];
     let has_initial = [1i32, 1, 0, 1, 1];
     let n_slots = 5;
-    let mut rng = Gen::new(12);
-    let seqs: Vec<Seq> = lens
-        .iter()
-        .map(|&t| Seq::random(&mut rng, (t, h, kd, vd), (-2.0, 0.0), (0.0, 1.0), true))
-        .collect();
-    let cache0 = rng.uniform_f32(n_slots * h * vd * kd, -1.0, 1.0);
-    let total: usize = lens.iter().sum();
-    let cat = |f: &dyn Fn(&Seq) -> &Vec<f32>| {
-        seqs.iter().flat_map(|q| f(q).clone()).collect::<Vec<f32>>()
-    };
+    let Varlen { seqs, cache0, total, operands, g } =
+        Varlen::random(12, &lens, (h, kd, vd), (-2.0, 0.0), n_slots);
     let starts = offsets(&lens);
     let state = f32_tensor(&b, &s, &[n_slots, h, vd, kd], &cache0);
     let o = b.alloc(DType::F32, &[total, h, vd]).unwrap();
     b.launch(&s, Op::Fill { dst: o.clone(), value: 7.0 }).unwrap();
-    let operands = [cat(&|q| &q.q), cat(&|q| &q.k), cat(&|q| &q.v), cat(&|q| &q.beta)];
-    let g = f32_tensor(&b, &s, &[total, h, kd], &cat(&|q| &q.g));
+    let g = f32_tensor(&b, &s, &[total, h, kd], &g);
     let op = varlen_chunk(&b, &s, (&lens, &slots, &has_initial), &operands, g, None, &state, &o);
     b.launch(&s, Op::KdaChunk(op)).unwrap();
     let (got_o, got_state) = (download_f64(&b, &s, &o), download_f64(&b, &s, &state));
@@ -855,18 +879,8 @@ pub fn chunk_boundary_states_match_f64_and_resume<B: Backend>(make: &impl Factor
     // 1 its only chunk (its final state, kept twice), the padding request asks for slot 9.
     let kept = [5i32, 6, -1, 7, -1, 9, -1, -1];
     let n_slots = 11;
-    let mut rng = Gen::new(19);
-    let seqs: Vec<Seq> = lens
-        .iter()
-        .map(|&t| Seq::random(&mut rng, (t, h, kd, vd), (-1.0, 0.0), (0.0, 1.0), true))
-        .collect();
-    let cache0 = rng.uniform_f32(n_slots * h * vd * kd, -1.0, 1.0);
-    let total: usize = lens.iter().sum();
-    let cat = |f: &dyn Fn(&Seq) -> &Vec<f32>| {
-        seqs.iter().flat_map(|q| f(q).clone()).collect::<Vec<f32>>()
-    };
-    let operands = [cat(&|q| &q.q), cat(&|q| &q.k), cat(&|q| &q.v), cat(&|q| &q.beta)];
-    let g_all = cat(&|q| &q.g);
+    let Varlen { seqs, cache0, total, operands, g: g_all } =
+        Varlen::random(19, &lens, (h, kd, vd), (-1.0, 0.0), n_slots);
     let state = f32_tensor(&b, &s, &[n_slots, h, vd, kd], &cache0);
     let o = b.alloc(DType::F32, &[total, h, vd]).unwrap();
     let g = f32_tensor(&b, &s, &[total, h, kd], &g_all);
