@@ -425,7 +425,7 @@ fn bundle(dir: &Path) -> Result<(), String> {
 }
 
 /// The `"executable"` paths of cargo's JSON messages, each with whether it is a test binary.
-fn executables(json_lines: &str) -> Vec<(bool, PathBuf)> {
+pub(crate) fn executables(json_lines: &str) -> Vec<(bool, PathBuf)> {
     const KEY: &str = "\"executable\":\"";
     json_lines
         .lines()
@@ -517,7 +517,7 @@ fn python_site_packages() -> Vec<PathBuf> {
 }
 
 /// Run `program` with `args` and extra `env`, keeping its output; whether it succeeded.
-fn run_quiet(
+pub(crate) fn run_quiet(
     program: &str,
     args: &[&str],
     env: &[(String, String)],

@@ -15,6 +15,7 @@ use std::time::Instant;
 mod ascend;
 mod doc_refs;
 mod gpu_check;
+mod npu_check;
 mod python;
 
 fn main() -> ExitCode {
@@ -28,9 +29,10 @@ fn main() -> ExitCode {
         Some("kernels") => ascend::kernels().map(|_| ()),
         Some("bench") => bench(),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
+        Some("npu-check") => npu_check::npu_check(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels|gpu-check [--out PATH] [--quick]>"
+                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR>"
             );
             return ExitCode::from(2);
         }

@@ -1,7 +1,8 @@
-//! The backend conformance suite on kda-ascend over the emulated ACL runtime (feature
-//! `emulated`; `cargo xtask test` enables it): the backend's real FFI layer, the emulator's
-//! implementation of the same C symbols, compared with the reference.
-#![cfg(feature = "emulated")]
+//! The backend conformance suite (streams, GEMMs, views, sanitizer, KDA ops, MX, both
+//! schedules, the layer) on kda-ascend, compared with the reference: over the emulated ACL
+//! runtime (feature `emulated`; `cargo xtask test` enables it) or on an NPU (feature `acl`;
+//! `cargo xtask test --backend ascend`, `cargo xtask npu-check`).
+#![cfg(any(feature = "acl", feature = "emulated"))]
 #![allow(clippy::expect_used, reason = "test setup")]
 
 use kda_ascend::{AscendBackend, AscendOptions};
@@ -11,7 +12,7 @@ use kda_core::sanitize::checked_from_env;
 /// Checked mode is on unless `KDA_SANITIZE=0` says otherwise, as for the reference.
 fn backend(checked: bool) -> Device<AscendBackend> {
     let options = AscendOptions { checked, ..AscendOptions::default() };
-    AscendBackend::with_options(options).expect("ascend backend over the emulated runtime")
+    AscendBackend::with_options(options).expect("ascend backend")
 }
 
 // The emulated runtime injects no delays: the jittered factory is a plain one.

@@ -10,11 +10,11 @@
 use std::ffi::{CStr, c_char, c_void};
 use std::path::Path;
 
+use kda_core::Op;
 use kda_core::kda::{
     CausalConv, CausalConvUpdate, GateForm, GatedRmsNorm, KdaChunk, KdaGate, KdaRecurrent, L2Norm,
     ZeroPadding,
 };
-use kda_core::{HostFn, Op};
 
 use crate::abi::{self, GmTensor, names};
 use crate::types::*;
@@ -466,25 +466,6 @@ fn build(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
                 data: need(&mut t, "data")?,
                 scale: need(&mut t, "scale")?,
                 alg,
-            }
-        }
-        names::HOST_GUARD => {
-            expect(1)?;
-            let flag = need(&mut t, "flag")?;
-            let offset = flag.layout().offset() * flag.dtype().size_bytes();
-            if flag.dtype() != kda_core::DType::I32 || flag.numel() != 1 {
-                return invalid("the guard flag is one i32");
-            }
-            let buf = flag.buffer().clone();
-            Op::Host {
-                name: "kda_host_guard",
-                f: HostFn::new(move || {
-                    if crate::rt::flag_is_set(&buf, offset) {
-                        Err("a host function on this stream failed".into())
-                    } else {
-                        Ok(())
-                    }
-                }),
             }
         }
         other => return invalid(format!("no kernel `{other}`")),

@@ -1,16 +1,19 @@
-//! `kda-acl-emu`: an emulated Ascend runtime exporting the C symbols of CANN's ACL runtime,
-//! aclnn ops and kernel launches that kda's Ascend backend calls, so that the backend's real
-//! `extern "C"` layer — pointers, out-parameters and structs included — runs here without an
-//! NPU.
+//! `kda-acl-emu`: an emulated Ascend runtime implementing the CANN ACL runtime, aclnn and
+//! kernel-launch functions kda's Ascend backend calls. Its functions fill the backend's
+//! `kda-ascend-sys` table ([`table`]), so each is type-checked against the one list of
+//! prototypes and the backend's real FFI layer — pointers, out-parameters and structs included —
+//! runs here without an NPU.
 //!
 //! It implements the documented semantics on top of the CPU reference backend: streams are its
-//! asynchronous worker threads, events its snapshots (waits accept only `ACL_EVENT_SYNC`
-//! events), capture is its graph capture with the ACL join rule, device memory is its buffers
-//! (device addresses are real host addresses), and every aclnn op or kernel computes through
-//! its kernels. It rejects what CANN rejects: a wait on an event without `ACL_EVENT_SYNC`, an
-//! executor run twice without `aclSetAclOpExecutorRepeatable`, a capture ending with a forked
-//! stream not joined back, an aclnn executor prepared while a capture is open, MX dtypes on a
-//! SoC without MX GEMMs (`KDA_ACL_EMU_SOC`, default `Ascend950PR`).
+//! asynchronous worker threads, events its snapshots, capture is its graph capture with the ACL
+//! join rule, device memory is its buffers (device addresses are real host addresses), and every
+//! aclnn op or kernel computes through its kernels. It rejects what CANN rejects, with CANN's
+//! codes: a wait on an event without `ACL_EVENT_SYNC`, an executor run twice without
+//! `aclSetAclOpExecutorRepeatable`, a capture ending with a forked stream not joined back, a
+//! synchronize of a capturing stream or a query of an event recorded in an open capture, tasks on
+//! a stream stopped by a failed task under stop-on-failure, a kernel launch whose arguments are
+//! not where its launch function reads them, a relative binary path, a kernel the binary lacks,
+//! MX ops on a SoC without them (`KDA_ACL_EMU_SOC`, default `Ascend950PR_9599`).
 //!
 //! What it does not emulate: timing, the AI Core / AI Vector split, the kernels' device code (a
 //! binary is any file at an absolute path holding the kernels' names; each launch computes
@@ -54,6 +57,8 @@ struct EmuEvent {
     /// Records queued so far, and the last one whose work has completed.
     recorded: u64,
     done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// When the work of the latest completed record finished (`ACL_EVENT_TIME_LINE` events).
+    at: std::sync::Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 /// A prepared aclnn op: what phase two queues, the workspace it needs, whether it may run
@@ -85,6 +90,14 @@ struct Emu {
     functions: HashMap<usize, &'static str>,
     /// The capture open now, if any.
     capture: Option<Capturing>,
+    /// Events recorded in the open capture: they cannot be queried or synchronized until it
+    /// ends (`ACL_ERROR_RT_EVENT_CAPTURED`).
+    captured_events: HashSet<usize>,
+    /// `ACL_STOP_ON_FAILURE` was set on a stream: it holds for every stream of the context.
+    stop_on_failure: bool,
+    /// Streams stopped by a failed task under stop-on-failure: the failure's code and text. They
+    /// accept no task (the runtime's abort state) and report the failure on every synchronize.
+    aborted: HashMap<usize, (aclError, String)>,
     next: usize,
 }
 
@@ -125,6 +138,9 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         binaries: HashMap::new(),
         functions: HashMap::new(),
         capture: None,
+        captured_events: HashSet::new(),
+        stop_on_failure: false,
+        aborted: HashMap::new(),
         next: 0x1000,
     })
 });
@@ -227,7 +243,17 @@ impl Emu {
         self.next
     }
 
+    /// The stream behind `handle`, for a call that queues a task or waits for the stream: an
+    /// aborted stream refuses both with the code of its failure.
     fn stream(&self, api: &str, handle: aclrtStream) -> Res<RefStream> {
+        if let Some((code, why)) = self.aborted.get(&(handle as usize)) {
+            return Err((
+                *code,
+                format!(
+                    "{api}: stream {handle:?} stopped on a failed task (stop-on-failure): {why}"
+                ),
+            ));
+        }
         self.streams
             .get(&(handle as usize))
             .cloned()
@@ -388,6 +414,7 @@ fn table_for(soc: &CString) -> kda_ascend_sys::Api {
         aclrtRecordEvent: Some(rt::aclrtRecordEvent),
         aclrtStreamWaitEvent: Some(rt::aclrtStreamWaitEvent),
         aclrtQueryEventStatus: Some(rt::aclrtQueryEventStatus),
+        aclrtEventElapsedTime: Some(rt::aclrtEventElapsedTime),
         aclrtLaunchHostFunc: Some(rt::aclrtLaunchHostFunc),
         aclmdlRICaptureBegin: Some(rt::aclmdlRICaptureBegin),
         aclmdlRICaptureEnd: Some(rt::aclmdlRICaptureEnd),
@@ -436,7 +463,7 @@ mod tests {
     #[test]
     fn the_table_has_every_required_symbol_and_the_mx_ops_only_on_950() {
         let soc = |s: &str| CString::new(s).unwrap_or_default();
-        let a950 = table_for(&soc("Ascend950PR"));
+        let a950 = table_for(&soc("Ascend950PR_9599"));
         assert_eq!(a950.missing_required(), Vec::<&str>::new());
         assert_eq!(a950.absent(), Vec::<&str>::new());
         let a2 = table_for(&soc("Ascend910B3"));

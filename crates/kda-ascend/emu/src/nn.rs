@@ -142,8 +142,8 @@ pub(crate) fn tensor(
         .ok_or_else(|| (ACLNN_ERR_PARAM_INVALID, format!("{api}: {param}: unknown tensor {t:?}")))
 }
 
-/// Phase one: validate, build the executor, report its workspace. Refused while a capture is
-/// open (executors are prepared before capture).
+/// Phase one: validate, build the executor, report its workspace (allowed while a capture is
+/// open: phase one queues no task).
 ///
 /// # Safety
 /// `workspace_size` and `executor` are valid out-parameters.
@@ -157,12 +157,6 @@ pub(crate) unsafe fn prepare(
     call(|| {
         let mut emu = emu();
         emu.ready(api)?;
-        if emu.capturing_here() {
-            return Err((
-                ACLNN_ERR_INNER,
-                format!("{api}: executors must be prepared before capture begins"),
-            ));
-        }
         let ops = build(&emu).map_err(|(code, m)| {
             (if code == ACL_ERROR_INVALID_PARAM { ACLNN_ERR_PARAM_INVALID } else { code }, m)
         })?;

@@ -2,7 +2,7 @@
 
 use std::ffi::{CString, c_char, c_int, c_void};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::Ordering;
 
 use kda_core::CaptureError;
 use kda_core::{DownloadSlot, Error, HostFn, Op};
@@ -10,9 +10,10 @@ use kda_core::{DownloadSlot, Error, HostFn, Op};
 use crate::types::*;
 use crate::{EmuEvent, Res, array, call, emu, invalid, put};
 
-/// The SoC the emulated device reports: `KDA_ACL_EMU_SOC`, else an Ascend 950 (MX GEMMs).
+/// The SoC the emulated device reports: `KDA_ACL_EMU_SOC`, else an Ascend 950PR part (MX
+/// GEMMs).
 pub(crate) fn soc_name() -> CString {
-    let name = std::env::var("KDA_ACL_EMU_SOC").unwrap_or_else(|_| "Ascend950PR".into());
+    let name = std::env::var("KDA_ACL_EMU_SOC").unwrap_or_else(|_| "Ascend950PR_9599".into());
     CString::new(name).unwrap_or_default()
 }
 
@@ -186,16 +187,20 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError
     })
 }
 
-/// The emulator always stops a stream's later tasks after a failed one, which is mode 1.
+/// `ACL_STOP_ON_FAILURE`: a failed task stops its stream, which then accepts no new task; set on
+/// one stream, the mode holds for every stream of the context (API reference,
+/// `aclrtSetStreamFailureMode`). The emulator implements only this mode.
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtSetStreamFailureMode(stream: aclrtStream, mode: u64) -> aclError {
     call(|| {
-        emu().stream("aclrtSetStreamFailureMode", stream)?;
+        let mut emu = emu();
+        emu.stream("aclrtSetStreamFailureMode", stream)?;
         if mode != ACL_STOP_ON_FAILURE {
             return invalid(format!(
                 "aclrtSetStreamFailureMode: mode {mode} (the emulator implements STOP_ON_FAILURE)"
             ));
         }
+        emu.stop_on_failure = true;
         Ok(())
     })
 }
@@ -205,8 +210,12 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
     call(|| {
         let mut emu = emu();
         if emu.capture.is_some_and(|c| c.stream == stream as usize) {
-            return invalid("aclrtDestroyStream: the stream is capturing");
+            return Err((
+                ACL_ERROR_RT_STREAM_CAPTURED,
+                "aclrtDestroyStream: the stream is capturing".into(),
+            ));
         }
+        emu.aborted.remove(&(stream as usize));
         // The worker finishes its queue and exits once the last handle is gone.
         match emu.streams.remove(&(stream as usize)) {
             Some(_) => Ok(()),
@@ -215,21 +224,38 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
     })
 }
 
-/// Block until the stream's work has run; the first failure since the last synchronize is
-/// returned (`ACL_ERROR_RT_AICORE_EXCEPTION`, its text in `aclGetRecentErrMsg`).
+/// Block until the stream's work has run; a failed task is returned
+/// (`ACL_ERROR_RT_AICORE_EXCEPTION`, its text in `aclGetRecentErrMsg`) and, under stop-on-failure,
+/// leaves the stream stopped: it accepts no task and every later synchronize reports the same
+/// failure (the runtime's abort state, `Stream::...ABORT_ON_FAILURE`). A capturing stream cannot
+/// be synchronized (`ACL_ERROR_RT_STREAM_CAPTURED`).
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     const API: &str = "aclrtSynchronizeStream";
     call(|| {
         let (backend, s) = {
             let emu = emu();
+            if emu.capture.is_some_and(|c| c.stream == stream as usize) {
+                return Err((
+                    ACL_ERROR_RT_STREAM_CAPTURED,
+                    format!("{API}: stream {stream:?} is capturing"),
+                ));
+            }
             (emu.backend.clone(), emu.stream(API, stream)?)
         };
         // Blocks without the emulator lock: host functions on the stream may call the runtime.
-        backend.synchronize(&s).map_err(|e| match e {
-            Error::Capture(c) => (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {c}")),
-            other => (ACL_ERROR_RT_AICORE_EXCEPTION, format!("{API}: {other}")),
-        })
+        let failure = match backend.synchronize(&s) {
+            Ok(()) => return Ok(()),
+            Err(Error::Capture(c)) => {
+                return Err((ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {c}")));
+            }
+            Err(other) => (ACL_ERROR_RT_AICORE_EXCEPTION, format!("{API}: {other}")),
+        };
+        let mut emu = emu();
+        if emu.stop_on_failure {
+            emu.aborted.insert(stream as usize, failure.clone());
+        }
+        Err(failure)
     })
 }
 
@@ -241,9 +267,15 @@ pub unsafe extern "C" fn aclrtCreateEventExWithFlag(event: *mut aclrtEvent, flag
         let ev =
             emu.backend.new_event().map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, e.to_string()))?;
         let h = emu.handle();
+        let at = Arc::default();
         emu.events
-            .insert(h, EmuEvent { event: ev, flags: flag, recorded: 0, done: Arc::default() });
-        let kind = if flag & ACL_EVENT_SYNC != 0 { "SYNC" } else { "no SYNC" };
+            .insert(h, EmuEvent { event: ev, flags: flag, recorded: 0, done: Arc::default(), at });
+        let kind = match flag {
+            ACL_EVENT_SYNC => "SYNC".to_string(),
+            ACL_EVENT_CAPTURE_STREAM_PROGRESS => "CAPTURE_STREAM_PROGRESS".to_string(),
+            0 => "no SYNC".to_string(),
+            other => format!("{other:#x}"),
+        };
         crate::log(format!("aclrtCreateEventExWithFlag({kind})"), 0, h);
         // SAFETY: writable out-parameter per CANN's contract.
         unsafe { put("aclrtCreateEventExWithFlag", event, h as aclrtEvent) }
@@ -276,15 +308,18 @@ pub extern "C" fn aclrtRecordEvent(ev: aclrtEvent, stream: aclrtStream) -> aclEr
             .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
         crate::log(API, stream as usize, ev as usize);
         if emu.capturing_here() {
-            // A captured record completes when the model runs; queries see it as recorded.
+            // A captured record completes when the model runs; until the capture ends the event
+            // cannot be queried.
+            emu.captured_events.insert(ev as usize);
             return Ok(());
         }
         // Completion for `aclrtQueryEventStatus`: a marker right behind the recorded work.
         let slot =
             emu.events.get_mut(&(ev as usize)).ok_or((ACL_ERROR_INVALID_PARAM, API.into()))?;
         slot.recorded += 1;
-        let (generation, done) = (slot.recorded, Arc::clone(&slot.done));
+        let (generation, done, at) = (slot.recorded, Arc::clone(&slot.done), Arc::clone(&slot.at));
         let mark = HostFn::new(move || {
+            *at.lock().map_err(|e| e.to_string())? = Some(std::time::Instant::now());
             done.fetch_max(generation, Ordering::AcqRel);
             Ok(())
         });
@@ -325,6 +360,12 @@ pub unsafe extern "C" fn aclrtQueryEventStatus(
     call(|| {
         let emu = emu();
         let e = event(API, &emu, ev)?;
+        if emu.captured_events.contains(&(ev as usize)) {
+            return Err((
+                ACL_ERROR_RT_EVENT_CAPTURED,
+                format!("{API}: event {ev:?} was recorded in a capture that is still open"),
+            ));
+        }
         let done = e.done.load(Ordering::Acquire) >= e.recorded;
         let value = if done {
             ACL_EVENT_RECORDED_STATUS_COMPLETE
@@ -333,6 +374,39 @@ pub unsafe extern "C" fn aclrtQueryEventStatus(
         };
         // SAFETY: writable out-parameter per CANN's contract.
         unsafe { put(API, status, value) }
+    })
+}
+
+/// Milliseconds between the completions of two recorded `ACL_EVENT_TIME_LINE` events.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtEventElapsedTime(
+    ms: *mut f32,
+    start: aclrtEvent,
+    end: aclrtEvent,
+) -> aclError {
+    const API: &str = "aclrtEventElapsedTime";
+    call(|| {
+        let emu = emu();
+        let time = |ev: aclrtEvent| -> Res<std::time::Instant> {
+            let e = event(API, &emu, ev)?;
+            if e.flags & ACL_EVENT_TIME_LINE == 0 {
+                return invalid(format!(
+                    "{API}: event {ev:?} was created without ACL_EVENT_TIME_LINE"
+                ));
+            }
+            let at = *e.at.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match at {
+                Some(t) if e.done.load(Ordering::Acquire) >= e.recorded => Ok(t),
+                _ => Err((
+                    ACL_ERROR_RT_EVENT_NOT_COMPLETE,
+                    format!("{API}: event {ev:?} has not completed"),
+                )),
+            }
+        };
+        let (a, b) = (time(start)?, time(end)?);
+        let elapsed = b.saturating_duration_since(a).as_secs_f64() * 1e3;
+        // SAFETY: writable out-parameter per CANN's contract.
+        unsafe { put(API, ms, elapsed as f32) }
     })
 }
 
@@ -414,6 +488,7 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(
         });
         if emu.capture.is_some_and(|c| c.stream == stream as usize) {
             emu.capture = None;
+            emu.captured_events.clear();
         }
         let graph = graph?;
         let h = emu.handle();
@@ -451,12 +526,4 @@ pub extern "C" fn aclmdlRIDestroy(model_ri: aclmdlRI) -> aclError {
         }
         None => invalid(format!("aclmdlRIDestroy: unknown model {model_ri:?}")),
     })
-}
-
-/// Read an i32 flag in device memory at execution time (the host guard kernel).
-pub(crate) fn flag_is_set(buf: &kda_reference::RefBuffer, byte_offset: usize) -> bool {
-    let ptr = buf.element_ptr::<u8>(byte_offset).cast::<AtomicI32>();
-    // SAFETY: `ptr` is inside a live allocation (checked when the kernel was launched), 4-byte
-    // aligned (64-byte base, offset a multiple of 4, checked), and only accessed atomically.
-    unsafe { (*ptr).load(Ordering::Acquire) != 0 }
 }

@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::ffi::{CStr, c_void};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::AscendError;
 use crate::sys;
@@ -59,26 +60,47 @@ pub(crate) fn soc_name() -> String {
     unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
 }
 
-/// An owned `aclrtStream` (stored as an address: the handle is an opaque token).
+/// An owned `aclrtStream` (stored as an address: the handle is an opaque token). The handle
+/// can be replaced: a stream stopped by a failed task under `ACL_STOP_ON_FAILURE` accepts no
+/// task again, so the HAL stream continues on a fresh ACL stream ([`RawStream::replace`]).
 #[derive(Debug)]
-pub(crate) struct RawStream(usize);
+pub(crate) struct RawStream(AtomicUsize);
 
 impl RawStream {
-    pub(crate) fn create() -> Result<Self, AscendError> {
+    fn new_handle() -> Result<usize, AscendError> {
         let mut s: sys::aclrtStream = std::ptr::null_mut();
         // SAFETY: `s` is a valid out-parameter.
         check("aclrtCreateStream", unsafe { sys::aclrtCreateStream(&mut s) })?;
-        let stream = RawStream(s as usize);
-        // A failed task stops the stream's later tasks (the HAL's failure contract).
+        // A failed task stops the stream's later tasks (the HAL's failure contract); CANN
+        // applies the mode to every stream of the context.
         // SAFETY: a live stream.
-        check("aclrtSetStreamFailureMode", unsafe {
-            sys::aclrtSetStreamFailureMode(stream.get(), sys::ACL_STOP_ON_FAILURE)
-        })?;
-        Ok(stream)
+        let mode = check("aclrtSetStreamFailureMode", unsafe {
+            sys::aclrtSetStreamFailureMode(s, sys::ACL_STOP_ON_FAILURE)
+        });
+        if let Err(e) = mode {
+            // SAFETY: created above, destroyed once.
+            let _ = unsafe { sys::aclrtDestroyStream(s) };
+            return Err(e);
+        }
+        Ok(s as usize)
+    }
+
+    pub(crate) fn create() -> Result<Self, AscendError> {
+        Ok(RawStream(AtomicUsize::new(Self::new_handle()?)))
     }
 
     pub(crate) fn get(&self) -> sys::aclrtStream {
-        self.0 as sys::aclrtStream
+        self.0.load(Ordering::Acquire) as sys::aclrtStream
+    }
+
+    /// Continue on a fresh ACL stream after this one stopped on a failed task; the stopped one
+    /// is destroyed (its queued tasks were discarded by the runtime).
+    pub(crate) fn replace(&self) -> Result<(), AscendError> {
+        let fresh = Self::new_handle()?;
+        let old = self.0.swap(fresh, Ordering::AcqRel);
+        // SAFETY: created by `aclrtCreateStream`, no longer reachable through `self`.
+        let _ = unsafe { sys::aclrtDestroyStream(old as sys::aclrtStream) };
+        Ok(())
     }
 }
 
@@ -89,22 +111,44 @@ impl Drop for RawStream {
     }
 }
 
-/// An owned event created with `ACL_EVENT_SYNC` (the only kind another stream may wait on).
+/// An owned event: `ACL_EVENT_SYNC` for the HAL's events (the only kind another stream may
+/// wait on; a scarce resource), `ACL_EVENT_CAPTURE_STREAM_PROGRESS` for the allocator's reuse
+/// markers, which are only queried.
 #[derive(Debug)]
 pub(crate) struct RawEvent(usize);
 
 impl RawEvent {
-    pub(crate) fn create() -> Result<Self, AscendError> {
+    pub(crate) fn with_flag(flag: u32) -> Result<Self, AscendError> {
         let mut e: sys::aclrtEvent = std::ptr::null_mut();
         // SAFETY: `e` is a valid out-parameter.
         check("aclrtCreateEventExWithFlag", unsafe {
-            sys::aclrtCreateEventExWithFlag(&mut e, sys::ACL_EVENT_SYNC)
+            sys::aclrtCreateEventExWithFlag(&mut e, flag)
         })?;
         Ok(RawEvent(e as usize))
     }
 
+    /// An event other streams can wait on.
+    pub(crate) fn create() -> Result<Self, AscendError> {
+        Self::with_flag(sys::ACL_EVENT_SYNC)
+    }
+
+    /// A marker of a stream's progress, queried by the host (the allocator's reuse events).
+    pub(crate) fn progress() -> Result<Self, AscendError> {
+        Self::with_flag(sys::ACL_EVENT_CAPTURE_STREAM_PROGRESS)
+    }
+
     pub(crate) fn get(&self) -> sys::aclrtEvent {
         self.0 as sys::aclrtEvent
+    }
+
+    /// Milliseconds from `self`'s completion to `end`'s (both `ACL_EVENT_TIME_LINE`).
+    pub(crate) fn elapsed_ms(&self, end: &RawEvent) -> Result<f32, AscendError> {
+        let mut ms = 0f32;
+        // SAFETY: live events, a valid out-parameter.
+        check("aclrtEventElapsedTime", unsafe {
+            sys::aclrtEventElapsedTime(&mut ms, self.get(), end.get())
+        })?;
+        Ok(ms)
     }
 
     pub(crate) fn record(&self, stream: &RawStream) -> Result<(), AscendError> {
@@ -135,13 +179,10 @@ impl Drop for RawEvent {
     }
 }
 
-/// Pinned host memory (`aclrtMallocHost`): staging for asynchronous copies, and the host
-/// functions' failure flags (mapped for the device with `aclrtHostRegister`).
+/// Pinned host memory (`aclrtMallocHost`): staging for asynchronous copies.
 #[derive(Debug)]
 pub(crate) struct HostMemory {
     ptr: usize,
-    len: usize,
-    device: usize,
 }
 
 impl HostMemory {
@@ -149,42 +190,16 @@ impl HostMemory {
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-parameter.
         check("aclrtMallocHost", unsafe { sys::aclrtMallocHost(&mut p, len.max(1)) })?;
-        Ok(HostMemory { ptr: p as usize, len: len.max(1), device: 0 })
-    }
-
-    /// Pinned memory the device can read (the guard kernels read the failure flag).
-    pub(crate) fn mapped(len: usize) -> Result<Self, AscendError> {
-        let mut mem = Self::alloc(len)?;
-        let mut d: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `mem` is a live pinned allocation of `mem.len` bytes; valid out-parameter.
-        check("aclrtHostRegister", unsafe {
-            sys::aclrtHostRegister(
-                mem.ptr as *mut c_void,
-                mem.len as u64,
-                sys::ACL_HOST_REGISTER_MAPPED,
-                &mut d,
-            )
-        })?;
-        mem.device = d as usize;
-        Ok(mem)
+        Ok(HostMemory { ptr: p as usize })
     }
 
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr as *mut u8
     }
-
-    /// The device address of mapped memory.
-    pub(crate) fn device_addr(&self) -> usize {
-        self.device
-    }
 }
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
-        if self.device != 0 {
-            // SAFETY: registered above, unregistered once.
-            let _ = unsafe { sys::aclrtHostUnregister(self.ptr as *mut c_void) };
-        }
         // SAFETY: allocated by `aclrtMallocHost`, freed once.
         let _ = unsafe { sys::aclrtFreeHost(self.ptr as *mut c_void) };
     }

@@ -25,6 +25,7 @@ use kda_core::hal::GraphReplay;
 use kda_core::{Backend, Op, Result};
 
 use super::acl::{self, check};
+use super::host;
 use super::ops::{self, Step};
 use super::{AscendBackend, AscendEvent, AscendStream};
 use crate::error::AscendError;
@@ -85,8 +86,10 @@ impl Handles {
 }
 
 impl AclGraph {
-    /// Run the instance on `stream` (`aclmdlRIExecuteAsync`).
+    /// Run the instance on `stream` (`aclmdlRIExecuteAsync`), after the work submitted on it
+    /// before (work held behind a host function is issued first).
     pub fn launch(&self, stream: &AscendStream) -> Result<()> {
+        host::drain(&stream.inner, 0)?;
         // SAFETY: a live model and stream.
         check("aclmdlRIExecuteAsync", unsafe {
             sys::aclmdlRIExecuteAsync(self.model.ri as sys::aclmdlRI, stream.raw().get())
@@ -140,6 +143,10 @@ impl AscendBackend {
                 steps.push(ops::prepare(self, s, op.op(), op.dims(), true)?);
             }
         }
+        // Work held on the host behind a host function is issued before the capture begins.
+        host::drain(&origin.inner, 0)?;
+        // No reuse event is queried while the capture is open.
+        let _open = self.inner.pool.capture_open();
         // SAFETY: a live stream.
         check("aclmdlRICaptureBegin", unsafe {
             sys::aclmdlRICaptureBegin(origin.raw().get(), sys::ACL_MODEL_RI_CAPTURE_MODE_RELAXED)

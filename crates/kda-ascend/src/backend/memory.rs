@@ -6,11 +6,17 @@
 //! cubecl's caching allocators do. A block whose last handle simply drops is reusable at once:
 //! queued work keeps its own handles until its stream is synchronized (see `StreamInner`).
 //!
+//! The reuse events are `ACL_EVENT_CAPTURE_STREAM_PROGRESS` events (only queried, never waited
+//! on: the scarce SYNC events stay for the HAL's events), and none is queried while a capture
+//! of this instance is open (no query or synchronize may run then): a block freed on a stream
+//! is then simply not reused until the capture has ended.
+//!
 //! [`Backend::free`]: kda_core::Backend::free
 
 use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kda_core::{BufferHandle, BufferId};
@@ -35,6 +41,18 @@ struct Cached {
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
     cached: Mutex<Vec<Cached>>,
+    /// Captures of this instance open now.
+    captures: AtomicUsize,
+}
+
+/// A capture is open while this lives ([`Pool::capture_open`]).
+#[derive(Debug)]
+pub(crate) struct CaptureOpen<'a>(&'a Pool);
+
+impl Drop for CaptureOpen<'_> {
+    fn drop(&mut self) {
+        self.0.captures.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Pool {
@@ -87,6 +105,22 @@ impl Pool {
         AscendBuffer { block: Arc::new(block) }
     }
 
+    /// Mark a capture open until the guard drops: no reuse event is queried meanwhile.
+    pub(crate) fn capture_open(&self) -> CaptureOpen<'_> {
+        self.captures.fetch_add(1, Ordering::AcqRel);
+        CaptureOpen(self)
+    }
+
+    /// Whether the free behind `ready` has completed; `false` without asking while a capture is
+    /// open.
+    fn completed(&self, ready: Option<&RawEvent>) -> Result<bool, AscendError> {
+        match ready {
+            None => Ok(true),
+            Some(_) if self.captures.load(Ordering::Acquire) > 0 => Ok(false),
+            Some(event) => event.is_complete(),
+        }
+    }
+
     /// A cached block of exactly `capacity` bytes whose free has completed.
     fn take_ready(&self, capacity: usize) -> Result<Option<Cached>, AscendError> {
         let mut cached = self.lock();
@@ -94,10 +128,7 @@ impl Pool {
             if cached[i].capacity != capacity {
                 continue;
             }
-            let ready = match &cached[i].ready {
-                None => true,
-                Some(event) => event.is_complete()?,
-            };
+            let ready = self.completed(cached[i].ready.as_ref())?;
             if ready {
                 return Ok(Some(cached.swap_remove(i)));
             }
@@ -124,10 +155,7 @@ impl Pool {
         let mut cached = self.lock();
         let mut kept = Vec::new();
         for c in cached.drain(..) {
-            let done = match &c.ready {
-                None => true,
-                Some(e) => e.is_complete()?,
-            };
+            let done = self.completed(c.ready.as_ref())?;
             if done {
                 // SAFETY: a block of ours, no longer referenced (its event completed).
                 let _ = unsafe { sys::aclrtFree(c.addr as *mut c_void) };

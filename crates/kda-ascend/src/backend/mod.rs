@@ -9,6 +9,7 @@ mod memory;
 mod ops;
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -19,8 +20,9 @@ use kda_core::{
     InstanceId, Resources, Result, StreamHandle, StreamId, Validated,
 };
 
-use self::acl::{HostMemory, RawEvent, RawStream};
+use self::acl::{RawEvent, RawStream};
 pub use self::capture::AclGraph;
+use self::host::{Failure, Gate, Held};
 pub use self::memory::AscendBuffer;
 use crate::error::AscendError;
 use crate::kernels::tiling::Chip;
@@ -50,8 +52,8 @@ struct Inner {
     next_buffer: AtomicU64,
 }
 
-/// A stream: the ACL stream, its host-function failure flag, and what its queued work keeps
-/// alive until the stream is synchronized.
+/// A stream: the ACL stream, its host-side failure state and held work (see `host`), and what
+/// its queued work keeps alive until the stream is synchronized.
 #[derive(Clone, Debug)]
 pub struct AscendStream {
     inner: Arc<StreamInner>,
@@ -61,17 +63,17 @@ pub struct AscendStream {
 pub(crate) struct StreamInner {
     id: StreamId,
     raw: RawStream,
-    /// Set by a failing host function; read by the guard kernel queued behind it.
-    guard: HostMemory,
     state: Mutex<StreamState>,
 }
 
 #[derive(Debug, Default)]
 struct StreamState {
-    /// The first host function that failed since the last synchronize: (op, message).
-    host_failure: Option<(String, String)>,
-    /// Streams this one waited on since the last synchronize (to name a failed upstream).
-    upstream: Vec<Weak<StreamInner>>,
+    /// The host-side failure to report at the next synchronize; later work is skipped.
+    failure: Option<Failure>,
+    /// What the held work waits for.
+    gate: Option<Gate>,
+    /// Work submitted behind the gate, in order.
+    held: VecDeque<Held>,
     /// Handles, descriptors, staging and executors of queued work.
     in_flight: Vec<Box<dyn Any + Send>>,
     /// Device tasks queued since the last synchronize: (kernel or aclnn API, HAL op label), to
@@ -111,7 +113,8 @@ impl AscendStream {
     }
 }
 
-/// An event (always `ACL_EVENT_SYNC`), and the stream of its most recent record.
+/// An event (always `ACL_EVENT_SYNC`), the stream of its most recent record, and whether that
+/// record is held on the host or was skipped on a failed stream.
 #[derive(Clone, Debug)]
 pub struct AscendEvent {
     id: EventId,
@@ -123,6 +126,10 @@ struct EventInner {
     raw: RawEvent,
     /// Weak: a stream keeps the events it uses alive, not the other way round.
     recorded_on: Mutex<Option<Weak<StreamInner>>>,
+    /// The stream whose held work holds this event's latest record.
+    held_on: Mutex<Option<Weak<StreamInner>>>,
+    /// The latest record was skipped on a failed stream: (stream, failure).
+    failed_upstream: Mutex<Option<(StreamId, String)>>,
 }
 
 impl EventHandle for AscendEvent {
@@ -147,7 +154,7 @@ impl AscendBackend {
     /// The backend without its façade (for the backend's own tests of raw verbs).
     fn raw_with_options(options: AscendOptions) -> std::result::Result<Self, AscendError> {
         acl::bind(options.device)?;
-        let chip = Chip::from_soc(&acl::soc_name());
+        let chip = Chip::from_soc(&acl::soc_name())?;
         let api = crate::sys::installed().ok_or(AscendError::Unsupported {
             op: "AscendBackend::with_options",
             message: "the CANN table was not installed".into(),
@@ -199,6 +206,23 @@ impl AscendBackend {
     /// Whether the MXFP8 ops run natively (`aclnnQuantMatmulV5`) or through the emulation path.
     pub fn native_mx(&self) -> bool {
         self.inner.native_mx
+    }
+
+    /// Device time of the work `work` queues on `stream`, in milliseconds, measured between two
+    /// `ACL_EVENT_TIME_LINE` events recorded around it (`aclrtEventElapsedTime`). Synchronizes
+    /// `stream` before and after.
+    pub fn time_ms(&self, stream: &AscendStream, work: impl FnOnce() -> Result<()>) -> Result<f32> {
+        self.enter()?;
+        host::synchronize(stream)?;
+        let start = RawEvent::with_flag(crate::sys::ACL_EVENT_TIME_LINE)?;
+        let end = RawEvent::with_flag(crate::sys::ACL_EVENT_TIME_LINE)?;
+        start.record(stream.raw())?;
+        work()?;
+        // Work held behind host functions is issued before the end mark.
+        host::drain(&stream.inner, 0)?;
+        end.record(stream.raw())?;
+        host::synchronize(stream)?;
+        Ok(start.elapsed_ms(&end)?)
     }
 
     /// The optional CANN symbols (ops) this installation lacks: capabilities reported absent,
@@ -260,10 +284,7 @@ impl Backend for AscendBackend {
         self.enter()?;
         let inner = &self.inner;
         let id = StreamId { instance: inner.instance, index: Self::next(&inner.next_stream) };
-        let guard = HostMemory::mapped(4)?;
-        // SAFETY: 4 fresh pinned bytes, aligned by the allocator; no one else sees them yet.
-        unsafe { guard.ptr().cast::<i32>().write(0) };
-        let stream = StreamInner { id, raw: RawStream::create()?, guard, state: Mutex::default() };
+        let stream = StreamInner { id, raw: RawStream::create()?, state: Mutex::default() };
         Ok(AscendStream { inner: Arc::new(stream) })
     }
 
@@ -271,18 +292,21 @@ impl Backend for AscendBackend {
         self.enter()?;
         let inner = &self.inner;
         let id = EventId { instance: inner.instance, index: Self::next(&inner.next_event) };
-        let event = EventInner { raw: RawEvent::create()?, recorded_on: Mutex::new(None) };
+        let event = EventInner {
+            raw: RawEvent::create()?,
+            recorded_on: Mutex::new(None),
+            held_on: Mutex::new(None),
+            failed_upstream: Mutex::new(None),
+        };
         Ok(AscendEvent { id, inner: Arc::new(event) })
     }
 
     fn record(&self, event: &AscendEvent, stream: &AscendStream) -> Result<()> {
         self.enter()?;
-        event.inner.raw.record(stream.raw())?;
         *event.inner.recorded_on.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(Arc::downgrade(&stream.inner));
-        // The event outlives the stream's use of it (CANN: no destroy with tasks pending).
-        stream.inner.keep(Arc::clone(&event.inner));
-        Ok(())
+        // The stream keeps the event alive once recorded (CANN: no destroy with tasks pending).
+        host::submit(stream, Held::Record(Arc::clone(&event.inner)))
     }
 
     fn wait(&self, stream: &AscendStream, event: &AscendEvent) -> Result<()> {
@@ -290,13 +314,10 @@ impl Backend for AscendBackend {
         let upstream =
             event.inner.recorded_on.lock().unwrap_or_else(PoisonError::into_inner).clone();
         // Never recorded: a no-op, as the HAL (and CANN) define it.
-        let Some(upstream) = upstream else { return Ok(()) };
-        acl::wait(stream.raw(), &event.inner.raw)?;
-        stream.inner.keep(Arc::clone(&event.inner));
-        if !std::ptr::eq(upstream.as_ptr(), Arc::as_ptr(&stream.inner)) {
-            stream.inner.state().upstream.push(upstream);
+        if upstream.is_none() {
+            return Ok(());
         }
-        Ok(())
+        host::submit(stream, Held::Wait(Arc::clone(&event.inner)))
     }
 
     fn synchronize(&self, stream: &AscendStream) -> Result<()> {
@@ -334,10 +355,7 @@ impl Backend for AscendBackend {
 
     fn free(&self, stream: &AscendStream, buffer: AscendBuffer) -> Result<()> {
         self.enter()?;
-        let event = RawEvent::create()?;
-        event.record(stream.raw())?;
-        buffer.free_after(event);
-        Ok(())
+        host::submit(stream, Held::Free(buffer))
     }
 
     fn submit(&self, stream: &AscendStream, label: &str, op: Validated<Self>) -> Result<()> {
@@ -355,7 +373,7 @@ impl Backend for AscendBackend {
             // The op's views keep their buffers alive until the stream has run it.
             state.in_flight.push(Box::new(op));
         }
-        ops::issue(stream, steps)
+        host::submit(stream, Held::Steps(steps))
     }
 
     /// A graph runs as an ACL model (`aclmdlRIExecuteAsync`), instantiated at its first launch
@@ -420,6 +438,26 @@ mod tests {
         drop(later);
         let other = b.raw().alloc(5000).expect("alloc").buffer;
         assert_ne!(other.addr(), addr);
+    }
+
+    /// While a capture is open the allocator queries no reuse event (CANN refuses queries of
+    /// what a capture holds): a block whose free completed is reused only after the capture.
+    #[test]
+    fn the_allocator_reuses_no_freed_block_while_a_capture_is_open() {
+        let b = backend();
+        let s = b.new_stream().expect("stream");
+        let x = b.raw().alloc(1000).expect("alloc").buffer;
+        let addr = x.addr();
+        b.free(&s, x).expect("free");
+        b.synchronize(&s).expect("the free has completed");
+        {
+            let _open = b.raw().inner.pool.capture_open();
+            let during = b.raw().alloc(1000).expect("alloc").buffer;
+            assert_ne!(during.addr(), addr, "no reuse event is queried while the capture is open");
+        }
+        let after: Vec<AscendBuffer> =
+            (0..2).map(|_| b.raw().alloc(1000).expect("alloc").buffer).collect();
+        assert!(after.iter().any(|a| a.addr() == addr), "reused once the capture has ended");
     }
 
     /// ACL failures are typed errors naming the function, the code and the runtime's message.

@@ -10,7 +10,7 @@
 //! | `Gemm` | `aclnnMatmul` (`mat2` = the weight's transposed view) |
 //! | `Copy`, `Fill` | `aclnnInplaceCopy`, `aclnnInplaceFillScalar` |
 //! | `Upload`, `Download` | `aclrtMemcpyAsync` through pinned staging (+ `aclnnInplaceCopy` for strided views) |
-//! | `Host` | `aclrtLaunchHostFunc` + the `kda_host_guard` kernel |
+//! | `Host` | `aclrtLaunchHostFunc` (a failure stops the stream on the host) |
 //! | `DynamicQuant`, `MxGemm` | `aclnnDynamicMxQuantV3`, `aclnnQuantMatmulV5` (Ascend 950); else `kda_mx_quant`, `kda_mx_dequant` + `aclnnMatmul` |
 //! | `Sigmoid`, `KdaGate`, `ZeroPadding`, `CausalConvUpdate`, `KdaRecurrent`, `L2Norm`, `GatedRmsNorm`, `MxDequant` | their AscendC kernels |
 //! | `KdaChunk` | `aclnnChunkKdaFwd` where its contract fits (`vendor.rs`: installed, not captured, host offsets, f16/bf16 operands, within its limits); else the `kda_chunk_prefill` kernel (an in-kernel gate runs `kda_gate` into scratch first) |
@@ -122,11 +122,17 @@ impl AclnnCall {
 
 impl Drop for AclnnCall {
     fn drop(&mut self) {
-        if self.repeatable {
-            // SAFETY: a repeatable executor is freed by its owner, once.
-            let _ =
-                unsafe { sys::aclDestroyAclOpExecutor(self.executor as *mut sys::aclOpExecutor) };
+        let executor = self.executor as *mut sys::aclOpExecutor;
+        if !self.repeatable && !self.ran.load(Ordering::Acquire) {
+            // Never run (skipped behind a failed host function): only a repeatable executor is
+            // freed by its owner, so make it one first.
+            // SAFETY: an executor from phase one that no run consumed.
+            let _ = unsafe { sys::aclSetAclOpExecutorRepeatable(executor) };
+        } else if !self.repeatable {
+            return;
         }
+        // SAFETY: a repeatable executor is freed by its owner, once.
+        let _ = unsafe { sys::aclDestroyAclOpExecutor(executor) };
     }
 }
 
@@ -347,23 +353,8 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
         Op::Fill { dst, value } => p.fill(dst, *value),
         Op::Upload { dst, data } => upload(p, dst, data),
         Op::Download { src, slot } => download(p, src, slot),
-        Op::Host { name, f } => {
-            p.host(name, f.clone())?;
-            let flag = GmTensor {
-                addr: p.stream.inner.guard_addr() as u64,
-                shape: [1, 0, 0, 0, 0, 0],
-                strides: [1, 0, 0, 0, 0, 0],
-                rank: 1,
-                dtype: sys::ACL_INT32,
-                ..GmTensor::default()
-            };
-            let tiling = tiling::plan(names::HOST_GUARD, &p.b.inner.chip, tiling::rows(1, 4))?;
-            if let Some(tiling) = tiling {
-                let launch = p.b.inner.kernels.prepare(names::HOST_GUARD, tiling, &[flag], &[])?;
-                p.steps.push(Step::Kernel(launch));
-            }
-            Ok(())
-        }
+        // A failure stops the stream on the host (see the `host` module): no device task.
+        Op::Host { name, f } => p.host(name, f.clone()),
         Op::DynamicQuant { x, data, scale, alg } => {
             let dims = dims_of!(dims, Mx, op);
             if dims.m == 0 || dims.k == 0 {
@@ -701,12 +692,4 @@ pub(crate) fn issue_steps(stream: &AscendStream, steps: &[Step]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Queue `steps` on `stream` and keep them until it is synchronized.
-pub(crate) fn issue(stream: &AscendStream, steps: Vec<Step>) -> Result<()> {
-    let result = issue_steps(stream, &steps);
-    // Even after a failed step, what was queued before it must stay alive.
-    stream.inner.keep(steps);
-    result
 }

@@ -23,17 +23,93 @@ pub struct Chip {
     pub mx_gemm: bool,
 }
 
+/// Vector cores and unified-buffer bytes per vector core of each SoC, from CANN's platform
+/// configuration (`[SoCInfo] vector_core_cnt`, `[AICoreSpec] ub_size` of
+/// `src/platform/platform_config/cann/<soc>.ini` and `cann-dev/<soc>.ini` in `hicann/runtime`;
+/// installed as `<arch>-linux/data/platform_config/<soc>.ini`). A2 is `Ascend910B*`, A3
+/// `Ascend910_93*`, the 950 parts `Ascend950PR_*` / `Ascend950DT_*`.
+pub const PLATFORMS: &[(&str, u32, u32)] = &[
+    ("Ascend910B1", 48, 196_608),
+    ("Ascend910B2", 48, 196_608),
+    ("Ascend910B2C", 48, 196_608),
+    ("Ascend910B3", 40, 196_608),
+    ("Ascend910B4", 40, 196_608),
+    ("Ascend910B4-1", 40, 196_608),
+    ("Ascend910_9362", 40, 196_608),
+    ("Ascend910_9363", 40, 196_608),
+    ("Ascend910_9372", 40, 196_608),
+    ("Ascend910_9381", 48, 196_608),
+    ("Ascend910_9382", 48, 196_608),
+    ("Ascend910_9391", 48, 196_608),
+    ("Ascend910_9392", 48, 196_608),
+    ("Ascend950PR_950z", 8, 253_952),
+    ("Ascend950PR_9579", 56, 253_952),
+    ("Ascend950PR_957b", 56, 253_952),
+    ("Ascend950PR_957bx", 56, 253_952),
+    ("Ascend950PR_957c", 56, 253_952),
+    ("Ascend950PR_957d", 56, 253_952),
+    ("Ascend950PR_9589", 64, 253_952),
+    ("Ascend950PR_958b", 64, 253_952),
+    ("Ascend950PR_9599", 72, 253_952),
+    ("Ascend950DT_950x", 16, 253_952),
+    ("Ascend950DT_950y", 16, 253_952),
+    ("Ascend950DT_9571", 56, 253_952),
+    ("Ascend950DT_9572", 56, 253_952),
+    ("Ascend950DT_9573", 56, 253_952),
+    ("Ascend950DT_9574", 56, 253_952),
+    ("Ascend950DT_9575", 56, 253_952),
+    ("Ascend950DT_9576", 56, 253_952),
+    ("Ascend950DT_9577", 56, 253_952),
+    ("Ascend950DT_9578", 56, 253_952),
+    ("Ascend950DT_9581", 64, 253_952),
+    ("Ascend950DT_9581x", 64, 253_952),
+    ("Ascend950DT_9582", 64, 253_952),
+    ("Ascend950DT_9582x", 64, 253_952),
+    ("Ascend950DT_9583", 64, 253_952),
+    ("Ascend950DT_9584", 64, 253_952),
+    ("Ascend950DT_9585", 64, 253_952),
+    ("Ascend950DT_9586", 64, 253_952),
+    ("Ascend950DT_9587", 64, 253_952),
+    ("Ascend950DT_9588", 64, 253_952),
+    ("Ascend950DT_9591", 72, 253_952),
+    ("Ascend950DT_9592", 72, 253_952),
+    ("Ascend950DT_9595", 72, 253_952),
+    ("Ascend950DT_9596", 72, 253_952),
+    ("Ascend950DT_95A1", 72, 253_952),
+    ("Ascend950DT_95A2", 72, 253_952),
+];
+
+/// The families kda runs on, by SoC-name prefix (for parts the table does not list).
+const FAMILIES: [&str; 3] = ["Ascend910B", "Ascend910_93", "Ascend950"];
+
 impl Chip {
-    /// The chip a SoC name reports: Ascend 950 (MX GEMMs), A3 (`Ascend910_93*`), A2
-    /// (`Ascend910B*`), else A2's figures. Core counts are those of the full parts; a binned
-    /// part reports fewer through `aclrtGetDeviceInfo` (not queried here yet).
-    pub fn from_soc(soc: &str) -> Chip {
-        let (vector_cores, ub_bytes, mx_gemm) = if soc.starts_with("Ascend950") {
-            (64, 248 << 10, true)
-        } else {
-            (48, 192 << 10, false)
+    /// The chip a SoC name (`aclrtGetSocName`) reports, from [`PLATFORMS`]. A part the table
+    /// does not list takes the smallest figures of its family (fewer cores and a smaller UB
+    /// are always safe for the tiling); a SoC of no known family is an error.
+    pub fn from_soc(soc: &str) -> Result<Chip, AscendError> {
+        let mx_gemm = soc.starts_with("Ascend950");
+        let chip = |(_, vector_cores, ub_bytes): (&str, u32, u32)| Chip {
+            soc: soc.to_string(),
+            vector_cores,
+            ub_bytes,
+            mx_gemm,
         };
-        Chip { soc: soc.to_string(), vector_cores, ub_bytes, mx_gemm }
+        if let Some(&part) = PLATFORMS.iter().find(|(name, ..)| *name == soc) {
+            return Ok(chip(part));
+        }
+        let family = FAMILIES.iter().find(|f| soc.starts_with(*f)).ok_or_else(|| {
+            AscendError::Unsupported {
+                op: "aclrtGetSocName",
+                message: format!(
+                    "SoC `{soc}` is none of the families kda runs on ({})",
+                    FAMILIES.join(", ")
+                ),
+            }
+        })?;
+        let parts = PLATFORMS.iter().filter(|(name, ..)| name.starts_with(*family));
+        let cores = parts.clone().map(|p| p.1).min().unwrap_or(1);
+        let ub = parts.map(|p| p.2).min().unwrap_or(0);
+        Ok(chip((soc, cores, ub)))
     }
 }
 
@@ -152,8 +228,7 @@ pub fn mx_dequant(rows: usize, k: usize, out_bytes: usize) -> Work {
 }
 
 /// Kernels without a designed tiling yet (the fallbacks: conv prefill, chunked prefill, MX
-/// quant on chips without MX GEMMs, the host guard): `units` independent rows of `unit_bytes`
-/// each.
+/// quant on chips without MX GEMMs): `units` independent rows of `unit_bytes` each.
 pub fn rows(units: usize, unit_bytes: usize) -> Work {
     Work { units, unit_bytes, align: 1 }
 }
@@ -168,11 +243,11 @@ mod tests {
     const W: usize = 4;
 
     fn a2() -> Chip {
-        Chip::from_soc("Ascend910B3")
+        Chip::from_soc("Ascend910B2").expect("A2")
     }
 
     fn a5() -> Chip {
-        Chip::from_soc("Ascend950PR")
+        Chip::from_soc("Ascend950PR_9599").expect("950")
     }
 
     /// The invariants every plan keeps, checked independently of how `plan` computes it.
@@ -233,10 +308,10 @@ mod tests {
         // The core output of TP8: rows of lp = 1536 bf16; 4 padded decode rows.
         let t = planned(&a2(), zero_padding(4, 12 * D, 2));
         assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (4, 1, 1, 1));
-        // Hidden-sized rows (7168 f32) on a 950: 126976 / 28672 = 4 rows per tile; 1000 rows
-        // at 16 per core need 63 cores, the last taking 8.
+        // Hidden-sized rows (7168 f32) on a 72-core 950: 126976 / 28672 = 4 rows per tile;
+        // 1000 rows at ceil(1000 / 72) = 14 per core need 72 cores, the last taking 6.
         let t = planned(&a5(), zero_padding(1000, 7168, 4));
-        assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (63, 16, 8, 4));
+        assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (72, 14, 6, 4));
         // The same on A2: 98304 / 28672 = 3 rows per tile, 21 per core on 48 cores.
         let t = planned(&a2(), zero_padding(1000, 7168, 4));
         assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (48, 21, 13, 3));
@@ -309,10 +384,28 @@ mod tests {
         }
     }
 
+    /// The figures of CANN's platform files, per part; unlisted parts take their family's
+    /// smallest; an unknown family is an error.
     #[test]
     fn chips_from_soc_names() {
+        let of = |soc: &str| Chip::from_soc(soc).expect(soc);
         assert!(a5().mx_gemm && !a2().mx_gemm);
-        assert!(!Chip::from_soc("Ascend910_9391").mx_gemm);
-        assert_eq!(a2().vector_cores, 48);
+        assert!(!of("Ascend910_9391").mx_gemm);
+        assert_eq!((a2().vector_cores, a2().ub_bytes), (48, 196_608));
+        assert_eq!((of("Ascend910B3").vector_cores, of("Ascend910B4").vector_cores), (40, 40));
+        assert_eq!(of("Ascend910_9362").vector_cores, 40);
+        assert_eq!((a5().vector_cores, a5().ub_bytes), (72, 253_952));
+        assert_eq!(of("Ascend950DT_9581").vector_cores, 64);
+        let unlisted = of("Ascend950PR_99zz");
+        assert_eq!(
+            (unlisted.vector_cores, unlisted.ub_bytes, unlisted.mx_gemm),
+            (8, 253_952, true)
+        );
+        assert!(Chip::from_soc("Ascend310P3").is_err());
+        // The tiling follows the part: 3840 f32 are 480 blocks of 8, 10 per core on 48 cores,
+        // 12 per core on a 40-core A2.
+        let work = sigmoid(3840, 4);
+        assert_eq!(planned(&of("Ascend910B3"), work).block_dim, 40);
+        assert_eq!(planned(&a2(), work).block_dim, 48);
     }
 }

@@ -231,10 +231,6 @@ pub mod names {
     pub const CHUNK: &str = "kda_chunk_prefill";
     /// `[data, scale, y]`: MXFP8 to bf16/f32 (the A2/A3 MX GEMM emulation).
     pub const MX_DEQUANT: &str = "kda_mx_dequant";
-    /// `[flag]` (one i32 in host-mapped memory): fails the launch when the flag is non-zero, so
-    /// a failed host function stops its stream (see the backend's `host` module).
-    pub const HOST_GUARD: &str = "kda_host_guard";
-
     /// `[x, data, scale]`, scalars `[scale_alg]`: MXFP8 quantization where aclnnDynamicMxQuantV3
     /// does not exist (A2/A3), the plain `[M, ceil(K/32)]` scale layout.
     pub const MX_QUANT: &str = "kda_mx_quant";
@@ -253,12 +249,11 @@ pub mod names {
             b"kda_chunk_prefill" => 11,
             b"kda_mx_dequant" => 3,
             b"kda_mx_quant" => 3,
-            b"kda_host_guard" => 1,
             _ => return None,
         })
     }
 
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 11] = [
         SIGMOID,
         GATE,
         ZERO_PADDING,
@@ -270,7 +265,6 @@ pub mod names {
         CHUNK,
         MX_DEQUANT,
         MX_QUANT,
-        HOST_GUARD,
     ];
 }
 

@@ -183,6 +183,7 @@ cann_symbols! {
     required Runtime fn aclrtRecordEvent(event: aclrtEvent, stream: aclrtStream) -> aclError;
     required Runtime fn aclrtStreamWaitEvent(stream: aclrtStream, event: aclrtEvent) -> aclError;
     required Runtime fn aclrtQueryEventStatus(event: aclrtEvent, status: *mut aclrtEventRecordedStatus) -> aclError;
+    required Runtime fn aclrtEventElapsedTime(ms: *mut f32, start: aclrtEvent, end: aclrtEvent) -> aclError;
     required Runtime fn aclrtLaunchHostFunc(stream: aclrtStream, f: aclrtHostFunc, args: *mut c_void) -> aclError;
 
     // acl_mdl.h: capture into a model runtime instance.

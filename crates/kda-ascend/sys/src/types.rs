@@ -82,6 +82,7 @@ pub const ACL_ERROR_RT_FEATURE_NOT_SUPPORT: aclError = 207000;
 pub const ACL_ERROR_RT_MEMORY_ALLOCATION: aclError = 207001;
 // Runtime and device errors (507xxx).
 pub const ACL_ERROR_RT_INTERNAL_ERROR: aclError = 507000;
+pub const ACL_ERROR_RT_EVENT_NOT_COMPLETE: aclError = 507006;
 pub const ACL_ERROR_RT_AICORE_EXCEPTION: aclError = 507015;
 pub const ACL_ERROR_RT_AICORE_TRAP_EXCEPTION: aclError = 507016;
 pub const ACL_ERROR_RT_KERNEL_LOOKUP: aclError = 507027;
