@@ -535,3 +535,175 @@ fn the_emulated_recurrent_op_checks_its_documented_limits() {
     assert_eq!(RecurrentCall { dk: 513, ..c.clone() }.status(), INVALID, "Dk > 512");
     assert_eq!(RecurrentCall { blocks: 3, ..c }.status(), INVALID, "T > BlockNum");
 }
+
+/// Device memory holding `bytes`, and its `aclTensor` (contiguous `shape`, `dtype`).
+fn device_tensor(
+    stream: sys::aclrtStream,
+    dtype: sys::aclDataType,
+    shape: &[usize],
+    bytes: &[u8],
+) -> (*mut c_void, *mut sys::aclTensor) {
+    let mut ptr = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter.
+    assert_eq!(unsafe { sys::aclrtMalloc(&mut ptr, bytes.len().max(4), 0) }, 0);
+    // SAFETY: `ptr` holds `bytes.len()` bytes; `bytes` is live until the stream is synchronized
+    // below.
+    let rc = unsafe {
+        sys::aclrtMemcpyAsync(
+            ptr,
+            bytes.len(),
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            sys::ACL_MEMCPY_HOST_TO_DEVICE,
+            stream,
+        )
+    };
+    assert_eq!(rc, 0);
+    // SAFETY: a live stream.
+    assert_eq!(unsafe { sys::aclrtSynchronizeStream(stream) }, 0);
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let mut strides = vec![1i64; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * dims[i + 1];
+    }
+    let storage = [shape.iter().product::<usize>() as i64];
+    // SAFETY: arrays of the stated lengths, live for the call; `ptr` holds the storage.
+    let t = unsafe {
+        sys::aclCreateTensor(
+            dims.as_ptr(),
+            dims.len() as u64,
+            dtype,
+            strides.as_ptr(),
+            0,
+            sys::ACL_FORMAT_ND,
+            storage.as_ptr(),
+            1,
+            ptr,
+        )
+    };
+    assert!(!t.is_null());
+    (ptr, t)
+}
+
+fn bytes_of<T: Copy>(v: &[T]) -> Vec<u8> {
+    // SAFETY: plain numbers, viewed as their bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+        .to_vec()
+}
+
+/// `aclnnRecurrentGatedDeltaRule` as the emulator computes it from its document: two requests of
+/// three speculative tokens, per-channel decay `gk`, per-token `ssmStateIndices` with the second
+/// request resuming from its second slot (`numAcceptedTokens` 2), against the reference's
+/// `KdaRecurrent` on the same values (exact: the emulator computes through it).
+#[test]
+fn the_emulated_recurrent_op_computes_its_document() {
+    let _backend = ascend();
+    let (b, n, h, d, blocks) = (2usize, 3usize, 2usize, 16usize, 8usize);
+    let t = b * n;
+    let mut rng = Gen::new(9);
+    let bf = |v: Vec<f32>| v.into_iter().map(bf16::from_f32).collect::<Vec<bf16>>();
+    let q = bf(rng.uniform_f32(t * h * d, -0.3, 0.3));
+    let k = bf(rng.uniform_f32(t * h * d, -0.3, 0.3));
+    let v = bf(rng.uniform_f32(t * h * d, -1.0, 1.0));
+    let beta = bf(rng.uniform_f32(t * h, 0.1, 0.9));
+    let gk = rng.uniform_f32(t * h * d, -1.0, -0.01);
+    let state = rng.uniform_f32(blocks * h * d * d, -1.0, 1.0);
+    let indices = [0i32, 1, 2, 3, 4, 5];
+    let accepted = [1i32, 2];
+    let lens = [3i32, 3];
+    let mut stream = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter.
+    assert_eq!(unsafe { sys::aclrtCreateStream(&mut stream) }, 0);
+    let td = |dtype, shape: &[usize], bytes: Vec<u8>| device_tensor(stream, dtype, shape, &bytes);
+    let (_, qt) = td(sys::ACL_BF16, &[t, h, d], bytes_of(&q));
+    let (_, kt) = td(sys::ACL_BF16, &[t, h, d], bytes_of(&k));
+    let (_, vt) = td(sys::ACL_BF16, &[t, h, d], bytes_of(&v));
+    let (_, bt) = td(sys::ACL_BF16, &[t, h], bytes_of(&beta));
+    let (state_ptr, st) = td(sys::ACL_FLOAT, &[blocks, h, d, d], bytes_of(&state));
+    let (_, lt) = td(sys::ACL_INT32, &[b], bytes_of(&lens));
+    let (_, it) = td(sys::ACL_INT32, &[t], bytes_of(&indices));
+    let (_, gkt) = td(sys::ACL_FLOAT, &[t, h, d], bytes_of(&gk));
+    let (_, at) = td(sys::ACL_INT32, &[b], bytes_of(&accepted));
+    let (out_ptr, ot) = td(sys::ACL_BF16, &[t, h, d], vec![0; t * h * d * 2]);
+    let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+    // SAFETY: descriptors created above, valid out-parameters, a live stream.
+    unsafe {
+        let rc = sys::aclnnRecurrentGatedDeltaRuleGetWorkspaceSize(
+            qt,
+            kt,
+            vt,
+            bt,
+            st,
+            lt,
+            it,
+            std::ptr::null(),
+            gkt,
+            at,
+            0.25,
+            ot,
+            &mut ws,
+            &mut ex,
+        );
+        assert_eq!(rc, 0, "phase one");
+        assert_eq!(sys::aclnnRecurrentGatedDeltaRule(std::ptr::null_mut(), 0, ex, stream), 0);
+        assert_eq!(sys::aclrtSynchronizeStream(stream), 0);
+    }
+    let read = |ptr: *mut c_void, len: usize| {
+        let mut host = vec![0u8; len];
+        // SAFETY: `ptr` holds `len` bytes; `host` is live until the synchronize.
+        unsafe {
+            let kind = sys::ACL_MEMCPY_DEVICE_TO_HOST;
+            let rc = sys::aclrtMemcpyAsync(host.as_mut_ptr().cast(), len, ptr, len, kind, stream);
+            assert_eq!(rc, 0);
+            assert_eq!(sys::aclrtSynchronizeStream(stream), 0);
+        }
+        host
+    };
+    let out: Vec<f32> = read(out_ptr, t * h * d * 2)
+        .chunks(2)
+        .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+        .collect();
+    let st_out: Vec<f32> = read(state_ptr, blocks * h * d * d * 4)
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+
+    // The reference: KdaRecurrent, the document's variables in the HAL's names.
+    let r = ReferenceBackend::new();
+    let s = r.new_stream().unwrap();
+    let up_bf = |shape: &[usize], v: &[bf16]| {
+        let x = r.alloc(DType::BF16, shape).unwrap();
+        r.upload(&s, &x, v).unwrap();
+        x
+    };
+    let up_f = |shape: &[usize], v: &[f32]| {
+        let x = r.alloc(DType::F32, shape).unwrap();
+        r.upload(&s, &x, v).unwrap();
+        x
+    };
+    let up_i = |shape: &[usize], v: &[i32]| {
+        let x = r.alloc(DType::I32, shape).unwrap();
+        r.upload(&s, &x, v).unwrap();
+        x
+    };
+    let o = r.alloc(DType::BF16, &[b, n, h, d]).unwrap();
+    let ref_state = up_f(&[blocks, h, d, d], &state);
+    let op = kda_core::kda::KdaRecurrent {
+        q: up_bf(&[b, n, h, d], &q),
+        k: up_bf(&[b, n, h, d], &k),
+        v: up_bf(&[b, n, h, d], &v),
+        g: up_f(&[b, n, h, d], &gk),
+        beta: up_bf(&[b, n, h], &beta),
+        state_slots: up_i(&[b, n], &indices),
+        num_accepted_tokens: Some(up_i(&[b], &accepted)),
+        state: ref_state.clone(),
+        o: o.clone(),
+        scale: 0.25,
+        qk_l2norm: false,
+    };
+    r.launch(&s, Op::KdaRecurrent(op)).unwrap();
+    let o_ref: Vec<f32> = r.download::<bf16>(&s, &o).unwrap().iter().map(|x| x.to_f32()).collect();
+    let st_ref = r.download::<f32>(&s, &ref_state).unwrap();
+    Tolerance::exact().assert_close(&[t, h, d], &out, &o_ref);
+    Tolerance::exact().assert_close(&[blocks, h, d, d], &st_out, &st_ref);
+}
