@@ -258,7 +258,7 @@ fn desc(dtype: sys::aclDataType, shape: &[usize]) -> *mut sys::aclTensor {
             sys::ACL_FORMAT_ND,
             storage.as_ptr(),
             1,
-            ptr as *mut c_void,
+            ptr,
         )
     };
     assert!(!t.is_null(), "aclCreateTensor");
