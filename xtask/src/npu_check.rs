@@ -83,9 +83,16 @@ fn bundle(dir: &Path) -> Result<(), String> {
         std::fs::copy(&src, kernels.join(&name)).map_err(|e| format!("npu-check: {e}"))?;
         sources.push(name);
     }
-    let header = Path::new(ascend::KERNELS_DIR).join("kda_kernel_abi.h");
-    std::fs::copy(&header, kernels.join("kda_kernel_abi.h"))
-        .map_err(|e| format!("npu-check: {}: {e}", header.display()))?;
+    // Every header the sources include (kda_kernel_abi.h, kda_kernel_util.h).
+    let headers = std::fs::read_dir(ascend::KERNELS_DIR)
+        .map_err(|e| format!("npu-check: {}: {e}", ascend::KERNELS_DIR))?;
+    for header in headers.flatten().map(|e| e.path()) {
+        if header.extension().is_some_and(|x| x == "h") {
+            let name = header.file_name().map(|n| n.to_owned()).unwrap_or_default();
+            std::fs::copy(&header, kernels.join(name))
+                .map_err(|e| format!("npu-check: {}: {e}", header.display()))?;
+        }
+    }
     write(&kernels.join("build_kernels.sh"), &build_script(&sources), true)?;
     write(&dir.join("run.sh"), &run_script(std::env::consts::ARCH), true)?;
     eprintln!(

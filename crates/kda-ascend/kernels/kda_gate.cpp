@@ -3,7 +3,7 @@
 //   softplus form:    g = -exp(A_log[h]) * softplus(a)   (softplus(a) = a past the threshold 20)
 //   lower-bound form: g = lower_bound * sigmoid(exp(A_log[h]) * a)
 // Units: (token, head) rows of D values.
-#include "kda_kernel_abi.h"
+#include "kda_kernel_util.h"
 
 using namespace AscendC;
 
@@ -13,8 +13,8 @@ struct GateArgs {
     GmTensor a_log;    // [H] f32
     GmTensor dt_bias;  // [H, D] f32
     GmTensor g;        // [T, H, D] f32, dense
-    double form;       // 0 softplus, 1 lower bound
-    double lower_bound;
+    uint64_t form_bits;         // f64 bits: 0 softplus, 1 lower bound
+    uint64_t lower_bound_bits;  // f64 bits
 };
 
 constexpr float SOFTPLUS_THRESHOLD = 20.0f;
@@ -31,45 +31,55 @@ __aicore__ inline void gate_rows(const GateArgs &a)
     alog.SetGlobalBuffer(kda_gm<float>(a.a_log));
     bias.SetGlobalBuffer(kda_gm<float>(a.dt_bias));
     out.SetGlobalBuffer(kda_gm<float>(a.g));
+    const bool lower = kda_f64_bits_nonzero(a.form_bits);
+    const float bound = kda_f64_bits_to_f32(a.lower_bound_bits);
+    const int64_t pitch = kda_pitch(dim, sizeof(float));
     TPipe pipe;
-    TBuf<TPosition::VECCALC> raw, x, b, t;
-    pipe.InitBuffer(raw, dim * sizeof(T));
-    pipe.InitBuffer(x, dim * sizeof(float));
-    pipe.InitBuffer(b, dim * sizeof(float));
-    pipe.InitBuffer(t, dim * sizeof(float));
+    TBuf<TPosition::VECCALC> raw, x, b, t, o;
+    pipe.InitBuffer(raw, kda_pitch(dim, sizeof(T)) * sizeof(T));
+    pipe.InitBuffer(x, pitch * sizeof(float));
+    pipe.InitBuffer(b, pitch * sizeof(float));
+    pipe.InitBuffer(t, pitch * sizeof(float));
+    pipe.InitBuffer(o, 8 * sizeof(float));
     LocalTensor<T> r = raw.Get<T>();
     LocalTensor<float> v = x.Get<float>(), bv = b.Get<float>(), tv = t.Get<float>();
+    LocalTensor<float> one = o.Get<float>();
     for (uint32_t row = start; row < start + count; ++row) {
         int64_t tok = row / heads, h = row % heads;
-        DataCopy(r, g1[tok * a.g1.strides[0] + h * a.g1.strides[1]], dim);
-        DataCopy(bv, bias[h * a.dt_bias.strides[0]], dim);
-        PipeBarrier<PIPE_ALL>();
-        if constexpr (sizeof(T) == sizeof(float)) {
-            DataCopy(v, r, dim);
-        } else {
-            Cast(v, r, RoundMode::CAST_NONE, dim);
-        }
+        kda_load_f32<T>(v, r, g1, tok * a.g1.strides[0] + h * a.g1.strides[1], dim);
+        kda_load_f32<float>(bv, bv, bias, h * a.dt_bias.strides[0], dim);
         Add(v, v, bv, dim);
-        float e = alog.GetValue(h * a.a_log.strides[0]);
-        e = exp(e);
-        if (a.form == 0.0) {
+        PipeBarrier<PIPE_V>();
+        float e = kda_vector_exp(one, kda_read(alog, h * a.a_log.strides[0]));
+        if (!lower) {
             // softplus(a) = log(1 + exp(a)), a itself past the threshold.
             Exp(tv, v, dim);
+            PipeBarrier<PIPE_V>();
             Adds(tv, tv, 1.0f, dim);
+            PipeBarrier<PIPE_V>();
             Ln(tv, tv, dim);
+            SetFlag<HardEvent::V_S>(EVENT_ID0);
+            WaitFlag<HardEvent::V_S>(EVENT_ID0);
             for (int64_t c = 0; c < dim; ++c) {
                 if (v.GetValue(c) > SOFTPLUS_THRESHOLD) tv.SetValue(c, v.GetValue(c));
             }
+            SetFlag<HardEvent::S_V>(EVENT_ID0);
+            WaitFlag<HardEvent::S_V>(EVENT_ID0);
             Muls(v, tv, -e, dim);
         } else {
+            SetFlag<HardEvent::S_V>(EVENT_ID0);
+            WaitFlag<HardEvent::S_V>(EVENT_ID0);
             Muls(v, v, -e, dim);
+            PipeBarrier<PIPE_V>();
             Exp(v, v, dim);
+            PipeBarrier<PIPE_V>();
             Adds(v, v, 1.0f, dim);
-            Duplicate(tv, static_cast<float>(a.lower_bound), dim);
+            Duplicate(tv, bound, dim);
+            PipeBarrier<PIPE_V>();
             Div(v, tv, v, dim);
         }
-        PipeBarrier<PIPE_ALL>();
-        DataCopy(out[row * dim], v, dim);
+        PipeBarrier<PIPE_V>();
+        kda_store_f32<float>(out, row * dim, tv, v, dim);
     }
 }
 

@@ -2,7 +2,7 @@
 //   y[r, c] = decode_e4m3(data[r, c]) * 2^(scale[r, c / 32] - 127), rounded once to y's dtype.
 // E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff are NaN; subnormals at
 // exponent 0. E8M0 0xff is NaN. Units: rows.
-#include "kda_kernel_abi.h"
+#include "kda_kernel_util.h"
 
 using namespace AscendC;
 
@@ -37,18 +37,49 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
 {
     uint32_t start, count;
     kda_share(a.h.tiling, start, count);
-    const int64_t k = a.data.shape[1];
+    const int64_t k = a.data.shape[1], blocks = (k + 31) / 32;
     GlobalTensor<uint8_t> data, scale;
     GlobalTensor<T> y;
     data.SetGlobalBuffer(kda_gm<uint8_t>(a.data));
     scale.SetGlobalBuffer(kda_gm<uint8_t>(a.scale));
     y.SetGlobalBuffer(kda_gm<T>(a.y));
+    // A row moves GM -> UB (data and scale bytes) and UB -> GM (the decoded row) through
+    // DataCopyPad; the decode itself is scalar on UB. No scalar GM writes: two cores' rows may
+    // share a 64-byte line of y.
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> db, sb, yb;
+    pipe.InitBuffer(db, kda_pitch(k, 1));
+    pipe.InitBuffer(sb, kda_pitch(blocks, 1));
+    pipe.InitBuffer(yb, kda_pitch(k, sizeof(T)) * sizeof(T));
+    LocalTensor<uint8_t> dl = db.Get<uint8_t>(), sl = sb.Get<uint8_t>();
+    LocalTensor<T> yl = yb.Get<T>();
+    DataCopyPadExtParams<uint8_t> no_pad{false, 0, 0, 0};
     for (uint32_t row = start; row < start + count; ++row) {
-        for (int64_t c = 0; c < k; ++c) {
-            float f = decode_e8m0(scale.GetValue(row * a.scale.strides[0] + (c / 32) * a.scale.strides[1]));
-            float v = decode_e4m3(data.GetValue(row * a.data.strides[0] + c * a.data.strides[1])) * f;
-            y.SetValue(row * a.y.strides[0] + c * a.y.strides[1], static_cast<T>(v));
+        // The scale row may be strided ([M, ceil(K/64), 2] memory): blocks of one byte each
+        // would pad to 32 bytes in UB, so a strided scale row is read byte by byte instead.
+        DataCopyPad(dl, data[row * a.data.strides[0]], DataCopyExtParams{1, static_cast<uint32_t>(k), 0, 0, 0}, no_pad);
+        if (a.scale.strides[1] == 1) {
+            DataCopyPad(sl, scale[row * a.scale.strides[0]], DataCopyExtParams{1, static_cast<uint32_t>(blocks), 0, 0, 0}, no_pad);
+        } else {
+            for (int64_t j = 0; j < blocks; ++j) {
+                sl.SetValue(j, kda_read(scale, row * a.scale.strides[0] + j * a.scale.strides[1]));
+            }
         }
+        SetFlag<HardEvent::MTE2_S>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE2_S>(EVENT_ID0);
+        // The previous row's store has read yl before it is written again.
+        SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+        for (int64_t c = 0; c < k; ++c) {
+            float v = decode_e4m3(dl.GetValue(c)) * decode_e8m0(sl.GetValue(c / 32));
+            yl.SetValue(c, static_cast<T>(v));
+        }
+        SetFlag<HardEvent::S_MTE3>(EVENT_ID0);
+        WaitFlag<HardEvent::S_MTE3>(EVENT_ID0);
+        DataCopyPad(y[row * a.y.strides[0]], yl, DataCopyExtParams{1, static_cast<uint32_t>(k * sizeof(T)), 0, 0, 0});
+        // The next row's loads overwrite dl and sl, which the scalar unit has finished reading.
+        SetFlag<HardEvent::S_MTE2>(EVENT_ID0);
+        WaitFlag<HardEvent::S_MTE2>(EVENT_ID0);
     }
 }
 

@@ -1,7 +1,7 @@
 // The two row normalisations, fp32 inside. Units: rows of D (the last dimension, contiguous).
 //   kda_l2norm:         y = x / sqrt(sum x^2 + 1e-6) * scale       (q/k norm)
 //   kda_gated_rms_norm: y = x * rsqrt(mean x^2 + eps) * weight * sigmoid(gate)
-#include "kda_kernel_abi.h"
+#include "kda_kernel_util.h"
 
 using namespace AscendC;
 
@@ -9,13 +9,13 @@ struct L2NormArgs {
     ArgsHeader h;
     GmTensor x;  // [..., D]
     GmTensor y;  // like x
-    double scale;
+    uint64_t scale_bits;  // f64 bits (read without double arithmetic)
 };
 
 struct GatedRmsNormArgs {
     ArgsHeader h;
     GmTensor x, gate, weight, y;  // [..., D], [..., D], [D], [..., D]
-    double eps;
+    uint64_t eps_bits;            // f64 bits
 };
 
 // Row `row` of a [..., D] view whose leading dimensions are row-major over `rows`.
@@ -29,36 +29,20 @@ __aicore__ inline int64_t kda_row_offset(const GmTensor &t, int64_t row)
     return off;
 }
 
-template <typename T>
-__aicore__ inline void load_f32(LocalTensor<float> dst, LocalTensor<T> raw, GlobalTensor<T> src, int64_t off, int64_t n)
-{
-    DataCopy(raw, src[off], n);
-    PipeBarrier<PIPE_ALL>();
-    if constexpr (sizeof(T) == sizeof(float)) {
-        DataCopy(dst, raw, n);
-    } else {
-        Cast(dst, raw, RoundMode::CAST_NONE, n);
-    }
-}
-
-template <typename T>
-__aicore__ inline void store_f32(GlobalTensor<T> dst, int64_t off, LocalTensor<T> raw, LocalTensor<float> src, int64_t n)
-{
-    if constexpr (sizeof(T) == sizeof(float)) {
-        DataCopy(raw, src, n);
-    } else {
-        Cast(raw, src, RoundMode::CAST_RINT, n);
-    }
-    PipeBarrier<PIPE_ALL>();
-    DataCopy(dst[off], raw, n);
-}
-
 __aicore__ inline float sum_squares(LocalTensor<float> v, LocalTensor<float> tmp, int64_t n)
 {
     Mul(tmp, v, v, n);
+    SetFlag<HardEvent::V_S>(EVENT_ID0);
+    WaitFlag<HardEvent::V_S>(EVENT_ID0);
     float s = 0.0f;
     for (int64_t i = 0; i < n; ++i) s += tmp.GetValue(i);  // in order, as the reference sums
     return s;
+}
+
+// 1 / sqrt(x), the square root on the vector unit.
+__aicore__ inline float inv_sqrt(const LocalTensor<float> &one, float x)
+{
+    return 1.0f / kda_vector_sqrt(one, x);
 }
 
 template <typename T>
@@ -71,18 +55,25 @@ __aicore__ inline void l2norm(const L2NormArgs &a)
     x.SetGlobalBuffer(kda_gm<T>(a.x));
     y.SetGlobalBuffer(kda_gm<T>(a.y));
     TPipe pipe;
-    TBuf<TPosition::VECCALC> rb, vb, tb;
-    pipe.InitBuffer(rb, dim * sizeof(T));
-    pipe.InitBuffer(vb, dim * sizeof(float));
-    pipe.InitBuffer(tb, dim * sizeof(float));
+    const float scale = kda_f64_bits_to_f32(a.scale_bits);
+    const int64_t pitch = kda_pitch(dim, sizeof(float));
+    TBuf<TPosition::VECCALC> rb, vb, tb, ob;
+    pipe.InitBuffer(rb, kda_pitch(dim, sizeof(T)) * sizeof(T));
+    pipe.InitBuffer(vb, pitch * sizeof(float));
+    pipe.InitBuffer(tb, pitch * sizeof(float));
+    pipe.InitBuffer(ob, 8 * sizeof(float));
     LocalTensor<T> raw = rb.Get<T>();
-    LocalTensor<float> v = vb.Get<float>(), tmp = tb.Get<float>();
+    LocalTensor<float> v = vb.Get<float>(), tmp = tb.Get<float>(), one = ob.Get<float>();
     for (uint32_t row = start; row < start + count; ++row) {
-        load_f32(v, raw, x, kda_row_offset(a.x, row), dim);
-        float inv = 1.0f / sqrt(sum_squares(v, tmp, dim) + 1e-6f);
+        kda_load_f32<T>(v, raw, x, kda_row_offset(a.x, row), dim);
+        float inv = inv_sqrt(one, sum_squares(v, tmp, dim) + 1e-6f);
+        SetFlag<HardEvent::S_V>(EVENT_ID0);
+        WaitFlag<HardEvent::S_V>(EVENT_ID0);
         Muls(v, v, inv, dim);
-        Muls(v, v, static_cast<float>(a.scale), dim);
-        store_f32(y, kda_row_offset(a.y, row), raw, v, dim);
+        PipeBarrier<PIPE_V>();
+        Muls(v, v, scale, dim);
+        PipeBarrier<PIPE_V>();
+        kda_store_f32<T>(y, kda_row_offset(a.y, row), raw, v, dim);
     }
 }
 
@@ -99,27 +90,38 @@ __aicore__ inline void gated_rms_norm(const GatedRmsNormArgs &a)
     y.SetGlobalBuffer(kda_gm<T>(a.y));
     weight.SetGlobalBuffer(kda_gm<float>(a.weight));
     TPipe pipe;
-    TBuf<TPosition::VECCALC> rb, vb, gb, wb, tb;
-    pipe.InitBuffer(rb, dim * sizeof(T));
-    pipe.InitBuffer(vb, dim * sizeof(float));
-    pipe.InitBuffer(gb, dim * sizeof(float));
-    pipe.InitBuffer(wb, dim * sizeof(float));
-    pipe.InitBuffer(tb, dim * sizeof(float));
+    const float eps = kda_f64_bits_to_f32(a.eps_bits);
+    const int64_t pitch = kda_pitch(dim, sizeof(float));
+    TBuf<TPosition::VECCALC> rb, vb, gb, wb, tb, ob;
+    pipe.InitBuffer(rb, kda_pitch(dim, sizeof(T)) * sizeof(T));
+    pipe.InitBuffer(vb, pitch * sizeof(float));
+    pipe.InitBuffer(gb, pitch * sizeof(float));
+    pipe.InitBuffer(wb, pitch * sizeof(float));
+    pipe.InitBuffer(tb, pitch * sizeof(float));
+    pipe.InitBuffer(ob, 8 * sizeof(float));
     LocalTensor<T> raw = rb.Get<T>();
     LocalTensor<float> v = vb.Get<float>(), g = gb.Get<float>(), w = wb.Get<float>(), tmp = tb.Get<float>();
-    DataCopy(w, weight, dim);
+    LocalTensor<float> one = ob.Get<float>();
+    kda_load_f32<float>(w, w, weight, 0, dim);
     for (uint32_t row = start; row < start + count; ++row) {
-        load_f32(v, raw, x, kda_row_offset(a.x, row), dim);
-        load_f32(g, raw, gate, kda_row_offset(a.gate, row), dim);
-        float inv = 1.0f / sqrt(sum_squares(v, tmp, dim) / static_cast<float>(dim) + static_cast<float>(a.eps));
+        kda_load_f32<T>(v, raw, x, kda_row_offset(a.x, row), dim);
+        kda_load_f32<T>(g, raw, gate, kda_row_offset(a.gate, row), dim);
+        float inv = inv_sqrt(one, sum_squares(v, tmp, dim) / static_cast<float>(dim) + eps);
+        SetFlag<HardEvent::S_V>(EVENT_ID0);
+        WaitFlag<HardEvent::S_V>(EVENT_ID0);
         Muls(v, v, inv, dim);
+        PipeBarrier<PIPE_V>();
         Mul(v, v, w, dim);
         // sigmoid(gate) = 1 / (1 + exp(-gate))
         Muls(g, g, -1.0f, dim);
+        PipeBarrier<PIPE_V>();
         Exp(g, g, dim);
+        PipeBarrier<PIPE_V>();
         Adds(g, g, 1.0f, dim);
+        PipeBarrier<PIPE_V>();
         Div(v, v, g, dim);
-        store_f32(y, kda_row_offset(a.y, row), raw, v, dim);
+        PipeBarrier<PIPE_V>();
+        kda_store_f32<T>(y, kda_row_offset(a.y, row), raw, v, dim);
     }
 }
 

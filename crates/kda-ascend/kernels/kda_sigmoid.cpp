@@ -30,27 +30,37 @@ public:
             // One tile never crosses a row: the view is contiguous only within rows.
             uint32_t i = start + done;
             int64_t row = i / cols, col = i % cols;
-            uint32_t n = min(tile, min(count - done, static_cast<uint32_t>(cols - col)));
+            // Plain comparisons: no bare min on the AI Core.
+            uint32_t left = static_cast<uint32_t>(cols - col);
+            uint32_t n = count - done < left ? count - done : left;
+            n = tile < n ? tile : n;
             LocalTensor<T> xin = in_.AllocTensor<T>();
-            DataCopy(xin, x_[row * row_stride + col], n);
+            // DataCopyPad: a tail whose byte length is not a multiple of 32 is copied whole.
+            DataCopyPad(xin, x_[row * row_stride + col],
+                        DataCopyExtParams{1, static_cast<uint32_t>(n * sizeof(T)), 0, 0, 0},
+                        DataCopyPadExtParams<T>{false, 0, 0, 0});
             in_.EnQue(xin);
             xin = in_.DeQue<T>();
             LocalTensor<float> f = tmp_.Get<float>();
             LocalTensor<float> yout = out_.AllocTensor<float>();
             if constexpr (sizeof(T) == sizeof(float)) {
-                DataCopy(f, xin, n);
+                Muls(f, xin, 1.0f, n);  // UB to UB: no 32-byte length rule
             } else {
                 Cast(f, xin, RoundMode::CAST_NONE, n);  // widening is exact
             }
+            PipeBarrier<PIPE_V>();
             Muls(f, f, -1.0f, n);
+            PipeBarrier<PIPE_V>();
             Exp(f, f, n);
+            PipeBarrier<PIPE_V>();
             Adds(f, f, 1.0f, n);
             Duplicate(yout, 1.0f, n);
+            PipeBarrier<PIPE_V>();
             Div(yout, yout, f, n);
             in_.FreeTensor(xin);
             out_.EnQue(yout);
             yout = out_.DeQue<float>();
-            DataCopy(y_[i], yout, n);
+            DataCopyPad(y_[i], yout, DataCopyExtParams{1, static_cast<uint32_t>(n * sizeof(float)), 0, 0, 0});
             out_.FreeTensor(yout);
             done += n;
         }

@@ -1,7 +1,7 @@
 // Zero-padding mask: rows at or past num_actual_tokens (read on device, so the launch is
 // graph-friendly) become exactly zero, even when they held NaN; earlier rows are untouched.
 // Units: rows.
-#include "kda_kernel_abi.h"
+#include "kda_kernel_util.h"
 
 using namespace AscendC;
 
@@ -17,7 +17,7 @@ __aicore__ inline void zero_padding(const ZeroPaddingArgs &a)
     kda_share(a.h.tiling, start, count);
     GlobalTensor<int32_t> live_gm;
     live_gm.SetGlobalBuffer(kda_gm<int32_t>(a.num_actual_tokens));
-    const int64_t live = live_gm.GetValue(0);
+    const int64_t live = kda_read(live_gm, 0);  // written by an earlier task: invalidate first
     const int64_t row_len = a.x.shape[a.x.rank - 1];
     const int64_t stride = a.x.rank > 1 ? a.x.strides[0] : row_len;
     // Zero bytes: the element size does not matter, so the rows are copied as 16-bit words
@@ -29,13 +29,17 @@ __aicore__ inline void zero_padding(const ZeroPaddingArgs &a)
     x.SetGlobalBuffer(reinterpret_cast<__gm__ uint16_t *>(a.x.addr) + a.x.offset * elem / 2);
     TPipe pipe;
     TBuf<TPosition::VECCALC> zeros;
-    pipe.InitBuffer(zeros, words * sizeof(uint16_t));
+    pipe.InitBuffer(zeros, kda_pitch(words, sizeof(uint16_t)) * sizeof(uint16_t));
     LocalTensor<uint16_t> z = zeros.Get<uint16_t>();
     Duplicate(z, static_cast<uint16_t>(0), words);
-    PipeBarrier<PIPE_ALL>();
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    // DataCopyPad: a row whose byte length is not a multiple of 32 is zeroed to its end
+    // (DataCopy would leave the tail).
+    DataCopyExtParams p{1, static_cast<uint32_t>(words * sizeof(uint16_t)), 0, 0, 0};
     for (uint32_t row = start; row < start + count; ++row) {
         if (static_cast<int64_t>(row) >= live) {
-            DataCopy(x[row * stride * elem / 2], z, words);
+            DataCopyPad(x[row * stride * elem / 2], z, p);
         }
     }
 }

@@ -109,6 +109,8 @@ fn library(
     let op = if chunk {
         let n = bb * t;
         Op::KdaChunk(KdaChunk {
+            chunk_state_slots: None,
+            host_meta: None,
             q: upload("q", &[n, h, k]),
             k: upload("k", &[n, h, k]),
             v: upload("v", &[n, h, v]),

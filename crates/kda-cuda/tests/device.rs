@@ -99,6 +99,8 @@ fn chunk_on(
         form,
     });
     let op = KdaChunk {
+        chunk_state_slots: None,
+        host_meta: None,
         q,
         k,
         v,
@@ -298,6 +300,8 @@ fn graph_failures_are_reported_and_do_not_stick() -> Result<(), Failed> {
     let o = f32_tensor(&b, &s, &[4, h, d], &vec![0.0; 4 * h * d]);
     let slots = i32_tensor(&b, &s, &[0]);
     let op = Op::KdaChunk(KdaChunk {
+        chunk_state_slots: None,
+        host_meta: None,
         q: q.clone(),
         k: q.clone(),
         v: q,

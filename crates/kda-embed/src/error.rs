@@ -71,9 +71,8 @@ impl From<WeightError> for EmbedError {
 impl EmbedError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            EmbedError::Layer(LayerError::Batch(_)) | EmbedError::MetadataValue { .. } => {
-                ErrorKind::Metadata
-            }
+            EmbedError::Layer(LayerError::Batch(_) | LayerError::Keep(_))
+            | EmbedError::MetadataValue { .. } => ErrorKind::Metadata,
             EmbedError::Layer(LayerError::Weights(_)) => ErrorKind::Checkpoint,
             EmbedError::Layer(LayerError::Device(e)) => device_kind(e),
             EmbedError::Argument { .. } | EmbedError::Null { .. } => ErrorKind::Argument,

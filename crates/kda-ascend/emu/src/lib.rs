@@ -28,6 +28,7 @@
 mod kernel;
 mod nn;
 mod rt;
+mod vendor;
 
 pub use kernel::write_stand_in;
 
@@ -442,6 +443,7 @@ fn table_for(soc: &CString) -> kda_ascend_sys::Api {
         api.aclnnQuantMatmulV5GetWorkspaceSize = Some(nn::aclnnQuantMatmulV5GetWorkspaceSize);
         api.aclnnQuantMatmulV5 = Some(nn::aclnnQuantMatmulV5);
     }
+    vendor::register(&mut api);
     api
 }
 

@@ -127,7 +127,12 @@ pub extern "C" fn aclDestroyAclOpExecutor(executor: *mut aclOpExecutor) -> aclnn
     })
 }
 
-fn tensor(emu: &Emu, api: &str, param: &str, t: *const aclTensor) -> Res<(T, aclDataType)> {
+pub(crate) fn tensor(
+    emu: &Emu,
+    api: &str,
+    param: &str,
+    t: *const aclTensor,
+) -> Res<(T, aclDataType)> {
     if t.is_null() {
         return Err((ACLNN_ERR_PARAM_NULLPTR, format!("{api}: {param} is null")));
     }
@@ -142,7 +147,7 @@ fn tensor(emu: &Emu, api: &str, param: &str, t: *const aclTensor) -> Res<(T, acl
 ///
 /// # Safety
 /// `workspace_size` and `executor` are valid out-parameters.
-unsafe fn prepare(
+pub(crate) unsafe fn prepare(
     api: &'static str,
     workspace: u64,
     workspace_size: *mut u64,
@@ -166,7 +171,7 @@ unsafe fn prepare(
 }
 
 /// Phase two: check the workspace, queue the ops, free a one-shot executor.
-fn execute(
+pub(crate) fn execute(
     api: &'static str,
     workspace: *mut c_void,
     workspace_size: u64,

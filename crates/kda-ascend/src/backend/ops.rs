@@ -13,7 +13,8 @@
 //! | `Host` | `aclrtLaunchHostFunc` (a failure stops the stream on the host) |
 //! | `DynamicQuant`, `MxGemm` | `aclnnDynamicMxQuantV3`, `aclnnQuantMatmulV5` (Ascend 950); else `kda_mx_quant`, `kda_mx_dequant` + `aclnnMatmul` |
 //! | `Sigmoid`, `KdaGate`, `ZeroPadding`, `CausalConvUpdate`, `KdaRecurrent`, `L2Norm`, `GatedRmsNorm`, `MxDequant` | their AscendC kernels |
-//! | `CausalConv`, `KdaChunk` | fallback kernels without AscendC sources yet (see docs/ascend.md); an in-kernel gate runs `kda_gate` into scratch first |
+//! | `KdaChunk` | `aclnnChunkKdaFwd` where its contract fits (`vendor.rs`: installed, not captured, host offsets, f16/bf16 operands, within its limits); else the `kda_chunk_prefill` kernel (an in-kernel gate runs `kda_gate` into scratch first) |
+//! | `CausalConv` | the `kda_conv_prefill` kernel (no AscendC source yet; see docs/ascend.md) |
 
 use std::any::Any;
 use std::ffi::{CStr, c_void};
@@ -34,6 +35,9 @@ use crate::error::AscendError;
 use crate::kernels::abi::{GmTensor, names};
 use crate::kernels::tiling::{self, Work};
 use crate::sys;
+
+#[path = "vendor.rs"]
+mod vendor;
 
 type T = Tensor<AscendBackend>;
 
@@ -539,6 +543,10 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
         }
         Op::KdaChunk(c) => {
             let d = dims_of!(dims, Recurrence, op);
+            match vendor::chunk_route(c, d, p.repeatable, crate::sys::installed()) {
+                Ok(meta) => return vendor::chunk(p, c, d, meta),
+                Err(why) => tracing::trace!(reason = %why, "kda_chunk: the project's kernel"),
+            }
             // The in-kernel gate: the chunk kernel takes the activated log decay, so the gate
             // kernel (the one `KdaGate` runs, hence its bits) first fills a scratch buffer.
             let g = match &c.gate {
@@ -571,6 +579,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                 Some(&c.has_initial_state),
                 Some(&c.state),
                 Some(&c.o),
+                c.chunk_state_slots.as_ref(),
             ];
             p.kernel(
                 names::CHUNK,

@@ -246,7 +246,7 @@ pub mod names {
             b"kda_conv_prefill" => 7,
             b"kda_l2norm" => 2,
             b"kda_gated_rms_norm" => 4,
-            b"kda_chunk_prefill" => 10,
+            b"kda_chunk_prefill" => 11,
             b"kda_mx_dequant" => 3,
             b"kda_mx_quant" => 3,
             _ => return None,

@@ -217,7 +217,29 @@ cann_symbols! {
     optional OpApi fn aclnnDynamicMxQuantV3(workspace: *mut c_void, workspace_size: u64, executor: *mut aclOpExecutor, stream: aclrtStream) -> aclnnStatus;
     optional OpApi fn aclnnQuantMatmulV5GetWorkspaceSize(x1: *const aclTensor, x2: *const aclTensor, x1_scale: *const aclTensor, x2_scale: *const aclTensor, y_scale: *const aclTensor, x1_offset: *const aclTensor, x2_offset: *const aclTensor, y_offset: *const aclTensor, bias: *const aclTensor, transpose_x1: bool, transpose_x2: bool, group_size: i64, out: *mut aclTensor, workspace_size: *mut u64, executor: *mut *mut aclOpExecutor) -> aclnnStatus;
     optional OpApi fn aclnnQuantMatmulV5(workspace: *mut c_void, workspace_size: u64, executor: *mut aclOpExecutor, stream: aclrtStream) -> aclnnStatus;
+    // Host int64 arrays (acl_meta.h), for the vendor KDA op's cuSeqlens.
+    optional NnOpBase fn aclCreateIntArray(value: *const i64, size: u64) -> *mut aclIntArray;
+    optional NnOpBase fn aclDestroyIntArray(array: *const aclIntArray) -> aclnnStatus;
+    // The vendor KDA ops of ops-transformer (attention/chunk_kda_fwd,
+    // attention/recurrent_gated_delta_rule): present only in CANN releases that ship them; absent,
+    // the backend runs its own kernels (docs/ascend.md, vendor operators).
+    optional OpApi fn aclnnChunkKdaFwdGetWorkspaceSize(q: *const aclTensor, k: *const aclTensor, v: *const aclTensor, g: *const aclTensor, beta: *const aclTensor, a_log: *const aclTensor, dt_bias: *const aclTensor, initial_state: *const aclTensor, cu_seqlens: *const aclIntArray, chunk_indices: *const aclIntArray, layout: *const c_char, scale: f64, chunk_size: i64, safe_gate: bool, lower_bound: f64, use_gate_in_kernel: bool, state_v_first: bool, attn_out: *const aclTensor, final_state_out: *const aclTensor, gk_out: *const aclTensor, aqk_out: *const aclTensor, akk_out: *const aclTensor, w_out: *const aclTensor, u_out: *const aclTensor, qg_out: *const aclTensor, kg_out: *const aclTensor, v_new_out: *const aclTensor, h_out: *const aclTensor, workspace_size: *mut u64, executor: *mut *mut aclOpExecutor) -> aclnnStatus;
+    optional OpApi fn aclnnChunkKdaFwd(workspace: *mut c_void, workspace_size: u64, executor: *mut aclOpExecutor, stream: aclrtStream) -> aclnnStatus;
+    optional OpApi fn aclnnRecurrentGatedDeltaRuleGetWorkspaceSize(query: *const aclTensor, key: *const aclTensor, value: *const aclTensor, beta: *const aclTensor, state_ref: *mut aclTensor, actual_seq_lengths: *const aclTensor, ssm_state_indices: *const aclTensor, g: *const aclTensor, gk: *const aclTensor, num_accepted_tokens: *const aclTensor, scale_value: f32, out: *mut aclTensor, workspace_size: *mut u64, executor: *mut *mut aclOpExecutor) -> aclnnStatus;
+    optional OpApi fn aclnnRecurrentGatedDeltaRule(workspace: *mut c_void, workspace_size: u64, executor: *mut aclOpExecutor, stream: aclrtStream) -> aclnnStatus;
 }
+
+/// The symbols the vendor chunked-prefill path needs (the capability "aclnnChunkKdaFwd").
+pub const CHUNK_KDA_SYMBOLS: [&str; 4] = [
+    "aclCreateIntArray",
+    "aclDestroyIntArray",
+    "aclnnChunkKdaFwdGetWorkspaceSize",
+    "aclnnChunkKdaFwd",
+];
+
+/// The symbols of the vendor recurrent op (the capability "aclnnRecurrentGatedDeltaRule").
+pub const RECURRENT_GDR_SYMBOLS: [&str; 2] =
+    ["aclnnRecurrentGatedDeltaRuleGetWorkspaceSize", "aclnnRecurrentGatedDeltaRule"];
 
 /// The symbols an MXFP8 GEMM path needs natively (the capability "native MXFP8").
 pub const MX_SYMBOLS: [&str; 4] = [

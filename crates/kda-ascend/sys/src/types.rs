@@ -41,6 +41,12 @@ pub struct aclScalar {
 pub struct aclOpExecutor {
     _private: [u8; 0],
 }
+/// `aclIntArray`: a host array of int64 (`aclnnChunkKdaFwd`'s `cuSeqlens`).
+#[repr(C)]
+#[derive(Debug)]
+pub struct aclIntArray {
+    _private: [u8; 0],
+}
 /// `aclrtBinaryLoadOptions`; kda passes none (null).
 #[repr(C)]
 #[derive(Debug)]

@@ -356,6 +356,8 @@ pub fn prefill_workload<B: Backend>(
     let state = b.alloc(DType::F32, &[1, h, d, d])?;
     let o = b.alloc(DType::F32, &[t, h, d])?;
     let op = Op::KdaChunk(KdaChunk {
+        chunk_state_slots: None,
+        host_meta: None,
         q,
         k,
         v,

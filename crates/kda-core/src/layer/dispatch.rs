@@ -17,7 +17,9 @@ use std::ops::Range;
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::hal::Backend;
-use crate::kda::{CausalConv, CausalConvUpdate, ChunkGate, KdaChunk, KdaGate, KdaRecurrent};
+use crate::kda::{
+    CausalConv, CausalConvUpdate, ChunkGate, ChunkHostMeta, KdaChunk, KdaGate, KdaRecurrent,
+};
 use crate::layer::error::Result;
 use crate::op::Op;
 use crate::tensor::Tensor;
@@ -89,6 +91,7 @@ fn scatter<B: Backend>(
 
 /// The short conv and the recurrence of `group`, reading `inputs` and writing its rows of
 /// `inputs.core` and its slots of `cache`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run_group<B: Backend>(
     backend: &Device<B>,
     stream: &B::Stream,
@@ -97,6 +100,7 @@ pub(super) fn run_group<B: Backend>(
     conv_weight: &Tensor<B>,
     cache: &mut StateCache<B>,
     scale: f32,
+    chunk_state_slots: Option<&[i32]>,
 ) -> Result<()> {
     let b = backend;
     let (tokens, requests) = (group.tokens(), group.requests());
@@ -147,6 +151,14 @@ pub(super) fn run_group<B: Backend>(
         b.launch(
             stream,
             Op::KdaChunk(KdaChunk {
+                chunk_state_slots: chunk_state_slots
+                    .map(|slots| meta_tensor(b, stream, slots))
+                    .transpose()?,
+                host_meta: Some(ChunkHostMeta {
+                    cu_seqlens: group.local_offsets().into(),
+                    state_slots: group.state_slots.as_slice().into(),
+                    has_initial_state: group.has_initial_state.as_slice().into(),
+                }),
                 q,
                 k,
                 v,

@@ -253,6 +253,8 @@ pub fn core_on<B: Backend>(
             // The B requests back to back: one flat batch of B·T tokens.
             let cu_seqlens: Vec<i32> = (0..=batch_i32).map(|r| r * tokens_i32).collect();
             Op::KdaChunk(KdaChunk {
+                chunk_state_slots: None,
+                host_meta: None,
                 q: up(&inputs.q, &[n, heads, k])?,
                 k: up(&inputs.k, &[n, heads, k])?,
                 v: up(&inputs.v, &[n, heads, v])?,

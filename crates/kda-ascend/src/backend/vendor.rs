@@ -1,0 +1,302 @@
+//! `KdaChunk` on CANN's own `aclnnChunkKdaFwd` (ops-transformer,
+//! `attention/chunk_kda_fwd/docs/aclnnChunkKdaFwd.md`), where its contract fits the op; the
+//! project's chunk kernel otherwise (`docs/ascend.md`, the per-op table).
+//!
+//! The vendor op takes its sequence offsets on the host (`cuSeqlens`, an `aclIntArray` fixed
+//! when the executor is built), `q`/`k`/`v` and the output in f16 or bf16 only, no L2 norm, and
+//! initial and final states as `[N, H, V, K]` arrays (`stateVFirst = true`) rather than slots of
+//! a cache. So the route is taken only when every one of these holds, and [`chunk_route`] names
+//! the first that does not:
+//!
+//! - the installed CANN has the op (its symbols resolved: a capability);
+//! - the op is not being captured (a replayed graph may carry other offsets than the executor
+//!   was built with) and carries its metadata on the host ([`KdaChunk::host_meta`]);
+//! - no chunk-boundary states are asked for (its `hOut` is the state before each chunk in `q`'s
+//!   dtype, not f32 states in caller-named slots);
+//! - `q`, `k`, `v` and `o` share one dtype, f16 or bf16, `o` is contiguous (its outputs do not
+//!   take strided tensors), `g` and `beta` are f32 or bf16;
+//! - `H <= 128`, `K` and `V` are multiples of 16 in `[16, 256]`, a lower-bound gate's bound is in
+//!   `[-5, 0)`; no request is empty or padding (the op has no notion of either).
+//!
+//! More than 1024 requests are split into calls of at most 1024 (the op's limit). The mapping:
+//! `layout = "TND"`, `chunkSize = 64`, `stateVFirst = true`; with an in-kernel gate
+//! `useGateInKernel = true`, `aLog = A_log`, `dtBias = dt_bias` seen as `[H·K]`, and for the
+//! lower-bound form `safeGate = true`, `lowerBound = lower_bound`; the L2 norm, when asked for,
+//! runs first (the `kda_l2norm` kernel, into `q`'s dtype); initial states are gathered from
+//! the request slots (zero for fresh requests) and final states scattered back.
+
+use std::ffi::CStr;
+
+use kda_core::kda::{ChunkHostMeta, GateForm, KdaChunk, RecurrenceDims};
+use kda_core::{DType, Result, Tensor};
+
+use super::{KeepAlive, Prep, Step};
+use crate::backend::AscendBackend;
+use crate::backend::descriptor::AclTensor;
+use crate::error::AscendError;
+use crate::kernels::abi::names;
+use crate::kernels::tiling;
+use crate::sys;
+
+type T = Tensor<AscendBackend>;
+
+/// The vendor op's limits (its document's constraints).
+pub(crate) const MAX_HEADS: usize = 128;
+pub(crate) const MAX_SEQUENCES: usize = 1024;
+const DIM_RANGE: std::ops::RangeInclusive<usize> = 16..=256;
+
+/// Why a `KdaChunk` runs on the project's kernel instead of `aclnnChunkKdaFwd`.
+pub(crate) fn chunk_route<'c>(
+    c: &'c KdaChunk<AscendBackend>,
+    d: RecurrenceDims,
+    capturing: bool,
+    api: Option<&sys::Api>,
+) -> std::result::Result<&'c ChunkHostMeta, String> {
+    if !api.is_some_and(|a| a.has_all(&sys::CHUNK_KDA_SYMBOLS)) {
+        return Err("aclnnChunkKdaFwd is absent from this CANN".into());
+    }
+    if capturing {
+        return Err("captured: the executor's host offsets would not follow a replay".into());
+    }
+    let Some(meta) = &c.host_meta else {
+        return Err("no host metadata (cuSeqlens is taken on the host)".into());
+    };
+    if c.chunk_state_slots.is_some() {
+        return Err("chunk-boundary states asked for (hOut is not f32 in slots)".into());
+    }
+    let half = [DType::F16, DType::BF16];
+    let dt = c.q.dtype();
+    if !half.contains(&dt) || [&c.k, &c.v, &c.o].iter().any(|t| t.dtype() != dt) {
+        return Err(format!(
+            "q/k/v/o dtypes {}/{}/{}/{} (the op takes one of f16, bf16)",
+            dt,
+            c.k.dtype(),
+            c.v.dtype(),
+            c.o.dtype()
+        ));
+    }
+    if !c.o.layout().is_contiguous() {
+        return Err("o is strided (attnOut must be contiguous)".into());
+    }
+    let io = [DType::F32, DType::BF16];
+    if !io.contains(&c.g.dtype()) || !io.contains(&c.beta.dtype()) {
+        return Err(format!("g/beta dtypes {}/{} (f32 or bf16)", c.g.dtype(), c.beta.dtype()));
+    }
+    if d.heads == 0 || d.heads > MAX_HEADS {
+        return Err(format!("H = {} (0 < H <= {MAX_HEADS})", d.heads));
+    }
+    for (name, x) in [("K", d.k), ("V", d.v)] {
+        if !DIM_RANGE.contains(&x) || x % 16 != 0 {
+            return Err(format!("{name} = {x} (a multiple of 16 in [16, 256])"));
+        }
+    }
+    if let Some(gate) = &c.gate {
+        if gate.a_log.dtype() != DType::F32 || gate.dt_bias.dtype() != DType::F32 {
+            return Err("A_log / dt_bias not f32".into());
+        }
+        if !gate.dt_bias.layout().is_contiguous() {
+            return Err("dt_bias is strided (dtBias is [H·K])".into());
+        }
+        if let GateForm::LowerBound { lower_bound } = gate.form
+            && !(-5.0..0.0).contains(&lower_bound)
+        {
+            return Err(format!("lower_bound {lower_bound} (the op takes [-5, 0))"));
+        }
+    }
+    if meta.cu_seqlens.windows(2).any(|w| w[1] <= w[0]) {
+        return Err("an empty request".into());
+    }
+    if meta.state_slots.iter().any(|&s| s < 0 || s as usize >= d.slots) {
+        return Err("a padding request (negative slot) or a slot out of range".into());
+    }
+    if meta.cu_seqlens.last().is_none_or(|&t| t as usize > d.tokens) {
+        return Err("offsets past the tokens".into());
+    }
+    Ok(meta)
+}
+
+/// An `aclIntArray` destroyed with the steps (after the executor has run).
+struct IntArray(usize);
+
+// SAFETY: an opaque handle the runtime owns; it is only destroyed (once), from whichever thread
+// drops the steps.
+unsafe impl Send for IntArray {}
+// SAFETY: as above; no method reads through it.
+unsafe impl Sync for IntArray {}
+
+impl IntArray {
+    fn new(values: &[i64]) -> Result<Self> {
+        // SAFETY: `values` is live for the call, which copies it.
+        let raw = unsafe { sys::aclCreateIntArray(values.as_ptr(), values.len() as u64) };
+        if raw.is_null() {
+            return Err(AscendError::Acl {
+                func: "aclCreateIntArray",
+                code: sys::ACL_ERROR_INVALID_PARAM,
+                message: sys::recent_error(),
+            }
+            .into());
+        }
+        Ok(Self(raw as usize))
+    }
+
+    fn ptr(&self) -> *const sys::aclIntArray {
+        self.0 as *const sys::aclIntArray
+    }
+}
+
+impl Drop for IntArray {
+    fn drop(&mut self) {
+        // SAFETY: created by `aclCreateIntArray`, destroyed once.
+        let _ = unsafe { sys::aclDestroyIntArray(self.ptr()) };
+    }
+}
+
+/// `KdaChunk` as `aclnnChunkKdaFwd` calls (after [`chunk_route`] accepted it).
+pub(super) fn chunk(
+    p: &mut Prep<'_>,
+    c: &KdaChunk<AscendBackend>,
+    d: RecurrenceDims,
+    meta: &ChunkHostMeta,
+) -> Result<()> {
+    let (h, kd, vd) = (d.heads, d.k, d.v);
+    let (mut q, mut k) = (c.q.clone(), c.k.clone());
+    if c.qk_l2norm {
+        // The op does not normalise: the project's L2 norm first, into q's dtype.
+        let rows = d.tokens * h;
+        for x in [&mut q, &mut k] {
+            let y = p.temp(x.dtype(), x.shape())?;
+            let work = tiling::l2norm(rows, kd, x.dtype().size_bytes());
+            p.kernel(names::L2NORM, work, &[Some(&*x), Some(&y)], &[1.0])?;
+            *x = y;
+        }
+    }
+    let requests = meta.state_slots.len();
+    let mut first = 0;
+    while first < requests {
+        let last = (first + MAX_SEQUENCES).min(requests);
+        call(p, c, (h, kd, vd), (&q, &k), meta, first..last)?;
+        first = last;
+    }
+    Ok(())
+}
+
+/// One `aclnnChunkKdaFwd` call for requests `batch` (their tokens are one run of rows).
+fn call(
+    p: &mut Prep<'_>,
+    c: &KdaChunk<AscendBackend>,
+    (h, kd, vd): (usize, usize, usize),
+    (q, k): (&T, &T),
+    meta: &ChunkHostMeta,
+    batch: std::ops::Range<usize>,
+) -> Result<()> {
+    const OP: &str = "aclnnChunkKdaFwd";
+    let start = meta.cu_seqlens[batch.start] as usize;
+    let end = meta.cu_seqlens[batch.end] as usize;
+    let tokens = end - start;
+    let n = batch.len();
+    let rows = |t: &T| t.narrow(0, start, tokens);
+    let (q, k, v, g, beta, o) =
+        (rows(q)?, rows(k)?, rows(&c.v)?, rows(&c.g)?, rows(&c.beta)?, rows(&c.o)?);
+    // Initial states gathered from the request slots (zero when fresh), finals scattered back.
+    let initial = p.temp(DType::F32, &[n, h, vd, kd])?;
+    let finals = p.temp(DType::F32, &[n, h, vd, kd])?;
+    for (i, b) in batch.clone().enumerate() {
+        let into = initial.narrow(0, i, 1)?;
+        if meta.has_initial_state[b] != 0 {
+            let slot = c.state.narrow(0, meta.state_slots[b] as usize, 1)?;
+            p.copy(&slot, &into)?;
+        } else {
+            p.fill(&into, 0.0)?;
+        }
+    }
+    let cu: Vec<i64> = meta.cu_seqlens[batch.start..=batch.end]
+        .iter()
+        .map(|&x| i64::from(x) - start as i64)
+        .collect();
+    let cu = IntArray::new(&cu)?;
+    let chunk = 64usize;
+    let aqk = p.temp(q.dtype(), &[h, tokens, chunk])?;
+    let akk = p.temp(q.dtype(), &[h, tokens, chunk])?;
+    let gate = c.gate.as_ref();
+    let (safe_gate, lower_bound) = match gate.map(|g| g.form) {
+        Some(GateForm::LowerBound { lower_bound }) => (true, f64::from(lower_bound)),
+        _ => (false, 0.0),
+    };
+    let mut tensors = vec![
+        AclTensor::of(OP, &q)?,
+        AclTensor::of(OP, &k)?,
+        AclTensor::of(OP, &v)?,
+        AclTensor::of(OP, &g)?,
+        AclTensor::of(OP, &beta)?,
+        AclTensor::of(OP, &initial)?,
+        AclTensor::of(OP, &o)?,
+        AclTensor::of(OP, &finals)?,
+        AclTensor::of(OP, &aqk)?,
+        AclTensor::of(OP, &akk)?,
+    ];
+    if let Some(gate) = gate {
+        tensors.push(AclTensor::of(OP, &gate.a_log)?);
+        tensors.push(AclTensor::of(OP, &gate.dt_bias.reshape(&[h * kd])?)?);
+    }
+    let use_gate = gate.is_some();
+    let scale = f64::from(c.scale);
+    let cu_ptr = cu.ptr() as usize;
+    p.aclnn(
+        "aclnnChunkKdaFwdGetWorkspaceSize",
+        OP,
+        sys::aclnnChunkKdaFwd,
+        tensors,
+        None,
+        Box::new(move |t, _, ws, ex| {
+            let none = std::ptr::null();
+            let (a_log, dt_bias) = if use_gate {
+                (t[10].ptr().cast_const(), t[11].ptr().cast_const())
+            } else {
+                (none, none)
+            };
+            let layout: &CStr = c"TND";
+            // SAFETY: live descriptors and int array, a static C string, null optional
+            // operands, valid out-parameters.
+            unsafe {
+                sys::aclnnChunkKdaFwdGetWorkspaceSize(
+                    t[0].ptr(),
+                    t[1].ptr(),
+                    t[2].ptr(),
+                    t[3].ptr(),
+                    t[4].ptr(),
+                    a_log,
+                    dt_bias,
+                    t[5].ptr(),
+                    cu_ptr as *const sys::aclIntArray,
+                    std::ptr::null(),
+                    layout.as_ptr(),
+                    scale,
+                    64,
+                    safe_gate,
+                    lower_bound,
+                    use_gate,
+                    true,
+                    t[6].ptr(),
+                    t[7].ptr(),
+                    none,
+                    t[8].ptr(),
+                    t[9].ptr(),
+                    none,
+                    none,
+                    none,
+                    none,
+                    none,
+                    none,
+                    ws,
+                    ex,
+                )
+            }
+        }),
+    )?;
+    p.steps.push(Step::Keep(KeepAlive(Box::new(cu))));
+    for (i, b) in batch.enumerate() {
+        let slot = c.state.narrow(0, meta.state_slots[b] as usize, 1)?;
+        p.copy(&finals.narrow(0, i, 1)?, &slot)?;
+    }
+    Ok(())
+}
