@@ -109,6 +109,7 @@ fn library(
     let op = if chunk {
         let n = bb * t;
         Op::KdaChunk(KdaChunk {
+            chunk_state_slots: None,
             q: upload("q", &[n, h, k]),
             k: upload("k", &[n, h, k]),
             v: upload("v", &[n, h, v]),

@@ -102,6 +102,7 @@ fn chunk_on(
         form,
     });
     let op = KdaChunk {
+        chunk_state_slots: None,
         q,
         k,
         v,
@@ -301,6 +302,7 @@ fn graph_failures_are_reported_and_do_not_stick() -> Result<(), Failed> {
     let o = f32_tensor(&b, &s, &[4, h, d], &vec![0.0; 4 * h * d]);
     let slots = i32_tensor(&b, &s, &[0]);
     let op = Op::KdaChunk(KdaChunk {
+        chunk_state_slots: None,
         q: q.clone(),
         k: q.clone(),
         v: q,

@@ -182,6 +182,7 @@ pub fn core(args: &CoreArgs<'_>) -> Result<CoreOutput> {
             let n = b * t;
             let cu: Vec<i32> = (0..=b_i32).map(|r| r * t_i32).collect();
             Op::KdaChunk(KdaChunk {
+                chunk_state_slots: None,
                 q: up(args.q, "q", &[n, h, k])?,
                 k: up(args.k, "k", &[n, h, k])?,
                 v: up(args.v, "v", &[n, h, vd])?,

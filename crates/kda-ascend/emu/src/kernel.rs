@@ -239,7 +239,7 @@ fn build(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
             })
         }
         names::CHUNK => {
-            expect(10)?;
+            expect(11)?;
             Op::KdaChunk(KdaChunk {
                 q: need(&mut t, "q")?,
                 k: need(&mut t, "k")?,
@@ -252,6 +252,7 @@ fn build(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
                 has_initial_state: need(&mut t, "has_initial_state")?,
                 state: need(&mut t, "state")?,
                 o: need(&mut t, "o")?,
+                chunk_state_slots: t.next().flatten(),
                 scale: scalar(block, 0, "scale")? as f32,
                 qk_l2norm: scalar(block, 1, "qk_l2norm")? != 0.0,
             })

@@ -580,6 +580,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                 Some(&c.has_initial_state),
                 Some(&c.state),
                 Some(&c.o),
+                c.chunk_state_slots.as_ref(),
             ];
             p.kernel(
                 names::CHUNK,

@@ -350,6 +350,7 @@ pub fn compute<B: Backend>(
             // The B requests back to back: one flat batch of B·T tokens.
             let cu_seqlens: Vec<i32> = (0..=batch_i32).map(|r| r * tokens_i32).collect();
             Op::KdaChunk(KdaChunk {
+                chunk_state_slots: None,
                 q: upload(b, &s, &inputs.q, &[n, heads, k])?,
                 k: upload(b, &s, &inputs.k, &[n, heads, k])?,
                 v: upload(b, &s, &inputs.v, &[n, heads, v])?,
@@ -526,6 +527,7 @@ pub fn prefill_workload<B: Backend>(
     let state = b.alloc(DType::F32, &[1, h, d, d])?;
     let o = b.alloc(DType::F32, &[t, h, d])?;
     let op = Op::KdaChunk(KdaChunk {
+        chunk_state_slots: None,
         q,
         k,
         v,

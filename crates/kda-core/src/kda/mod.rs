@@ -27,7 +27,7 @@ pub use conv::{CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims};
 pub use gate::{ChunkGate, GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
 pub use mask::{PaddingDims, ZeroPadding};
 pub use norm::{GatedRmsNorm, L2NORM_EPS, L2Norm, RowDims};
-pub use recurrence::{CHUNK_SIZE, KdaChunk, KdaRecurrent, RecurrenceDims};
+pub use recurrence::{CHUNK_SIZE, KdaChunk, KdaRecurrent, RecurrenceDims, chunks_of};
 
 /// The largest head dimension (`K`, `V`, a config's `head_dim`) kda accepts from a file: four
 /// times the 128 of every released KDA model. One head's recurrent state is `K · V` f32 (1 MiB

@@ -134,6 +134,11 @@ impl<B: Resources> KdaRecurrent<B> {
 /// parameters, so the result equals `KdaGate` followed by this op without the gate, while the
 /// activated gate never goes through memory.
 ///
+/// With [`chunk_state_slots`](Self::chunk_state_slots) the op also keeps the state at chunk
+/// boundaries, for prefix caching (`docs/design/kda.md#chunk-boundary-states`): the state after
+/// the last token of every chunk of every request, written (v-first, f32) into the state slot
+/// the caller names for that chunk.
+///
 /// NaN in the operands propagates and never fails the op: it makes NaN every output and state
 /// entry that depends on it, and may also reach the outputs of the earlier tokens of its
 /// 64-token chunk (the chunked products multiply it by zeros); other heads and requests are
@@ -160,6 +165,17 @@ pub struct KdaChunk<B: Resources> {
     pub state_slots: Tensor<B>,
     /// `[B]` i32: nonzero starts from the slot's state, zero from a zero state.
     pub has_initial_state: Tensor<B>,
+    /// Optional chunk-boundary states: `[NC]` i32 state slots, one per chunk of every request in
+    /// order (request `b` has `ceil(len_b / 64)` chunks, padding requests included, so
+    /// `NC = Σ_b ceil(len_b / 64)`). The state after the last token of request `b`'s chunk `c`
+    /// (after token `64·(c+1)`, or the request's last token for its last chunk) is written to
+    /// the slot named there; a negative entry keeps nothing. These slots are written after every
+    /// initial state has been read and must differ from each other and from every entry of
+    /// `state_slots`; like them they are device data, checked when the op runs. (This is
+    /// `aclnnChunkKdaFwd`'s `hOut` and flash-linear-attention's per-chunk `h`, shifted by one
+    /// chunk, in f32 and written where the caller caches it instead of into an `[NC, H, V, K]`
+    /// array.)
+    pub chunk_state_slots: Option<Tensor<B>>,
     /// State cache `[N, H, V, K]` f32 (v-first), read and written in place.
     pub state: Tensor<B>,
     /// Output `[T, H, V]` (bf16, f16 or f32).
@@ -168,6 +184,11 @@ pub struct KdaChunk<B: Resources> {
     pub scale: f32,
     /// L2-normalise q and k first (eps 1e-6 inside the square root).
     pub qk_l2norm: bool,
+}
+
+/// Chunks of a request of `len` tokens: entries it owns in [`KdaChunk::chunk_state_slots`].
+pub fn chunks_of(len: usize) -> usize {
+    len.div_ceil(CHUNK_SIZE)
 }
 
 impl<B: Resources> KdaChunk<B> {
@@ -187,10 +208,14 @@ impl<B: Resources> KdaChunk<B> {
         if let Some(gate) = &self.gate {
             v.extend(gate.inputs());
         }
+        if let Some(c) = &self.chunk_state_slots {
+            v.push(("chunk_state_slots", c));
+        }
         v
     }
 
-    /// The state is read and written (see [`KdaRecurrent::outputs`]).
+    /// The state is read and written (see [`KdaRecurrent::outputs`]); the chunk-boundary states
+    /// go into the same tensor.
     pub fn outputs(&self) -> Vec<(&'static str, &Tensor<B>)> {
         vec![("state", &self.state), ("o", &self.o)]
     }
@@ -214,6 +239,11 @@ impl<B: Resources> KdaChunk<B> {
         check::meta(OP, "state_slots", &self.state_slots, &[batch], "B of cu_seqlens")?;
         let why = "B of cu_seqlens";
         check::meta(OP, "has_initial_state", &self.has_initial_state, &[batch], why)?;
+        if let Some(c) = &self.chunk_state_slots {
+            // NC depends on the offsets (device data); only the rank is known here.
+            let [nc] = check::dims(OP, "chunk_state_slots", c, "[NC]")?;
+            check::meta(OP, "chunk_state_slots", c, &[nc], "NC = Σ_b ceil(len_b / 64)")?;
+        }
         let slots = check_state(OP, &self.state, heads, k, v)?;
         check::param(OP, "scale", self.scale, true, "finite")?;
         Ok(RecurrenceDims { batch, tokens, heads, k, v, slots })

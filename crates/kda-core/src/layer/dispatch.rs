@@ -147,6 +147,7 @@ pub(super) fn run_group<B: Backend>(
         b.launch(
             stream,
             Op::KdaChunk(KdaChunk {
+                chunk_state_slots: None,
                 q,
                 k,
                 v,

@@ -122,6 +122,7 @@ pub fn chunk_problem(
 ) -> Result<KdaChunk<B>> {
     let mut rng = Rng(13);
     Ok(KdaChunk {
+        chunk_state_slots: None,
         q: bf16_tensor(b, s, &mut rng, &[t, h, d], -1.0, 1.0)?,
         k: bf16_tensor(b, s, &mut rng, &[t, h, d], -1.0, 1.0)?,
         v: bf16_tensor(b, s, &mut rng, &[t, h, d], -1.0, 1.0)?,

@@ -592,6 +592,14 @@ impl CudaBackend {
 
     fn chunk(&self, stream: &CudaStream, op: &KdaChunk<Self>, dims: RecurrenceDims) -> Result<()> {
         const OP: &str = "kda_chunk";
+        // The chunk kernels keep no state between chunks in memory; writing the states at chunk
+        // boundaries (`docs/design/kda.md#chunk-boundary-states`) is not implemented on CUDA yet.
+        if op.chunk_state_slots.is_some() {
+            return Err(kda_core::Error::Unsupported {
+                backend: "cuda",
+                feature: "chunk_state_slots",
+            });
+        }
         let grid = Self::recurrence_grid(OP, &dims)?;
         let fid = self.fid(stream, CheckedOp::KdaChunk);
         let (q, k, v, g, beta, starts, slots, init, state, o) = (

@@ -537,6 +537,7 @@ fn run_chunk<B: Backend>(
     let (t, h, kd, vd) = (seq.tokens, seq.heads, seq.kd, seq.vd);
     let o = b.alloc(DType::F32, &[t, h, vd]).unwrap();
     let op = KdaChunk {
+        chunk_state_slots: None,
         q: float_tensor(b, s, dtype, &[t, h, kd], &seq.q).0,
         k: float_tensor(b, s, dtype, &[t, h, kd], &seq.k).0,
         v: float_tensor(b, s, dtype, &[t, h, vd], &seq.v).0,
@@ -750,6 +751,7 @@ fn varlen_chunk<B: Backend>(
     let vd = o.shape()[2];
     let requests = lens.len();
     KdaChunk {
+        chunk_state_slots: None,
         q: f32_tensor(b, s, &[t, h, kd], q),
         k: f32_tensor(b, s, &[t, h, kd], k),
         v: f32_tensor(b, s, &[t, h, vd], v),
@@ -829,6 +831,150 @@ pub fn chunk_varlen_batch_matches_f64<B: Backend>(make: &impl Factory<B>) {
         &got_state[3 * per_slot..4 * per_slot],
         &f64s(&cache0[3 * per_slot..4 * per_slot]),
     );
+}
+
+/// Chunk-boundary states (`docs/design/kda.md#chunk-boundary-states`): over a varlen batch
+/// (lengths 150, 64, 30, 0, 129; the last a padding request; continued and fresh states;
+/// `K != V`), the states kept at chunk boundaries equal the f64 recurrence over the request's
+/// prefix up to that boundary; the state kept after 128 tokens equals the final state of a
+/// prefill cut there; a prefill resumed from the state kept after 64 tokens equals the rest of
+/// the uninterrupted prefill (outputs and final state); unrequested boundaries, the padding
+/// request's and unrelated slots keep their bytes; a wrong entry count or a kept slot shared
+/// with a request's slot fails at synchronize. A backend without the output must reject it
+/// with `Error::Unsupported` naming `chunk_state_slots`.
+pub fn chunk_boundary_states_match_f64_and_resume<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let (h, kd, vd) = (2, 16, 24);
+    let lens = [150usize, 64, 30, 0, 129];
+    let slots = [0i32, 1, 2, 3, -1];
+    let has_initial = [1i32, 0, 1, 0, 0];
+    // Chunks: 3, 1, 1, 0, 3. Request 0 keeps chunks 0 and 1 (after 64 and 128 tokens), request
+    // 1 its only chunk (its final state, kept twice), the padding request asks for slot 9.
+    let kept = [5i32, 6, -1, 7, -1, 9, -1, -1];
+    let n_slots = 11;
+    let mut rng = Gen::new(19);
+    let seqs: Vec<Seq> = lens
+        .iter()
+        .map(|&t| Seq::random(&mut rng, (t, h, kd, vd), (-1.0, 0.0), (0.0, 1.0), true))
+        .collect();
+    let cache0 = rng.uniform_f32(n_slots * h * vd * kd, -1.0, 1.0);
+    let total: usize = lens.iter().sum();
+    let cat = |f: &dyn Fn(&Seq) -> &Vec<f32>| {
+        seqs.iter().flat_map(|q| f(q).clone()).collect::<Vec<f32>>()
+    };
+    let operands = [cat(&|q| &q.q), cat(&|q| &q.k), cat(&|q| &q.v), cat(&|q| &q.beta)];
+    let g_all = cat(&|q| &q.g);
+    let state = f32_tensor(&b, &s, &[n_slots, h, vd, kd], &cache0);
+    let o = b.alloc(DType::F32, &[total, h, vd]).unwrap();
+    let g = f32_tensor(&b, &s, &[total, h, kd], &g_all);
+    let mut op =
+        varlen_chunk(&b, &s, (&lens, &slots, &has_initial), &operands, g, None, &state, &o);
+    op.chunk_state_slots = Some(i32_tensor(&b, &s, &[kept.len()], &kept));
+    match b.launch(&s, Op::KdaChunk(op.clone())) {
+        Ok(()) => {}
+        Err(Error::Unsupported { feature, .. }) => {
+            assert_eq!(feature, "chunk_state_slots", "the rejection names the parameter");
+            return;
+        }
+        Err(e) => panic!("chunk with chunk_state_slots: {e}"),
+    }
+    let (got_o, got_state) = (download_f64(&b, &s, &o), download_f64(&b, &s, &state));
+    let per_slot = h * vd * kd;
+    let slot_kfirst = |cache: &[f64], slot: usize| {
+        swap_last(&cache[slot * per_slot..(slot + 1) * per_slot], h, vd, kd)
+    };
+    let initial_of =
+        |r: usize| (has_initial[r] != 0).then(|| slot_kfirst(&f64s(&cache0), slots[r] as usize));
+    // Kept states against the oracle over the prefix up to each boundary.
+    for (r, end, slot) in [(0usize, 64usize, 5usize), (0, 128, 6), (1, 64, 7)] {
+        let prefix = seqs[r].slice(0..end);
+        let (q, k, v, g, beta) = (
+            f64s(&prefix.q),
+            f64s(&prefix.k),
+            f64s(&prefix.v),
+            f64s(&prefix.g),
+            f64s(&prefix.beta),
+        );
+        let sequence = KdaSequence { q: &q, k: &k, v: &v, g: &g, beta: &beta, heads: h, kd, vd };
+        let (_, s_ref) = kda_recurrence(sequence, initial_of(r).as_deref(), 0.25, true);
+        let tol = recurrence_tolerance(end, kd, CHUNK_SIZE, max_abs(&s_ref));
+        if let Err(e) = tol.compare(&[h, kd, vd], &slot_kfirst(&got_state, slot), &s_ref) {
+            panic!("request {r}: state after {end} tokens (slot {slot}): {e}");
+        }
+    }
+    // Request 1's only boundary is its end: the kept copy is its final state.
+    Tolerance::exact().assert_close(
+        &[per_slot],
+        &got_state[7 * per_slot..8 * per_slot],
+        &got_state[per_slot..2 * per_slot],
+    );
+    // Untouched: slots 4, 8, 10 (nobody's), 9 (asked for by the padding request).
+    for slot in [4usize, 8, 9, 10] {
+        let range = slot * per_slot..(slot + 1) * per_slot;
+        Tolerance::exact().assert_close(
+            &[per_slot],
+            &got_state[range.clone()],
+            &f64s(&cache0[range]),
+        );
+    }
+    // A prefill cut at 128 tokens ends in the state kept after 128 tokens.
+    let cut_seq = Seq { initial: seqs[0].initial.clone(), ..seqs[0].slice(0..128) };
+    let cut_cache = f32_tensor(&b, &s, &[1, h, vd, kd], &cache0[..per_slot]);
+    continue_chunk(&b, &s, &cut_seq, &cut_cache);
+    let cut = download_f64(&b, &s, &cut_cache);
+    let tol = recurrence_tolerance(128, kd, CHUNK_SIZE, max_abs(&cut));
+    if let Err(e) = tol.compare(&[per_slot], &got_state[6 * per_slot..7 * per_slot], &cut) {
+        panic!("state kept after 128 tokens vs a prefill cut there: {e}");
+    }
+    // Resume request 0 from the state kept after 64 tokens.
+    let resume = f32_tensor(&b, &s, &[1, h, vd, kd], &{
+        let v = &got_state[5 * per_slot..6 * per_slot];
+        v.iter().map(|&x| x as f32).collect::<Vec<_>>()
+    });
+    let rest = continue_chunk(&b, &s, &seqs[0].slice(64..150), &resume);
+    let whole = &got_o[64 * h * vd..150 * h * vd];
+    let tol = recurrence_tolerance(150, kd, CHUNK_SIZE, max_abs(whole));
+    if let Err(e) = tol.compare(&[86, h, vd], &rest, whole) {
+        panic!("prefill resumed after 64 tokens: outputs: {e}");
+    }
+    let resumed = download_f64(&b, &s, &resume);
+    let tol = recurrence_tolerance(150, kd, CHUNK_SIZE, max_abs(&resumed));
+    if let Err(e) = tol.compare(&[per_slot], &resumed, &got_state[..per_slot]) {
+        panic!("prefill resumed after 64 tokens: final state: {e}");
+    }
+    // Bad kept slots fail when the op runs.
+    let fails_with = |kept: &[i32], needle: &str| {
+        let mut bad = op.clone();
+        bad.chunk_state_slots = Some(i32_tensor(&b, &s, &[kept.len()], kept));
+        b.launch(&s, Op::KdaChunk(bad)).unwrap();
+        match b.synchronize(&s) {
+            Err(Error::OpFailed { message, .. }) => {
+                assert!(message.contains(needle), "{needle}: {message}")
+            }
+            other => panic!("{needle}: {other:?}"),
+        }
+    };
+    fails_with(&[-1; 7], "chunk_state_slots");
+    fails_with(&[-1, -1, -1, 2, -1, -1, -1, -1], "chunk_state_slots[3] = 2");
+    fails_with(&[5, 5, -1, -1, -1, -1, -1, -1], "chunk_state_slots[1] = 5");
+}
+
+/// `KdaChunk` on `seq` as one request continuing from slot 0 of `state`, f32, scale 0.25 (as
+/// [`varlen_chunk`]); returns the outputs.
+fn continue_chunk<B: Backend>(
+    b: &Device<B>,
+    s: &B::Stream,
+    seq: &Seq,
+    state: &Tensor<B>,
+) -> Vec<f64> {
+    let (t, h, kd, vd) = (seq.tokens, seq.heads, seq.kd, seq.vd);
+    let o = b.alloc(DType::F32, &[t, h, vd]).unwrap();
+    let operands = [seq.q.clone(), seq.k.clone(), seq.v.clone(), seq.beta.clone()];
+    let g = f32_tensor(b, s, &[t, h, kd], &seq.g);
+    let op = varlen_chunk(b, s, (&[t], &[0], &[1]), &operands, g, None, state, &o);
+    b.launch(s, Op::KdaChunk(op)).unwrap();
+    download_f64(b, s, &o)
 }
 
 /// The in-kernel gate (`docs/design/kda.md#behaviour-11`): `KdaChunk` given the raw logits and the
@@ -1007,6 +1153,7 @@ pub fn kda_ops_reject_bad_operands<B: Backend>(make: &impl Factory<B>) {
     let i = |shape: &[usize]| i32_tensor(&b, &s, shape, &vec![0; shape.iter().product()]);
     let (t, h, kd, vd) = (5, 2, 8, 6);
     let chunk = || KdaChunk {
+        chunk_state_slots: None,
         q: f(&[t, h, kd]),
         k: f(&[t, h, kd]),
         v: f(&[t, h, vd]),
@@ -1057,6 +1204,7 @@ pub fn kda_ops_reject_bad_operands<B: Backend>(make: &impl Factory<B>) {
     expect(launch(KdaChunk { scale: f32::NAN, ..chunk() }), "scale");
     // The in-kernel gate's parameters, checked as KdaGate checks them (`g` holds the logits).
     let gated = |a_log: Tensor<B>, dt_bias: Tensor<B>, form| KdaChunk {
+        chunk_state_slots: None,
         gate: Some(ChunkGate { a_log, dt_bias, form }),
         ..chunk()
     };
@@ -1174,6 +1322,7 @@ pub fn kda_bad_metadata_fails_at_synchronize<B: Backend>(make: &impl Factory<B>)
     let (t, h, kd) = (6, 1, 4);
     let zeros = |shape: &[usize]| f32_tensor(&b, &s, shape, &vec![0.0; shape.iter().product()]);
     let chunk = |starts: &[i32], slot: i32| KdaChunk {
+        chunk_state_slots: None,
         q: zeros(&[t, h, kd]),
         k: zeros(&[t, h, kd]),
         v: zeros(&[t, h, kd]),
@@ -1341,6 +1490,7 @@ macro_rules! conformance_kda {
             kda_recurrence_and_chunk_match_f64 => kda::recurrence_and_chunk_match_f64(&$plain),
             kda_chunk_split_equals_one_call => kda::chunk_split_equals_one_call(&$plain),
             kda_chunk_varlen_batch_matches_f64 => kda::chunk_varlen_batch_matches_f64(&$plain),
+            kda_chunk_boundary_states_match_f64_and_resume => kda::chunk_boundary_states_match_f64_and_resume(&$plain),
             kda_chunk_in_kernel_gate_equals_gate_then_chunk => kda::chunk_in_kernel_gate_equals_gate_then_chunk(&$plain),
             kda_recurrent_speculative_reads_and_writes_slots => kda::recurrent_speculative_reads_and_writes_slots(&$plain),
             kda_ops_reject_bad_operands => kda::kda_ops_reject_bad_operands(&$plain),

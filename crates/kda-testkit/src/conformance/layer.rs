@@ -758,6 +758,7 @@ pub fn prefill_passes_the_raw_gate_to_the_chunk<B: Backend>(make: &impl Factory<
             .collect();
         let core = b.alloc(DType::F32, &[n, HEADS, HEAD_DIM]).unwrap();
         let chunk = KdaChunk {
+            chunk_state_slots: None,
             q: qkv[0].clone(),
             k: qkv[1].clone(),
             v: qkv[2].clone(),

@@ -66,7 +66,7 @@
 
 use std::ops::Range;
 
-use kda_core::kda::{CHUNK_SIZE, KdaChunk, RecurrenceDims};
+use kda_core::kda::{CHUNK_SIZE, KdaChunk, RecurrenceDims, chunks_of};
 
 use super::super::Exec;
 use super::gate::GateParams;
@@ -583,6 +583,7 @@ pub(in crate::kernels) fn chunk(
         .enumerate()
         .map(|(b, &s)| slot("state_slots", format!("[{b}]"), s, slots))
         .collect::<Result<Vec<_>, _>>()?;
+    let boundary = boundary_slots(op, &ranges, &request_slots, slots)?;
     let has_initial = read_i32(&op.has_initial_state);
     // Initial states (K-first), all read before any state is written.
     let mut initial = Vec::with_capacity(ranges.len() * heads);
@@ -617,42 +618,61 @@ pub(in crate::kernels) fn chunk(
         scale: op.scale,
         qk_l2norm: op.qk_l2norm,
     };
-    let run = |b: usize, group: Range<usize>, out: &mut [f32]| -> Vec<Vec<f32>> {
+    // Final states (K-first) of the group's heads, and the kept chunk-boundary states: `(slot,
+    // the group's states)`.
+    let run = |b: usize, group: Range<usize>, out: &mut [f32]| -> Run {
         if request_slots[b].is_none() {
             out.fill(0.0);
-            return Vec::new();
+            return Run::default();
         }
         let mut states: Vec<Vec<f32>> =
             group.clone().map(|h| initial[b * heads + h].clone()).collect();
-        chunked_heads(&problem, group, ranges[b].clone(), &mut states, out, false);
-        states
+        let range = ranges[b].clone();
+        let keep = &boundary[b];
+        if keep.iter().all(Option::is_none) {
+            chunked_heads(&problem, group, range, &mut states, out, false);
+            return Run { finals: states, kept: Vec::new() };
+        }
+        // Chunk by chunk: the chunks are the ones one call would form (each call starts its
+        // first chunk at its first token), so the results are the same bits.
+        let row = group.len() * vd;
+        let mut kept = Vec::new();
+        for (c, keep) in keep.iter().enumerate() {
+            let start = range.start + c * CHUNK_SIZE;
+            let end = (start + CHUNK_SIZE).min(range.end);
+            let rows = &mut out[(start - range.start) * row..(end - range.start) * row];
+            chunked_heads(&problem, group.clone(), start..end, &mut states, rows, false);
+            if let Some(s) = keep {
+                kept.push((*s, states.clone()));
+            }
+        }
+        Run { finals: states, kept }
     };
-    // Final states (K-first) of request b, head by head.
-    let mut finals: Vec<Vec<Vec<f32>>> = Vec::with_capacity(ranges.len());
+    // Per request, head by head (all heads).
+    let mut results: Vec<Run> = Vec::with_capacity(ranges.len());
     if exec.threads() == 1 {
         // One task per request, all heads at once, straight into the output rows.
         for (b, range) in ranges.iter().enumerate() {
             let view = op.o.narrow(0, range.start, range.len()).map_err(|e| e.to_string())?;
-            let mut states = Vec::new();
-            with_f32_out(&view, |out| states = run(b, 0..heads, out));
-            finals.push(states);
+            let mut result = Run::default();
+            with_f32_out(&view, |out| result = run(b, 0..heads, out));
+            results.push(result);
         }
     } else {
         // Tasks (request, group of heads), about one group per thread, each into its own
         // `[len, G, V]`, then copied into the output rows.
         let groups = exec.threads().clamp(1, heads.max(1));
         let group_of = |i: usize| i * heads / groups..(i + 1) * heads / groups;
-        let results = par_map(exec, ranges.len() * groups, |task| {
+        let parts = par_map(exec, ranges.len() * groups, |task| {
             let (b, group) = (task / groups, group_of(task % groups));
             let mut out = vec![0.0f32; ranges[b].len() * group.len() * vd];
-            let states = run(b, group, &mut out);
-            (out, states)
+            let result = run(b, group, &mut out);
+            (out, result)
         });
-        let mut results = results.into_iter();
+        let mut parts = parts.into_iter();
         for range in &ranges {
             let view = op.o.narrow(0, range.start, range.len()).map_err(|e| e.to_string())?;
-            let mut states = Vec::new();
-            let parts: Vec<(Vec<f32>, Vec<Vec<f32>>)> = results.by_ref().take(groups).collect();
+            let parts: Vec<(Vec<f32>, Run)> = parts.by_ref().take(groups).collect();
             with_f32_out(&view, |out| {
                 for (i, (part, _)) in parts.iter().enumerate() {
                     let group = group_of(i);
@@ -663,20 +683,96 @@ pub(in crate::kernels) fn chunk(
                     }
                 }
             });
-            for (_, s) in parts {
-                states.extend(s);
-            }
-            finals.push(states);
+            results.push(Run::join(parts.into_iter().map(|(_, r)| r)));
         }
     }
-    for (b, states) in finals.iter().enumerate() {
-        if let Some(s) = request_slots[b] {
+    for (b, result) in results.iter().enumerate() {
+        let finals = request_slots[b].map(|s| (s, &result.finals));
+        for (s, states) in result.kept.iter().map(|(s, st)| (*s, st)).chain(finals) {
             for (h, state) in states.iter().enumerate() {
                 super::io::write_f32(&head_state(&op.state, s, h)?, &transpose(state, kd, vd));
             }
         }
     }
     Ok(())
+}
+
+/// What one task of [`chunk`] leaves: the final states of its heads (K-first) and the
+/// chunk-boundary states it keeps, `(slot, states of its heads)` in chunk order.
+#[derive(Default)]
+struct Run {
+    finals: Vec<Vec<f32>>,
+    kept: Vec<(usize, Vec<Vec<f32>>)>,
+}
+
+impl Run {
+    /// The runs of consecutive head groups of one request, as one run over all its heads.
+    fn join(parts: impl Iterator<Item = Run>) -> Run {
+        let mut all = Run::default();
+        for part in parts {
+            all.finals.extend(part.finals);
+            if all.kept.is_empty() {
+                all.kept = part.kept;
+            } else {
+                for ((_, into), (_, states)) in all.kept.iter_mut().zip(part.kept) {
+                    into.extend(states);
+                }
+            }
+        }
+        all
+    }
+}
+
+/// The slots of [`KdaChunk::chunk_state_slots`] per request and chunk (`None`: keep nothing),
+/// checked: one entry per chunk of every request, in range, distinct from each other and from
+/// every request's own slot (which the op reads and writes).
+fn boundary_slots(
+    op: &KdaChunk<ReferenceBackend>,
+    ranges: &[Range<usize>],
+    request_slots: &[Option<usize>],
+    slots: usize,
+) -> Result<Vec<Vec<Option<usize>>>, String> {
+    let counts: Vec<usize> = ranges.iter().map(|r| chunks_of(r.len())).collect();
+    let Some(t) = &op.chunk_state_slots else {
+        return Ok(counts.iter().map(|&n| vec![None; n]).collect());
+    };
+    let raw = read_i32(t);
+    let want: usize = counts.iter().sum();
+    if raw.len() != want {
+        return Err(format!(
+            "chunk_state_slots has {} entries; the requests of cu_seqlens have {want} chunks \
+             (Σ_b ceil(len_b / {CHUNK_SIZE}))",
+            raw.len()
+        ));
+    }
+    let mut taken: Vec<Option<String>> = vec![None; slots];
+    for (b, s) in request_slots.iter().enumerate() {
+        if let Some(s) = *s {
+            taken[s] = Some(format!("state_slots[{b}]"));
+        }
+    }
+    let mut kept = Vec::with_capacity(raw.len());
+    for (i, &value) in raw.iter().enumerate() {
+        let s = slot("chunk_state_slots", format!("[{i}]"), value, slots)?;
+        if let Some(s) = s {
+            if let Some(other) = &taken[s] {
+                return Err(format!(
+                    "chunk_state_slots[{i}] = {s} is also {other}: every kept state needs a \
+                     slot of its own"
+                ));
+            }
+            taken[s] = Some(format!("chunk_state_slots[{i}]"));
+        }
+        kept.push(s);
+    }
+    let mut rest = kept.as_slice();
+    let mut out = Vec::with_capacity(counts.len());
+    for n in counts {
+        let (mine, after) = rest.split_at(n);
+        out.push(mine.to_vec());
+        rest = after;
+    }
+    Ok(out)
 }
 
 /// `[rows, cols]` row-major to `[cols, rows]`.
