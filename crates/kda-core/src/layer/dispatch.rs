@@ -89,6 +89,7 @@ fn scatter<B: Backend>(
 
 /// The short conv and the recurrence of `group`, reading `inputs` and writing its rows of
 /// `inputs.core` and its slots of `cache`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run_group<B: Backend>(
     backend: &Device<B>,
     stream: &B::Stream,
@@ -97,6 +98,7 @@ pub(super) fn run_group<B: Backend>(
     conv_weight: &Tensor<B>,
     cache: &mut StateCache<B>,
     scale: f32,
+    chunk_state_slots: Option<&[i32]>,
 ) -> Result<()> {
     let b = backend;
     let (tokens, requests) = (group.tokens(), group.requests());
@@ -147,7 +149,9 @@ pub(super) fn run_group<B: Backend>(
         b.launch(
             stream,
             Op::KdaChunk(KdaChunk {
-                chunk_state_slots: None,
+                chunk_state_slots: chunk_state_slots
+                    .map(|slots| meta_tensor(b, stream, slots))
+                    .transpose()?,
                 q,
                 k,
                 v,

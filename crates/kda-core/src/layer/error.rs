@@ -5,6 +5,7 @@ use thiserror::Error;
 
 use crate::error::{Error, ViewError};
 use crate::layer::batch::BatchError;
+use crate::layer::keep::KeepError;
 use crate::weights::WeightError;
 
 /// Everything a [`KdaLayer`](super::KdaLayer) call can report.
@@ -16,6 +17,9 @@ pub enum LayerError {
     /// The batch metadata is malformed or does not fit the cache.
     #[error(transparent)]
     Batch(#[from] BatchError),
+    /// A state to keep (prefix caching) that the batch cannot honour.
+    #[error(transparent)]
+    Keep(#[from] KeepError),
     /// The layer's weights are missing, malformed or of the wrong shape.
     #[error(transparent)]
     Weights(#[from] WeightError),

@@ -16,11 +16,13 @@ pub mod batch;
 pub mod cache;
 mod dispatch;
 pub mod error;
+pub mod keep;
 pub mod weights;
 
 pub use batch::{BatchError, BatchMeta, DispatchPlan, Group, GroupKind, RequestSlots};
 pub use cache::{CacheDims, StateCache};
 pub use error::LayerError;
+pub use keep::{KeepError, KeepState};
 pub use weights::{ForgetProjection, LayerDeviceWeights};
 
 use crate::config::{KdaConfig, LayerDims, Tp};
@@ -200,7 +202,24 @@ impl<B: Backend> KdaLayer<B> {
         cache: &mut StateCache<B>,
         out: &mut Tensor<B>,
     ) -> Result<()> {
-        self.run(stream, hidden_states, meta, cache, out, false).map(|_| ())
+        self.run(stream, hidden_states, meta, &[], cache, out, false).map(|_| ())
+    }
+
+    /// [`Self::forward`], also keeping the states `keep` asks for: for each entry, the
+    /// recurrent and conv state of a prefill request after `position` tokens of its sequence,
+    /// written into cache slot `slot` (`docs/design/kda.md#chunk-boundary-states`). A position is
+    /// `num_computed_tokens + 64·j` or the request's end; a kept slot is used by no request of
+    /// the batch and by no other entry. Everything is checked before anything is launched.
+    pub fn forward_keeping_states(
+        &self,
+        stream: &B::Stream,
+        hidden_states: &Tensor<B>,
+        meta: &BatchMeta,
+        keep: &[KeepState],
+        cache: &mut StateCache<B>,
+        out: &mut Tensor<B>,
+    ) -> Result<()> {
+        self.run(stream, hidden_states, meta, keep, cache, out, false).map(|_| ())
     }
 
     /// [`Self::forward`], returning the intermediates (`None` for an empty batch). The trace's
@@ -213,7 +232,7 @@ impl<B: Backend> KdaLayer<B> {
         cache: &mut StateCache<B>,
         out: &mut Tensor<B>,
     ) -> Result<Option<LayerTrace<B>>> {
-        self.run(stream, hidden_states, meta, cache, out, true)
+        self.run(stream, hidden_states, meta, &[], cache, out, true)
     }
 
     /// Every check of a forward call; nothing is launched before they all pass.
@@ -285,11 +304,13 @@ impl<B: Backend> KdaLayer<B> {
 
     /// The forward; with `traced` it also returns the intermediates (else `None`, as for an
     /// empty batch).
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         stream: &B::Stream,
         x: &Tensor<B>,
         meta: &BatchMeta,
+        keep: &[KeepState],
         cache: &mut StateCache<B>,
         out: &mut Tensor<B>,
         traced: bool,
@@ -302,6 +323,8 @@ impl<B: Backend> KdaLayer<B> {
         )
         .entered();
         let plan = self.check(x, meta, cache, out)?;
+        let kept =
+            keep::KeepPlan::new(keep, meta, &plan, cache.dims().slots, self.dims.conv_width)?;
         let b = &self.backend;
         if plan.is_empty() {
             b.launch(stream, Op::Fill { dst: out.clone(), value: 0.0 })?;
@@ -337,8 +360,14 @@ impl<B: Backend> KdaLayer<B> {
         };
         let scale = (hd as f32).powf(-0.5);
         for group in plan.groups() {
-            dispatch::run_group(b, stream, group, &inputs, &w.conv, cache, scale)?;
+            let chunk_states = match group.kind {
+                GroupKind::Prefill => kept.chunk_state_slots.as_deref(),
+                _ => None,
+            };
+            dispatch::run_group(b, stream, group, &inputs, &w.conv, cache, scale, chunk_states)?;
         }
+        let history = self.dims.conv_width.saturating_sub(1);
+        kept.write_conv(b, stream, &inputs.qkv, &w.conv, cache, history)?;
 
         // Gated norm and o_proj on the live rows; the padding rows of `out` set to zero.
         let g2 = projected.g2.narrow(0, 0, n)?;

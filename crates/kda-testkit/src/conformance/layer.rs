@@ -14,8 +14,8 @@ use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::kda::{CausalConv, KdaChunk, KdaGate};
 use kda_core::layer::{
-    BatchError, BatchMeta, BetaInput, ForgetProjection, KdaLayer, LayerError, LayerOptions,
-    RequestSlots, StateCache,
+    BatchError, BatchMeta, BetaInput, ForgetProjection, KdaLayer, KeepError, KeepState, LayerError,
+    LayerOptions, RequestSlots, StateCache,
 };
 use kda_core::sanitize::{Access, ByteRanges, Entry};
 use kda_core::schedule::beta::BETA_SIGMOID;
@@ -399,6 +399,91 @@ pub fn prefill_whole_equals_parts_and_decodes<B: Backend>(make: &impl Factory<B>
             .compare(&[1, HIDDEN], &alone, &out_whole[19 * HIDDEN..])
             .is_err()
     );
+}
+
+/// Prefix caching (`docs/design/kda.md#chunk-boundary-states`): one batch prefills request B
+/// (70 tokens) and request A (200 tokens), keeping A's state after 64, 128 and 200 tokens and
+/// B's after 64 in spare slots. A prefill of A's last 72 tokens resumed from the state kept
+/// after 128 tokens (its recurrent and conv halves moved into another cache) equals the rest of
+/// the uninterrupted prefill, outputs and final state; the state kept after 64 tokens equals
+/// the final state of a prefill cut there; a decode from the state kept at A's end equals the
+/// decode from A's own slot. A position off the chunk boundaries is rejected before anything
+/// runs.
+pub fn prefill_resumes_from_kept_states<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 23);
+    let layer = layer(&b, &s, &w, LayerOptions::default());
+    let x_b = tokens(&mut Gen::new(2), 70);
+    let x_a = tokens(&mut Gen::new(3), 201);
+    let mut meta = BatchMeta::empty();
+    meta.push(70, 0, RequestSlots::Single(2)).push(200, 0, RequestSlots::Single(1));
+    let keep = [
+        KeepState { request: 1, position: 64, slot: 4 },
+        KeepState { request: 1, position: 128, slot: 5 },
+        KeepState { request: 1, position: 200, slot: 6 },
+        KeepState { request: 0, position: 64, slot: 7 },
+    ];
+    let mut cache = layer.new_cache(&s, 8, 0).unwrap();
+    let x: Vec<f32> = [x_b.as_slice(), rows(&x_a, 0..200)].concat();
+    let xt = bf16_tensor(&b, &s, &[270, HIDDEN], &x);
+    let mut out = out_buffer(&b, &s, 270, 0.0);
+    // Off a chunk boundary: rejected, nothing runs.
+    let before = cache_bits(&b, &s, &cache);
+    let off = [KeepState { request: 1, position: 100, slot: 4 }];
+    match layer.forward_keeping_states(&s, &xt, &meta, &off, &mut cache, &mut out) {
+        Err(LayerError::Keep(KeepError::Position { position: 100, .. })) => {}
+        other => panic!("a position off the chunk boundaries: {other:?}"),
+    }
+    assert!(cache_bits(&b, &s, &cache) == before, "a rejected call leaves the cache as it was");
+    layer.forward_keeping_states(&s, &xt, &meta, &keep, &mut cache, &mut out).unwrap();
+    let whole = download_f64(&b, &s, &out);
+    let whole_a = &whole[70 * HIDDEN..];
+    let state_a = slot_state(&b, &s, &cache, 1);
+    let state_shape = [HEADS, HEAD_DIM, HEAD_DIM];
+
+    // Resume A from the state kept after 128 tokens, in a cache of its own (slot 0).
+    let mut resumed = layer.new_cache(&s, 2, 0).unwrap();
+    for (from, to) in [
+        (cache.recurrent_slot(5).unwrap(), resumed.recurrent_slot(0).unwrap()),
+        (cache.conv_slot(5).unwrap(), resumed.conv_slot(0).unwrap()),
+    ] {
+        let v = b.download::<f32>(&s, &from).unwrap();
+        b.upload(&s, &to, &v).unwrap();
+    }
+    let mut rest = BatchMeta::empty();
+    rest.push(72, 128, RequestSlots::Single(0));
+    let out_rest = step(&b, &s, &layer, &mut resumed, &rest, rows(&x_a, 128..200), 0, 0.0, 0.0);
+    assert_close("resumed after 128 tokens", &[72, HIDDEN], &out_rest, &whole_a[128 * HIDDEN..]);
+    assert_close(
+        "resumed after 128 tokens: final state",
+        &state_shape,
+        &slot_state(&b, &s, &resumed, 0),
+        &state_a,
+    );
+
+    // The state kept after 64 tokens of A is the final state of A cut at 64 (and B's of B).
+    for (request_x, slot) in [(&x_a, 4usize), (&x_b, 7)] {
+        let mut cut = layer.new_cache(&s, 1, 0).unwrap();
+        let meta = BatchMeta::prefills(&[64], &[0]);
+        step(&b, &s, &layer, &mut cut, &meta, rows(request_x, 0..64), 0, 0.0, 0.0);
+        assert_close(
+            &format!("slot {slot}: kept after 64 tokens vs a prefill cut there"),
+            &state_shape,
+            &slot_state(&b, &s, &cache, slot),
+            &slot_state(&b, &s, &cut, 0),
+        );
+    }
+
+    // A decode of token 200 from the state kept at A's end equals one from A's own slot.
+    let mut decode = |slot: usize| {
+        let mut meta = BatchMeta::empty();
+        meta.push(1, 200, RequestSlots::Single(slot));
+        step(&b, &s, &layer, &mut cache, &meta, rows(&x_a, 200..201), 0, 0.0, 0.0)
+    };
+    let from_kept = decode(6);
+    let from_own = decode(1);
+    assert_close("decode from the state kept at the end", &[1, HIDDEN], &from_kept, &from_own);
 }
 
 /// Speculative decode (num_spec = 2): a step of 3 tokens in slots [1, 2, 3] whose next step
@@ -1004,6 +1089,7 @@ macro_rules! conformance_layer {
             layer_staged_loader_equals_composed_loader => layer::staged_loader_equals_composed_loader(&$plain),
             layer_norm_uses_the_checkpoint_eps => layer::norm_uses_the_checkpoint_eps(&$plain),
             layer_prefill_whole_equals_parts_and_decodes => layer::prefill_whole_equals_parts_and_decodes(&$plain),
+            layer_prefill_resumes_from_kept_states => layer::prefill_resumes_from_kept_states(&$plain),
             layer_speculative_equals_single_decodes => layer::speculative_equals_single_decodes(&$plain),
             layer_batch_equals_each_alone => layer::batch_equals_each_alone(&$plain),
             layer_tp_partials_sum_to_tp1 => layer::tp_partials_sum_to_tp1(&$plain),
