@@ -549,7 +549,9 @@ mod tests {
 
     /// Random blocks (zeros, subnormals, infinities, NaN, values near the E4M3 subnormal
     /// boundary and the saturation range), block by block and through whole rows of several
-    /// lengths, against the f32 path on the widened values.
+    /// lengths (with AVX2: rows of whole four-block groups, groups followed by single blocks
+    /// and a partial block, and rows too short for a group), against the f32 path on the
+    /// widened values.
     #[test]
     fn random_bf16_blocks_and_rows_match_the_f32_path() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -559,7 +561,7 @@ mod tests {
                 let x: [u16; BLOCK_SIZE] = std::array::from_fn(|_| rng.bf16_bits(around));
                 check_block(&x, alg);
             }
-            for k in [1, 5, 31, 32, 33, 64, 100, 7168, 7169] {
+            for k in [1, 5, 31, 32, 33, 64, 100, 128, 160, 293, 7168, 7169] {
                 let rows = 3;
                 let around = (rng.next() % 255) as u16;
                 let bits: Vec<u16> = (0..rows * k).map(|_| rng.bf16_bits(around)).collect();
