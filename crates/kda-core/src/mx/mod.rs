@@ -21,6 +21,8 @@ pub mod e8m0;
 pub mod gemm;
 pub mod layout;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod quant_avx2;
 pub mod scale;
 #[cfg(test)]
 mod spec_tests;

@@ -251,6 +251,11 @@ pub fn quantize_into<T: MxFloat>(
     expect_len(WHAT, "scale", scale.len(), rows * num_blocks(k))?;
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
+        if let Some(bits) = T::as_bf16_bits(x) {
+            // SAFETY: the CPU has AVX2 (checked just above), the only requirement.
+            unsafe { quantize_rows_bf16_avx2(bits, k, alg, data, scale) };
+            return Ok(());
+        }
         // SAFETY: the CPU has AVX2 (checked just above), the only requirement of the function.
         unsafe { quantize_rows_avx2(x, k, alg, data, scale) };
         return Ok(());
@@ -286,6 +291,48 @@ unsafe fn quantize_rows_avx2<T: MxFloat>(
     scale: &mut [u8],
 ) {
     quantize_rows(x, k, alg, data, scale);
+}
+
+/// Whole rows of bf16 bits (lengths checked by the caller): four full blocks at a time in AVX2
+/// registers ([`super::quant_avx2::quantize_group`]), a group it gives back and the blocks after
+/// the last whole group by [`quantize_bits_bf16`].
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_rows_bf16_avx2(
+    x: &[u16],
+    k: usize,
+    alg: ScaleAlg,
+    data: &mut [u8],
+    scale: &mut [u8],
+) {
+    use super::quant_avx2::{GROUP, GROUP_ELEMENTS, quantize_group};
+    let blocks = num_blocks(k);
+    let grouped = k / GROUP_ELEMENTS * GROUP_ELEMENTS;
+    for ((xr, dr), sr) in
+        x.chunks_exact(k).zip(data.chunks_exact_mut(k)).zip(scale.chunks_exact_mut(blocks))
+    {
+        let (x_groups, x_rest) = xr.split_at(grouped);
+        let (d_groups, d_rest) = dr.split_at_mut(grouped);
+        let (s_groups, s_rest) = sr.split_at_mut(grouped / BLOCK_SIZE);
+        for ((xg, dg), sg) in x_groups
+            .chunks_exact(GROUP_ELEMENTS)
+            .zip(d_groups.chunks_exact_mut(GROUP_ELEMENTS))
+            .zip(s_groups.chunks_exact_mut(GROUP))
+        {
+            // `chunks_exact` groups always convert; the `else` arms are never taken.
+            let Ok(xg) = <&[u16; GROUP_ELEMENTS]>::try_from(xg) else { continue };
+            let Ok(dg) = <&mut [u8; GROUP_ELEMENTS]>::try_from(dg) else { continue };
+            let Ok(sg) = <&mut [u8; GROUP]>::try_from(sg) else { continue };
+            // SAFETY: the CPU has AVX2, this function's own requirement.
+            if !unsafe { quantize_group(xg, alg, dg, sg) } {
+                quantize_row_bf16(xg, alg, dg, sg);
+            }
+        }
+        quantize_row_bf16(x_rest, alg, d_rest, s_rest);
+    }
 }
 
 /// Quantize a row-major `[rows, k]` matrix into the plain layout.
@@ -408,6 +455,8 @@ mod tests {
     //! stay the element codec's definition; `spec_tests` checks those against the format).
     use super::*;
     use crate::mx::e8m0::inverse_scale;
+    #[cfg(target_arch = "x86_64")]
+    use crate::mx::quant_avx2::{GROUP, GROUP_ELEMENTS, quantize_group};
     use half::bf16;
 
     /// A small xorshift generator (no dependency).
@@ -500,7 +549,9 @@ mod tests {
 
     /// Random blocks (zeros, subnormals, infinities, NaN, values near the E4M3 subnormal
     /// boundary and the saturation range), block by block and through whole rows of several
-    /// lengths, against the f32 path on the widened values.
+    /// lengths (with AVX2: rows of whole four-block groups, groups followed by single blocks
+    /// and a partial block, and rows too short for a group), against the f32 path on the
+    /// widened values.
     #[test]
     fn random_bf16_blocks_and_rows_match_the_f32_path() {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -510,7 +561,7 @@ mod tests {
                 let x: [u16; BLOCK_SIZE] = std::array::from_fn(|_| rng.bf16_bits(around));
                 check_block(&x, alg);
             }
-            for k in [1, 5, 31, 32, 33, 64, 100, 7168, 7169] {
+            for k in [1, 5, 31, 32, 33, 64, 100, 128, 160, 293, 7168, 7169] {
                 let rows = 3;
                 let around = (rng.next() % 255) as u16;
                 let bits: Vec<u16> = (0..rows * k).map(|_| rng.bf16_bits(around)).collect();
@@ -520,6 +571,132 @@ mod tests {
                 let want = quantize(&wide, rows, k, alg).unwrap();
                 assert_eq!(q, want, "k {k} {alg}");
             }
+        }
+    }
+
+    /// Whether the scalar path would leave block `x` to the f32 path or mark it NaN: a
+    /// non-finite element, or a non-zero magnitude below [`bf16_fast_floor`] of its scale.
+    #[cfg(target_arch = "x86_64")]
+    fn needs_scalar_path(x: &[u16], alg: ScaleAlg) -> bool {
+        let amax = x.iter().map(|b| b & 0x7FFF).max().unwrap_or(0);
+        if amax >= 0x7F80 {
+            return true;
+        }
+        let floor = bf16_fast_floor(alg.finite_scale_byte(u32::from(amax) << 16));
+        x.iter().any(|&b| (1..floor).contains(&(b & 0x7FFF)))
+    }
+
+    /// One group through the AVX2 path against [`quantize_bits`] (the f32 definition) block by
+    /// block; it must take exactly the groups with no block that needs the scalar path.
+    /// Returns whether it took the group.
+    #[cfg(target_arch = "x86_64")]
+    fn check_group(x: &[u16; GROUP_ELEMENTS], alg: ScaleAlg) -> bool {
+        let (mut data, mut scale) = ([0u8; GROUP_ELEMENTS], [0u8; GROUP]);
+        // SAFETY: the callers run this only where the CPU has AVX2.
+        let took = unsafe { quantize_group(x, alg, &mut data, &mut scale) };
+        let blocks = x.chunks_exact(BLOCK_SIZE);
+        let covered = !blocks.clone().any(|xb| needs_scalar_path(xb, alg));
+        assert_eq!(took, covered, "{alg}: which groups the vector path takes: {x:04x?}");
+        if took {
+            for (b, xb) in blocks.enumerate() {
+                let mut want = [0u8; BLOCK_SIZE];
+                let bits: [u32; BLOCK_SIZE] = std::array::from_fn(|i| u32::from(xb[i]) << 16);
+                let s = quantize_bits(&bits, alg, &mut want);
+                let got = &data[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE];
+                assert_eq!((scale[b], got), (s, &want[..]), "{alg} block {b} of {x:04x?}");
+            }
+        }
+        took
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn has_avx2() -> bool {
+        let avx2 = std::arch::is_x86_feature_detected!("avx2");
+        if !avx2 {
+            eprintln!("no AVX2 on this CPU: the vector quantizer is not used and not tested");
+        }
+        avx2
+    }
+
+    /// Every bf16 value in every position of groups whose four blocks are anchored by maxima
+    /// across the whole exponent range, a different one in each block (so the four scales of a
+    /// group differ), both algorithms; then every bf16 value with its group's anchors zero to
+    /// three octaves above it, which the vector path takes unless a value is non-finite or
+    /// subnormal.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_groups_match_the_f32_path_for_every_bf16_in_anchored_blocks() {
+        if !has_avx2() {
+            return;
+        }
+        let anchors: Vec<u16> = (0..=0xFEu16)
+            .step_by(3)
+            .flat_map(|e| [e << 7, (e << 7) | 0x7F, (e << 7) | 0x40])
+            .chain([0x0001, 0x007F, 0x43E0, 0x43E8, 0x43F0, 0x7F7F])
+            .collect();
+        let values: Vec<u16> = (0..=u16::MAX).collect();
+        for alg in ScaleAlg::ALL {
+            for i in 0..anchors.len() {
+                for chunk in values.chunks(GROUP * 30) {
+                    let mut x = [0u16; GROUP_ELEMENTS];
+                    for (b, (xb, part)) in
+                        x.chunks_exact_mut(BLOCK_SIZE).zip(chunk.chunks(30)).enumerate()
+                    {
+                        let anchor = anchors[(i + 37 * b) % anchors.len()];
+                        xb[0] = anchor;
+                        xb[1] = anchor ^ 0x8000;
+                        xb[2..2 + part.len()].copy_from_slice(part);
+                    }
+                    check_group(&x, alg);
+                }
+            }
+            let (mut taken, mut groups) = (0usize, 0usize);
+            for chunk in values.chunks(30) {
+                let top = chunk.iter().map(|b| (b & 0x7FFF) >> 7).max().unwrap_or(0);
+                let mut x = [0u16; GROUP_ELEMENTS];
+                for (b, xb) in x.chunks_exact_mut(BLOCK_SIZE).enumerate() {
+                    let anchor = ((top + b as u16).min(0xFE) << 7) | 0x55;
+                    xb[0] = anchor;
+                    xb[1] = anchor ^ 0x8000;
+                    xb[2..2 + chunk.len()].copy_from_slice(chunk);
+                }
+                taken += usize::from(check_group(&x, alg));
+                groups += 1;
+            }
+            // Only the chunks with a subnormal, a NaN or an infinity (about 2 % of the
+            // patterns) are given back.
+            assert!(taken * 100 > groups * 95, "{alg}: the vector path took {taken} of {groups}");
+        }
+    }
+
+    /// Every bf16 magnitude as the maximum of the first block (the scale rule of both
+    /// algorithms for every finite maximum, and the NaN groups), the other blocks random
+    /// with their own maxima; ordinary data takes the vector path.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_groups_match_the_f32_path_for_every_block_maximum() {
+        if !has_avx2() {
+            return;
+        }
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        for alg in ScaleAlg::ALL {
+            let mut taken = 0usize;
+            for amax in 0..=0x7FFFu16 {
+                let mut x = [0u16; GROUP_ELEMENTS];
+                for (b, xb) in x.chunks_exact_mut(BLOCK_SIZE).enumerate() {
+                    let top = if b == 0 { amax } else { (rng.next() % 0x7F00) as u16 + 0x80 };
+                    for v in xb.iter_mut() {
+                        // Within 2^3 of the maximum, so no scaled value is an E4M3 subnormal.
+                        let r = rng.next();
+                        let m = top.saturating_sub((r % 0x180) as u16).max(top.min(0x80));
+                        *v = m | (((r >> 32) as u16) & 0x8000);
+                    }
+                    xb[(rng.next() % 32) as usize] = top | (amax & 0x8000);
+                }
+                taken += usize::from(check_group(&x, alg));
+            }
+            // The 128 non-finite maxima and the subnormal ones go to the scalar path.
+            assert!(taken >= 0x7F80 - 0x100, "{alg}: the vector path took {taken} groups");
         }
     }
 }

@@ -22,7 +22,7 @@ pub enum ScaleAlg {
 }
 
 /// `1/448` as the nearest f32, the constant the round-up rule multiplies by (in fp32).
-const INV_E4M3_MAX: f32 = 1.0 / 448.0;
+pub(super) const INV_E4M3_MAX: f32 = 1.0 / 448.0;
 
 impl ScaleAlg {
     /// Both algorithms, for exhaustive tests.
