@@ -223,25 +223,7 @@ fn read_recording(path: &Path) -> Result<Recording, CliError> {
 /// `figures` calibrated on `recording` ([`plan::calibrate`]).
 fn fit(figures: ChipFigures, recording: &Recording) -> Result<ChipFigures, CliError> {
     let runs: Vec<&RecordedRun> = recording.runs.iter().collect();
-    plan::calibrate(figures, &runs, recording.cache_bytes).map_err(plan_error)
-}
-
-/// The cache of one core (its L2) as Linux reports it; 1 MiB where it does not.
-fn core_cache_bytes() -> f64 {
-    const FALLBACK: f64 = 1024.0 * 1024.0;
-    let Ok(text) = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size") else {
-        return FALLBACK;
-    };
-    let text = text.trim();
-    let (digits, unit) =
-        text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let scale = match unit {
-        "" => 1.0,
-        "K" => 1024.0,
-        "M" => 1024.0 * 1024.0,
-        _ => return FALLBACK,
-    };
-    digits.parse::<f64>().map(|d| d * scale).unwrap_or(FALLBACK)
+    plan::calibrate(figures, &runs, recording.caches).map_err(plan_error)
 }
 
 /// The median wall time of `f` over a few runs, after a warm-up.
@@ -436,7 +418,7 @@ fn measure_runs(
             rounds.max(1)
         ),
         launch_s: 0.0,
-        cache_bytes: core_cache_bytes(),
+        caches: plan::chips::host_caches().map_err(plan_error)?,
         runs,
     })
 }

@@ -5,10 +5,12 @@
 //! layer's shapes runs at 21–29 GFLOP/s against 37 for a square bf16 GEMM, each kind of vector
 //! kernel moves bytes at its own rate, and an op whose bytes fit in a core's cache moves them
 //! faster than one that streams from memory (the short conv: 2.3 GB/s at 16 tokens, 1.1 GB/s
-//! from 128). So each op kind (its label) gets its own cost,
-//! `overhead + bytes · s_per_byte + flops · s_per_flop + (bytes − cache)⁺ · s_per_spilled_byte`,
-//! fitted with non-negative coefficients by least squares on the *relative* error, so that a
-//! 50 µs gate weighs as much as a 300 ms GEMM.
+//! from 128), and again once they are past the shared last-level cache (the decode conv state:
+//! 1.4 GB/s at 128 requests, 10 MB of state, 0.4 GB/s at 1024, 85 MB). So each op kind (its
+//! label) gets its own cost,
+//! `overhead + bytes · s_per_byte + flops · s_per_flop + (bytes − L2)⁺ · s_per_spilled_byte
+//! + (bytes − L3)⁺ · s_per_l3_spilled_byte`, fitted with non-negative coefficients by least
+//! squares on the *relative* error, so that a 50 µs gate weighs as much as a 300 ms GEMM.
 
 use std::collections::BTreeMap;
 
@@ -27,19 +29,33 @@ pub struct KindCost {
     pub s_per_byte: f64,
     /// Seconds per floating-point operation.
     pub s_per_flop: f64,
-    /// Extra seconds per byte beyond the cache ([`Calibration::cache_bytes`]).
+    /// Extra seconds per byte beyond a core's cache ([`CacheSizes::l2_bytes`]).
     #[serde(default)]
     pub s_per_spilled_byte: f64,
+    /// Extra seconds per byte beyond the last-level cache ([`CacheSizes::l3_bytes`]), on top of
+    /// [`Self::s_per_spilled_byte`].
+    #[serde(default)]
+    pub s_per_l3_spilled_byte: f64,
+}
+
+/// The host's cache levels an op's bytes are measured against, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheSizes {
+    /// The cache of one core (its L2).
+    pub l2_bytes: f64,
+    /// The last-level cache (L3), shared by the cores.
+    pub l3_bytes: f64,
 }
 
 impl KindCost {
-    /// The time of an op doing `work` on a core with `cache_bytes` of cache.
-    pub fn time(&self, work: OpWork, cache_bytes: f64) -> f64 {
-        let [one, bytes, flops, spilled] = features(work, cache_bytes);
+    /// The time of an op doing `work` on a host with `caches`.
+    pub fn time(&self, work: OpWork, caches: CacheSizes) -> f64 {
+        let [one, bytes, flops, spilled, l3_spilled] = features(work, caches);
         self.overhead_s * one
             + bytes * self.s_per_byte
             + flops * self.s_per_flop
             + spilled * self.s_per_spilled_byte
+            + l3_spilled * self.s_per_l3_spilled_byte
     }
 }
 
@@ -55,15 +71,15 @@ pub struct Sample {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
     pub kinds: BTreeMap<String, KindCost>,
-    /// The cache of one core, bytes: what an op can touch without streaming from memory.
-    pub cache_bytes: f64,
+    /// The caches an op's bytes spill past.
+    pub caches: CacheSizes,
 }
 
 impl Calibration {
-    /// Fits each kind of `samples` on its own, on a core with `cache_bytes` of cache. Every
+    /// Fits each kind of `samples` on its own, on a host with `caches`. Every
     /// sample needs a positive, finite time; a kind whose work never varies gets a pure
     /// per-call cost.
-    pub fn fit(samples: &[Sample], cache_bytes: f64) -> Result<Self, PlanError> {
+    pub fn fit(samples: &[Sample], caches: CacheSizes) -> Result<Self, PlanError> {
         let mut by_kind: BTreeMap<&str, Vec<&Sample>> = BTreeMap::new();
         for s in samples {
             if !(s.seconds.is_finite() && s.seconds > 0.0) {
@@ -72,51 +88,58 @@ impl Calibration {
             by_kind.entry(&s.kind).or_default().push(s);
         }
         let kinds =
-            by_kind.into_iter().map(|(k, s)| (k.to_string(), fit_kind(&s, cache_bytes))).collect();
-        Ok(Calibration { kinds, cache_bytes })
+            by_kind.into_iter().map(|(k, s)| (k.to_string(), fit_kind(&s, caches))).collect();
+        Ok(Calibration { kinds, caches })
     }
 
     /// The fitted time of an op of `kind`, or `None` for a kind never measured.
     pub fn time(&self, kind: &str, work: OpWork) -> Option<f64> {
-        self.kinds.get(kind).map(|c| c.time(work, self.cache_bytes))
+        self.kinds.get(kind).map(|c| c.time(work, self.caches))
     }
 }
 
-/// The columns a kind's cost can use: per call, per byte, per FLOP, per byte beyond the cache.
-const COLUMNS: usize = 4;
+/// The columns a kind's cost can use: per call, per byte, per FLOP, per byte beyond L2, per
+/// byte beyond L3.
+const COLUMNS: usize = 5;
 
-fn features(work: OpWork, cache_bytes: f64) -> [f64; COLUMNS] {
-    [1.0, work.bytes, work.flops, (work.bytes - cache_bytes).max(0.0)]
+fn features(work: OpWork, caches: CacheSizes) -> [f64; COLUMNS] {
+    [
+        1.0,
+        work.bytes,
+        work.flops,
+        (work.bytes - caches.l2_bytes).max(0.0),
+        (work.bytes - caches.l3_bytes).max(0.0),
+    ]
 }
 
-/// Non-negative weighted least squares over the 4 columns: every subset of the columns is
+/// Non-negative weighted least squares over the 5 columns: every subset of the columns is
 /// solved by its normal equations, and the feasible (all coefficients ≥ 0) solution with the
-/// smallest relative squared error wins. Fifteen 4×4-or-smaller systems: exact, no iteration.
-fn fit_kind(samples: &[&Sample], cache_bytes: f64) -> KindCost {
+/// smallest relative squared error wins. 31 systems of 5×5 or smaller: exact, no iteration.
+fn fit_kind(samples: &[&Sample], caches: CacheSizes) -> KindCost {
     let mut best: Option<(f64, [f64; COLUMNS])> = None;
     for mask in 1u32..(1 << COLUMNS) {
         let cols: Vec<usize> = (0..COLUMNS).filter(|c| mask & (1 << c) != 0).collect();
-        let Some(coef) = solve_subset(samples, &cols, cache_bytes) else { continue };
+        let Some(coef) = solve_subset(samples, &cols, caches) else { continue };
         if coef.iter().any(|c| *c < 0.0 || !c.is_finite()) {
             continue;
         }
-        let err = relative_sse(samples, &coef, cache_bytes);
+        let err = relative_sse(samples, &coef, caches);
         if best.is_none_or(|(e, _)| err < e) {
             best = Some((err, coef));
         }
     }
     // The per-call column alone always has a solution (the mean of 1/y over the mean of
     // 1/y²), so `best` is set whenever there is a sample.
-    let [overhead_s, s_per_byte, s_per_flop, s_per_spilled_byte] =
+    let [overhead_s, s_per_byte, s_per_flop, s_per_spilled_byte, s_per_l3_spilled_byte] =
         best.map(|(_, c)| c).unwrap_or_default();
-    KindCost { overhead_s, s_per_byte, s_per_flop, s_per_spilled_byte }
+    KindCost { overhead_s, s_per_byte, s_per_flop, s_per_spilled_byte, s_per_l3_spilled_byte }
 }
 
-fn relative_sse(samples: &[&Sample], coef: &[f64; COLUMNS], cache_bytes: f64) -> f64 {
+fn relative_sse(samples: &[&Sample], coef: &[f64; COLUMNS], caches: CacheSizes) -> f64 {
     samples
         .iter()
         .map(|s| {
-            let f = features(s.work, cache_bytes);
+            let f = features(s.work, caches);
             let predicted: f64 = (0..COLUMNS).map(|c| coef[c] * f[c]).sum();
             ((predicted - s.seconds) / s.seconds).powi(2)
         })
@@ -125,11 +148,11 @@ fn relative_sse(samples: &[&Sample], coef: &[f64; COLUMNS], cache_bytes: f64) ->
 
 /// Minimises Σ ((Σ_c coef_c · f_c) / y − 1)² over the columns `cols` (others zero); `None` when
 /// the system is singular (a column that never varies independently of the others).
-fn solve_subset(samples: &[&Sample], cols: &[usize], cache_bytes: f64) -> Option<[f64; COLUMNS]> {
+fn solve_subset(samples: &[&Sample], cols: &[usize], caches: CacheSizes) -> Option<[f64; COLUMNS]> {
     let n = cols.len();
     let mut a = [[0.0f64; COLUMNS + 1]; COLUMNS];
     for s in samples {
-        let f = features(s.work, cache_bytes);
+        let f = features(s.work, caches);
         let row: Vec<f64> = cols.iter().map(|&c| f[c] / s.seconds).collect();
         for i in 0..n {
             for j in 0..n {
@@ -181,7 +204,7 @@ fn solve_subset(samples: &[&Sample], cols: &[usize], cache_bytes: f64) -> Option
 pub fn calibrate(
     base: ChipFigures,
     runs: &[&RecordedRun],
-    cache_bytes: f64,
+    caches: CacheSizes,
 ) -> Result<ChipFigures, PlanError> {
     let single: Vec<&&RecordedRun> = runs.iter().filter(|r| r.streams() == 1).collect();
     let samples: Vec<Sample> = if single.is_empty() {
@@ -189,7 +212,7 @@ pub fn calibrate(
     } else {
         single.iter().flat_map(|r| r.samples()).collect()
     };
-    let calibrated = base.calibrated(Calibration::fit(&samples, cache_bytes)?);
+    let calibrated = base.calibrated(Calibration::fit(&samples, caches)?);
     let logs: Vec<_> = runs.iter().map(|r| (r.log(), r.measured_s(), r.waits())).collect();
     let predict = |figures: &ChipFigures| -> Result<Vec<f64>, PlanError> {
         logs.iter()

@@ -3,8 +3,8 @@
 
 use std::fmt;
 
-use super::calibrate::Calibration;
-use super::{CostUnit, OpWork, op_time};
+use super::calibrate::{CacheSizes, Calibration};
+use super::{CostUnit, OpWork, PlanError, op_time};
 use crate::sanitize::Entry;
 
 /// Where a figure comes from.
@@ -258,5 +258,66 @@ impl ChipFigures {
             ),
             ("wait s", format!("{:.1e}", self.wait_s.value), &self.wait_s.provenance),
         ]
+    }
+}
+
+/// Where Linux describes the caches of the first core: one `index*` folder per cache, each with
+/// its `level`, `type` and `size`.
+const CPU0_CACHES: &str = "/sys/devices/system/cpu/cpu0/cache";
+
+/// This host's L2 (one core's) and L3 (shared) data-cache sizes, as Linux reports them; the
+/// recorder stores them with its measurements so that a recording is fitted against the caches
+/// it was measured on (docs/design/planner.md#calibration).
+pub fn host_caches() -> Result<CacheSizes, PlanError> {
+    Ok(CacheSizes { l2_bytes: cache_size(2)?, l3_bytes: cache_size(3)? })
+}
+
+/// The size of the data (or unified) cache of `level` of the first core.
+fn cache_size(level: u32) -> Result<f64, PlanError> {
+    let fail = |reason: String| PlanError::NoCacheSize {
+        level,
+        path: format!("{CPU0_CACHES}/index*/size"),
+        reason,
+    };
+    let entries = std::fs::read_dir(CPU0_CACHES).map_err(|e| fail(e.to_string()))?;
+    let read = |dir: &std::path::Path, name: &str| {
+        std::fs::read_to_string(dir.join(name)).map(|t| t.trim().to_string())
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let is_level = read(&dir, "level").is_ok_and(|l| l == level.to_string());
+        let is_data = read(&dir, "type").is_ok_and(|t| t != "Instruction");
+        if is_level && is_data {
+            let text = read(&dir, "size").map_err(|e| fail(e.to_string()))?;
+            return parse_cache_size(&text).ok_or_else(|| fail(format!("unreadable size {text:?}")));
+        }
+    }
+    Err(fail("no such cache level".to_string()))
+}
+
+/// A sysfs cache size (`1024K`, `32M`, `512`) in bytes.
+fn parse_cache_size(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let scale = match unit {
+        "" => 1.0,
+        "K" => 1024.0,
+        "M" => 1024.0 * 1024.0,
+        _ => return None,
+    };
+    digits.parse::<f64>().ok().map(|d| d * scale)
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::parse_cache_size;
+
+    #[test]
+    fn sysfs_cache_sizes_parse_to_bytes() {
+        assert_eq!(parse_cache_size("1024K"), Some(1_048_576.0));
+        assert_eq!(parse_cache_size("32M"), Some(33_554_432.0));
+        assert_eq!(parse_cache_size("512"), Some(512.0));
+        assert_eq!(parse_cache_size("2G"), None);
+        assert_eq!(parse_cache_size("K"), None);
     }
 }

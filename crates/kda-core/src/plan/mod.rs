@@ -22,7 +22,7 @@ use crate::resource::{ComputeUnit, EventId, StreamId};
 use crate::sanitize::Entry;
 use crate::timeline::{Span, Timeline};
 
-pub use calibrate::{Calibration, KindCost, Sample, calibrate};
+pub use calibrate::{CacheSizes, Calibration, KindCost, Sample, calibrate};
 pub use chips::{ChipFigures, Figure, Provenance};
 pub use recording::{RecordedRun, Recording, Step};
 
@@ -84,6 +84,9 @@ pub enum PlanError {
     /// A measured op time that cannot be fitted.
     #[error("a measured `{kind}` op took {seconds} s; expected a positive, finite time")]
     BadSample { kind: String, seconds: f64 },
+    /// The host's cache sizes could not be read from the OS.
+    #[error("the host's L{level} cache size: {reason}; expected a size in {path}")]
+    NoCacheSize { level: u32, path: String, reason: String },
 }
 
 /// The bytes a launch reads and writes, from its recorded accesses.

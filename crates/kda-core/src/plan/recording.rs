@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::calibrate::Sample;
+use super::calibrate::{CacheSizes, Sample};
 use super::{CostUnit, OpWork};
 use crate::resource::{EventId, InstanceId, StreamId};
 use crate::sanitize::Entry;
@@ -55,8 +55,8 @@ pub struct Recording {
     pub about: String,
     /// The measured host cost of one launch, seconds.
     pub launch_s: f64,
-    /// The cache of one core of the host, bytes (its L2, as the OS reports it).
-    pub cache_bytes: f64,
+    /// The host's caches, as the OS reported them when it recorded ([`super::chips::host_caches`]).
+    pub caches: CacheSizes,
     pub runs: Vec<RecordedRun>,
 }
 

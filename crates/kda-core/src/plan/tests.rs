@@ -230,7 +230,7 @@ fn extrapolation_is_exact_for_affine_work() {
     ));
 }
 
-const CACHE: f64 = 1e6;
+const CACHE: CacheSizes = CacheSizes { l2_bytes: 1e6, l3_bytes: 32e6 };
 
 fn sample(kind: &str, flops: f64, bytes: f64, cost: KindCost) -> Sample {
     let work = OpWork { flops, bytes, mx: false };
@@ -244,12 +244,22 @@ fn the_fit_recovers_each_kinds_costs() {
         s_per_byte: 1e-10,
         s_per_flop: 4e-11,
         s_per_spilled_byte: 0.0,
+        s_per_l3_spilled_byte: 0.0,
     };
     let norm = KindCost {
         overhead_s: 5e-6,
         s_per_byte: 1e-10,
         s_per_flop: 0.0,
         s_per_spilled_byte: 5e-10,
+        s_per_l3_spilled_byte: 0.0,
+    };
+    // A state update whose bytes outgrow both caches (the decode conv state).
+    let state = KindCost {
+        overhead_s: 1e-6,
+        s_per_byte: 2e-10,
+        s_per_flop: 0.0,
+        s_per_spilled_byte: 3e-10,
+        s_per_l3_spilled_byte: 1.5e-9,
     };
     let mut samples = Vec::new();
     // Shapes on both sides of the cache, so that no column is a combination of the others.
@@ -265,14 +275,18 @@ fn the_fit_recovers_each_kinds_costs() {
     for t in [4.0, 16.0, 128.0, 1024.0] {
         samples.push(sample("norm", 0.0, 8.0 * 4096.0 * t, norm));
     }
+    for requests in [2.0, 16.0, 128.0, 1024.0, 4096.0] {
+        samples.push(sample("state", 0.0, 83e3 * requests, state));
+    }
     let fit = Calibration::fit(&samples, CACHE).unwrap();
-    for (kind, want) in [("gemm", gemm), ("norm", norm)] {
+    for (kind, want) in [("gemm", gemm), ("norm", norm), ("state", state)] {
         let got = fit.kinds[kind];
         for (g, w) in [
             (got.overhead_s, want.overhead_s),
             (got.s_per_byte, want.s_per_byte),
             (got.s_per_flop, want.s_per_flop),
             (got.s_per_spilled_byte, want.s_per_spilled_byte),
+            (got.s_per_l3_spilled_byte, want.s_per_l3_spilled_byte),
         ] {
             assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-15), "{kind}: {got:?} != {want:?}");
         }
@@ -302,7 +316,7 @@ fn a_calibrated_kind_overrides_the_roofline_and_others_keep_it() {
     let mut kinds = std::collections::BTreeMap::new();
     kinds.insert("gemm".to_string(), KindCost { overhead_s: 1.0, ..KindCost::default() });
     let chip =
-        ChipFigures::host(1e9, 1e9, 1e9, 0.0).calibrated(Calibration { kinds, cache_bytes: 0.0 });
+        ChipFigures::host(1e9, 1e9, 1e9, 0.0).calibrated(Calibration { kinds, caches: CacheSizes::default() });
     let work = OpWork { flops: 2e9, bytes: 0.0, mx: false };
     assert_eq!(chip.op_seconds("gemm", CostUnit::Matrix, work), 1.0);
     assert_eq!(chip.op_seconds("other", CostUnit::Matrix, work), 2.0);
