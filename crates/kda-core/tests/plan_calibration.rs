@@ -1,24 +1,96 @@
 //! The planner calibrated on recorded host measurements (docs/design/planner.md#calibration).
 //!
-//! `data/plan_host_prefill.json` was written once by
-//! `kda plan --calibrate --tokens 16,128,1024 --rounds 5 --record …` (run at `nice -n -10`) on the
-//! development VM, 2 vCPUs shared with other builds: the
-//! whole Kimi K3 TP8 rank-0 layer in the six configurations, each op's median time and each
-//! round's wall time. Nothing here measures anything: the assertions are on those numbers.
+//! `data/plan_host_prefill.json` and `data/plan_host_decode.json` were each written once by
+//! `kda plan --calibrate --shape prefill|decode --tokens 16,128,1024 --rounds 5 --record …`
+//! (run at `nice -n -10`) on the development VM, 2 vCPUs shared with other builds: the whole
+//! Kimi K3 TP8 rank-0 layer in the six configurations, each op's median time, each round's wall
+//! time and the host's cache sizes as the recorder read them. Nothing here measures anything:
+//! the assertions are on those numbers. Each recording is held to the same checks, in a module
+//! of its own.
 #![allow(clippy::expect_used, reason = "test setup")]
 
 use kda_core::plan::{self, ChipFigures, RecordedRun, Recording};
 
-const RECORDED: &str = include_str!("data/plan_host_prefill.json");
+/// One chunked prefill of T tokens.
+mod prefill {
+    const RECORDED: &str = include_str!("data/plan_host_prefill.json");
+    /// The whole layer, not only its projections.
+    const KINDS: [&str; 5] = ["qkv_matmul", "causal_conv", "kda_chunk", "gated_rms_norm", "o_proj"];
 
-fn recording() -> Recording {
-    serde_json::from_str(RECORDED).expect("the checked-in recording parses")
+    #[test]
+    fn the_recording_covers_six_configurations_at_three_token_counts() {
+        super::covers_six_configurations_at_three_token_counts(&super::parse(RECORDED), &KINDS);
+    }
+
+    #[test]
+    fn calibrated_model_predicts_each_recorded_op_within_25_percent() {
+        super::predicts_each_recorded_op_within_25_percent(&super::parse(RECORDED));
+    }
+
+    #[test]
+    fn calibrated_model_predicts_each_configuration_within_25_percent() {
+        super::predicts_each_configuration_within_25_percent(&super::parse(RECORDED));
+    }
+
+    #[test]
+    fn calibrated_model_ranks_the_configurations_as_measured() {
+        super::ranks_the_configurations_as_measured(&super::parse(RECORDED));
+    }
+
+    #[test]
+    fn calibration_carries_to_a_token_count_it_was_not_fitted_on() {
+        super::carries_to_a_token_count_it_was_not_fitted_on(&super::parse(RECORDED));
+    }
+}
+
+/// T single-token requests, one recurrent step each.
+mod decode {
+    const RECORDED: &str = include_str!("data/plan_host_decode.json");
+    /// The whole decode step: the conv-state update and the recurrent KDA replace the prefill's
+    /// conv and chunk kernel.
+    const KINDS: [&str; 6] = [
+        "qkv_matmul",
+        "causal_conv_update",
+        "kda_gate",
+        "kda_recurrent",
+        "gated_rms_norm",
+        "o_proj",
+    ];
+
+    #[test]
+    fn the_recording_covers_six_configurations_at_three_token_counts() {
+        super::covers_six_configurations_at_three_token_counts(&super::parse(RECORDED), &KINDS);
+    }
+
+    #[test]
+    fn calibrated_model_predicts_each_recorded_op_within_25_percent() {
+        super::predicts_each_recorded_op_within_25_percent(&super::parse(RECORDED));
+    }
+
+    #[test]
+    fn calibrated_model_predicts_each_configuration_within_25_percent() {
+        super::predicts_each_configuration_within_25_percent(&super::parse(RECORDED));
+    }
+
+    #[test]
+    fn calibrated_model_ranks_the_configurations_as_measured() {
+        super::ranks_the_configurations_as_measured(&super::parse(RECORDED));
+    }
+
+    #[test]
+    fn calibration_carries_to_a_token_count_it_was_not_fitted_on() {
+        super::carries_to_a_token_count_it_was_not_fitted_on(&super::parse(RECORDED));
+    }
+}
+
+fn parse(recorded: &str) -> Recording {
+    serde_json::from_str(recorded).expect("the checked-in recording parses")
 }
 
 /// The host's roofline figures do not matter once every recorded kind is calibrated; they are
 /// set absurdly low so that a kind the calibration missed would show as a gross error.
 fn calibrated(runs: &[&RecordedRun], rec: &Recording) -> ChipFigures {
-    plan::calibrate(ChipFigures::host(1.0, 1.0, 1.0, rec.launch_s), runs, rec.cache_bytes)
+    plan::calibrate(ChipFigures::host(1.0, 1.0, 1.0, rec.launch_s), runs, rec.caches)
         .expect("recorded times are positive")
 }
 
@@ -31,24 +103,16 @@ fn predicted(figures: &ChipFigures, run: &RecordedRun) -> plan::Simulation {
 /// upload takes 1–5 µs in a forward of 50 ms and more); it still counts in the makespan.
 const SIGNIFICANT: f64 = 0.005;
 
-#[test]
-fn the_recording_covers_six_configurations_at_three_token_counts() {
-    let rec = recording();
+fn covers_six_configurations_at_three_token_counts(rec: &Recording, kinds: &[&str]) {
     let mut tokens: Vec<usize> = rec.runs.iter().map(|r| r.tokens).collect();
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens, [16, 128, 1024]);
     assert_eq!(rec.runs.len(), 18);
     for run in &rec.runs {
-        let kinds: Vec<String> = run.samples().into_iter().map(|s| s.kind).collect();
-        // The whole layer, not only its projections.
-        for kind in ["qkv_matmul", "causal_conv", "kda_chunk", "gated_rms_norm", "o_proj"] {
-            assert!(
-                kinds.iter().any(|k| k == kind),
-                "{} at T={}: no {kind}",
-                run.config,
-                run.tokens
-            );
+        let ran: Vec<String> = run.samples().into_iter().map(|s| s.kind).collect();
+        for kind in kinds {
+            assert!(ran.iter().any(|k| k == kind), "{} at T={}: no {kind}", run.config, run.tokens);
         }
     }
 }
@@ -59,11 +123,9 @@ fn the_recording_covers_six_configurations_at_three_token_counts() {
 /// 6.2 ms in the other at T = 16, so one run's median alone is not the op's time). In an
 /// overlapped run an op's wall time also holds the other stream's op sharing its core; those
 /// runs are held to their makespans below.
-#[test]
-fn calibrated_model_predicts_each_recorded_op_within_25_percent() {
-    let rec = recording();
+fn predicts_each_recorded_op_within_25_percent(rec: &Recording) {
     let runs: Vec<&RecordedRun> = rec.runs.iter().collect();
-    let figures = calibrated(&runs, &rec);
+    let figures = calibrated(&runs, rec);
     // (kind, flops, bytes, tokens) -> measured medians, and the forward's time.
     let mut ops: Vec<(plan::Sample, usize, Vec<f64>, f64)> = Vec::new();
     for run in rec.runs.iter().filter(|r| r.streams() == 1) {
@@ -109,11 +171,9 @@ fn calibrated_model_predicts_each_recorded_op_within_25_percent() {
     assert!(checked >= 18, "only {checked} significant ops");
 }
 
-#[test]
-fn calibrated_model_predicts_each_configuration_within_25_percent() {
-    let rec = recording();
+fn predicts_each_configuration_within_25_percent(rec: &Recording) {
     let runs: Vec<&RecordedRun> = rec.runs.iter().collect();
-    let figures = calibrated(&runs, &rec);
+    let figures = calibrated(&runs, rec);
     for run in &rec.runs {
         let (p, m) = (predicted(&figures, run).makespan, run.measured_s());
         assert!(
@@ -140,11 +200,9 @@ fn quantile(values: &[f64], q: f64) -> f64 {
 /// rounds below the lower quartile of the other's) is ordered the same way by the prediction;
 /// pairs whose interquartile ranges overlap are ties of the measurement, with no order to get
 /// right.
-#[test]
-fn calibrated_model_ranks_the_configurations_as_measured() {
-    let rec = recording();
+fn ranks_the_configurations_as_measured(rec: &Recording) {
     let runs: Vec<&RecordedRun> = rec.runs.iter().collect();
-    let figures = calibrated(&runs, &rec);
+    let figures = calibrated(&runs, rec);
     let (mut ordered, mut misses) = (0, Vec::new());
     for t in [16, 128, 1024] {
         let at: Vec<&RecordedRun> = rec.runs.iter().filter(|r| r.tokens == t).collect();
@@ -178,11 +236,9 @@ fn calibrated_model_ranks_the_configurations_as_measured() {
 }
 
 /// Fitted on T = 16 and 1024 only, the model still predicts the T = 128 forwards.
-#[test]
-fn calibration_carries_to_a_token_count_it_was_not_fitted_on() {
-    let rec = recording();
+fn carries_to_a_token_count_it_was_not_fitted_on(rec: &Recording) {
     let fit_on: Vec<&RecordedRun> = rec.runs.iter().filter(|r| r.tokens != 128).collect();
-    let figures = calibrated(&fit_on, &rec);
+    let figures = calibrated(&fit_on, rec);
     for run in rec.runs.iter().filter(|r| r.tokens == 128) {
         let (p, m) = (predicted(&figures, run).makespan, run.measured_s());
         assert!(

@@ -289,7 +289,8 @@ fn cache_size(level: u32) -> Result<f64, PlanError> {
         let is_data = read(&dir, "type").is_ok_and(|t| t != "Instruction");
         if is_level && is_data {
             let text = read(&dir, "size").map_err(|e| fail(e.to_string()))?;
-            return parse_cache_size(&text).ok_or_else(|| fail(format!("unreadable size {text:?}")));
+            return parse_cache_size(&text)
+                .ok_or_else(|| fail(format!("unreadable size {text:?}")));
         }
     }
     Err(fail("no such cache level".to_string()))

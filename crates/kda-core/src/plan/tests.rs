@@ -315,8 +315,8 @@ fn the_fit_keeps_every_cost_non_negative() {
 fn a_calibrated_kind_overrides_the_roofline_and_others_keep_it() {
     let mut kinds = std::collections::BTreeMap::new();
     kinds.insert("gemm".to_string(), KindCost { overhead_s: 1.0, ..KindCost::default() });
-    let chip =
-        ChipFigures::host(1e9, 1e9, 1e9, 0.0).calibrated(Calibration { kinds, caches: CacheSizes::default() });
+    let chip = ChipFigures::host(1e9, 1e9, 1e9, 0.0)
+        .calibrated(Calibration { kinds, caches: CacheSizes::default() });
     let work = OpWork { flops: 2e9, bytes: 0.0, mx: false };
     assert_eq!(chip.op_seconds("gemm", CostUnit::Matrix, work), 1.0);
     assert_eq!(chip.op_seconds("other", CostUnit::Matrix, work), 2.0);
