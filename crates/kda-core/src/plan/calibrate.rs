@@ -7,10 +7,10 @@
 //! faster than one that streams from memory (the short conv: 2.3 GB/s at 16 tokens, 1.1 GB/s
 //! from 128), and again once they are past the shared last-level cache (the decode conv state:
 //! 1.4 GB/s at 128 requests, 10 MB of state, 0.4 GB/s at 1024, 85 MB). So each op kind (its
-//! label) gets its own cost,
-//! `overhead + bytes · s_per_byte + flops · s_per_flop + (bytes − L2)⁺ · s_per_spilled_byte
-//! + (bytes − L3)⁺ · s_per_l3_spilled_byte`, fitted with non-negative coefficients by least
-//! squares on the *relative* error, so that a 50 µs gate weighs as much as a 300 ms GEMM.
+//! label) gets its own cost, `overhead + bytes · s_per_byte + flops · s_per_flop`
+//! `+ (bytes − L2)⁺ · s_per_spilled_byte + (bytes − L3)⁺ · s_per_l3_spilled_byte`, fitted with
+//! non-negative coefficients by least squares on the *relative* error, so that a 50 µs gate
+//! weighs as much as a 300 ms GEMM.
 
 use std::collections::BTreeMap;
 
