@@ -92,6 +92,10 @@ struct Emu {
     /// Events recorded in the open capture: they cannot be queried or synchronized until it
     /// ends (`ACL_ERROR_RT_EVENT_CAPTURED`).
     captured_events: HashSet<usize>,
+    /// Streams in the open capture: its origin and every stream that waited on an event
+    /// recorded inside it (`aclmdlRICaptureGetInfo` reports them active; none may be
+    /// synchronized).
+    captured_streams: HashSet<usize>,
     /// `ACL_STOP_ON_FAILURE` was set on a stream: it holds for every stream of the context.
     stop_on_failure: bool,
     /// Streams stopped by a failed task under stop-on-failure: the failure's code and text. They
@@ -138,6 +142,7 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         functions: HashMap::new(),
         capture: None,
         captured_events: HashSet::new(),
+        captured_streams: HashSet::new(),
         stop_on_failure: false,
         aborted: HashMap::new(),
         next: 0x1000,
@@ -417,6 +422,7 @@ fn table_for(soc: &CString) -> kda_ascend_sys::Api {
         aclmdlRICaptureEnd: Some(rt::aclmdlRICaptureEnd),
         aclmdlRIExecuteAsync: Some(rt::aclmdlRIExecuteAsync),
         aclmdlRIDestroy: Some(rt::aclmdlRIDestroy),
+        aclmdlRICaptureGetInfo: Some(rt::aclmdlRICaptureGetInfo),
         aclrtBinaryLoadFromFile: Some(kernel::aclrtBinaryLoadFromFile),
         aclrtBinaryUnLoad: Some(kernel::aclrtBinaryUnLoad),
         aclrtBinaryGetFunction: Some(kernel::aclrtBinaryGetFunction),

@@ -3,6 +3,7 @@
 mod acl;
 mod capture;
 mod descriptor;
+mod engine;
 mod host;
 mod kernel;
 mod memory;
@@ -47,6 +48,8 @@ struct Inner {
     kernels: kernel::Kernels,
     /// What `launch_graph` built for each graph (its ACL model), by graph id.
     graphs: capture::GraphCache,
+    /// Engines' streams imported into this instance (`engine`).
+    imported: engine::Imported,
     next_stream: AtomicU64,
     next_event: AtomicU64,
     next_buffer: AtomicU64,
@@ -64,6 +67,11 @@ pub(crate) struct StreamInner {
     id: StreamId,
     raw: RawStream,
     state: Mutex<StreamState>,
+    /// An engine's stream (`import_stream`): kda never synchronizes it on its own.
+    imported: bool,
+    /// What queued work holds on an engine's stream, or on any stream under an engine's
+    /// capture: released in stream order, or pinned (`engine`).
+    retention: Mutex<engine::StreamRetention>,
 }
 
 #[derive(Debug, Default)]
@@ -86,17 +94,39 @@ impl StreamInner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn new(id: StreamId, raw: RawStream, imported: bool) -> Self {
+        StreamInner {
+            id,
+            raw,
+            state: Mutex::default(),
+            imported,
+            retention: Mutex::default(),
+        }
+    }
+
+    /// Keep `item` until the stream has run the work queued so far: until the next synchronize
+    /// on kda's own streams; in stream order on an engine's stream; for the stream's life under
+    /// a capture (the engine's model may replay the work at any time).
     pub(crate) fn keep(&self, item: impl Any + Send) {
-        self.state().in_flight.push(Box::new(item));
+        let capture = self.capture();
+        if self.imported || !capture.allows_release() {
+            self.retention().hold(Box::new(item), capture);
+        } else {
+            self.state().in_flight.push(Box::new(item));
+        }
     }
 }
 
 impl Drop for StreamInner {
     /// CANN requires a stream's tasks to be done before `aclrtDestroyStream`, and queued host
     /// functions point into `in_flight`: drain the stream first (its error, if any, has no one
-    /// left to report to).
+    /// left to report to). A stream being captured is not synchronized (the runtime refuses
+    /// it); what its captured work holds stays pinned until here.
     fn drop(&mut self) {
-        // SAFETY: a live stream, destroyed right after by `RawStream`'s drop.
+        if !self.capture().allows_release() {
+            return;
+        }
+        // SAFETY: a live stream (an engine's stays alive as long as kda's handles, its contract).
         let _ = unsafe { crate::sys::aclrtSynchronizeStream(self.raw.get()) };
     }
 }
@@ -187,6 +217,7 @@ impl AscendBackend {
             pool: Arc::default(),
             kernels,
             graphs: capture::GraphCache::default(),
+            imported: engine::Imported::default(),
             next_stream: AtomicU64::new(0),
             next_event: AtomicU64::new(0),
             next_buffer: AtomicU64::new(0),
@@ -238,6 +269,14 @@ impl AscendBackend {
     fn next(counter: &AtomicU64) -> u64 {
         counter.fetch_add(1, Ordering::Relaxed)
     }
+
+    /// On an engine's stream outside a capture: release what the work it has passed held.
+    fn release_on(&self, stream: &AscendStream) -> Result<()> {
+        if stream.inner.imported && stream.inner.capture().allows_release() {
+            stream.inner.release_passed()?;
+        }
+        Ok(())
+    }
 }
 
 impl Resources for AscendBackend {
@@ -284,7 +323,7 @@ impl Backend for AscendBackend {
         self.enter()?;
         let inner = &self.inner;
         let id = StreamId { instance: inner.instance, index: Self::next(&inner.next_stream) };
-        let stream = StreamInner { id, raw: RawStream::create()?, state: Mutex::default() };
+        let stream = StreamInner::new(id, RawStream::create()?, false);
         Ok(AscendStream { inner: Arc::new(stream) })
     }
 
@@ -303,6 +342,7 @@ impl Backend for AscendBackend {
 
     fn record(&self, event: &AscendEvent, stream: &AscendStream) -> Result<()> {
         self.enter()?;
+        self.release_on(stream)?;
         *event.inner.recorded_on.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(Arc::downgrade(&stream.inner));
         // The stream keeps the event alive once recorded (CANN: no destroy with tasks pending).
@@ -329,6 +369,8 @@ impl Backend for AscendBackend {
         self.enter()?;
         let inner = &self.inner;
         let id = BufferId { instance: inner.instance, index: Self::next(&inner.next_buffer) };
+        // No reuse event is queried while an engine captures one of its streams.
+        let _open = self.engine_capturing().then(|| inner.pool.capture_open());
         let (buffer, reuses) = inner.pool.alloc(id, bytes)?;
         Ok(Allocation { buffer, reuses })
     }
@@ -353,8 +395,19 @@ impl Backend for AscendBackend {
         Ok(inner.pool.import(id, ptr as usize, len, owner))
     }
 
+    unsafe fn import_stream(&self, handle: usize) -> Result<AscendStream> {
+        // SAFETY: the caller's contract (`kda_core::Device::import_stream`).
+        unsafe { self.import_engine_stream(handle) }
+    }
+
     fn free(&self, stream: &AscendStream, buffer: AscendBuffer) -> Result<()> {
         self.enter()?;
+        if !stream.inner.capture().allows_release() {
+            // Under a capture the engine's model may use the block at every replay: pinned.
+            stream.inner.keep(buffer);
+            return Ok(());
+        }
+        self.release_on(stream)?;
         host::submit(stream, Held::Free(buffer))
     }
 
@@ -362,7 +415,19 @@ impl Backend for AscendBackend {
         self.enter()?;
         let (op, dims) = op.into_parts();
         let _span = tracing::trace_span!("ascend", op = label, stream = %stream.id()).entered();
-        let steps = ops::prepare(self, stream, &op, dims, false)?;
+        let capture = stream.inner.capture();
+        let captured = !capture.allows_release();
+        if captured && matches!(op, kda_core::Op::Host { .. } | kda_core::Op::Download { .. }) {
+            return Err(engine::refused(
+                "a download or host function inside an engine's capture (its model would \
+                 replay it without kda)",
+            ));
+        }
+        self.release_on(stream)?;
+        // Under a capture: executors repeatable (the model replays them), no reuse event
+        // queried by the allocator.
+        let _open = captured.then(|| self.inner.pool.capture_open());
+        let steps = ops::prepare(self, stream, &op, dims, captured)?;
         {
             let mut state = stream.inner.state();
             for step in &steps {
@@ -370,9 +435,9 @@ impl Backend for AscendBackend {
                     state.tasks.push((task, label.to_string()));
                 }
             }
-            // The op's views keep their buffers alive until the stream has run it.
-            state.in_flight.push(Box::new(op));
         }
+        // The op's views keep their buffers alive until the stream has run it.
+        stream.inner.keep(op);
         host::submit(stream, Held::Steps(steps))
     }
 
