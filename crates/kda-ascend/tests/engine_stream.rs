@@ -275,6 +275,10 @@ fn an_engines_capture_of_a_decode_step_replayed_twice_equals_eager_steps() {
         b.download::<f32>(&own, t).unwrap().into_iter().map(f32::to_bits).collect()
     };
     for step in 0..2 {
+        // The engine's eager work between replays: kda's next call on its stream releases what
+        // it may, never what the model uses.
+        layer.forward(&s, &x, &meta, &mut scratch_cache, &mut scratch_out).unwrap();
+        engine.synchronize();
         layer.forward(&own, &x, &meta, eager_cache, &mut eager_out).unwrap();
         // SAFETY: the engine's model on its stream.
         assert_eq!(unsafe { sys::aclmdlRIExecuteAsync(model, engine.0) }, 0);
@@ -370,4 +374,54 @@ fn imports_of_null_or_capturing_streams_are_refused() {
         // SAFETY: the empty capture's model, destroyed once.
         unsafe { sys::aclmdlRIDestroy(model) };
     }
+}
+
+/// A buffer freed on the engine's stream while the engine captures it stays with the model (its
+/// replays write it): its block is not handed out again, so a later tensor is not clobbered by
+/// a replay.
+#[test]
+fn a_block_freed_under_the_engines_capture_stays_with_the_model() {
+    let b = backend();
+    let own = b.new_stream().unwrap();
+    let engine = EngineStream::new();
+    // SAFETY: the engine's stream outlives `s`.
+    let s = unsafe { b.import_stream(engine.0 as usize) }.unwrap();
+    let n = 1024;
+    let t = b.alloc(DType::F32, &[n]).unwrap();
+    // SAFETY: the engine's live stream, not capturing.
+    let code =
+        unsafe { sys::aclmdlRICaptureBegin(engine.0, sys::ACL_MODEL_RI_CAPTURE_MODE_GLOBAL) };
+    assert_eq!(code, 0);
+    let filled = b.launch(&s, Op::Fill { dst: t.clone(), value: 1.0 });
+    let freed = b.free(&s, t.buffer().clone());
+    drop(t);
+    let mut model: sys::aclmdlRI = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above.
+    let ended = unsafe { sys::aclmdlRICaptureEnd(engine.0, &mut model) };
+    filled.unwrap();
+    freed.unwrap();
+    assert_eq!(ended, 0);
+    // The engine's eager work after the capture: kda's calls on its stream release what the
+    // stream has passed, never what the model holds.
+    let other = b.alloc(DType::F32, &[16]).unwrap();
+    b.launch(&s, Op::Fill { dst: other.clone(), value: 0.0 }).unwrap();
+    engine.synchronize();
+    b.launch(&s, Op::Fill { dst: other.clone(), value: 0.0 }).unwrap();
+    engine.synchronize();
+    // Every block of this size the allocator hands out now is a fresh one.
+    let later: Vec<Tensor<B>> = (0..4).map(|_| b.alloc(DType::F32, &[n]).unwrap()).collect();
+    for l in &later {
+        b.launch(&own, Op::Fill { dst: l.clone(), value: 5.0 }).unwrap();
+    }
+    b.synchronize(&own).unwrap();
+    for _ in 0..2 {
+        // SAFETY: the engine's model on its stream.
+        assert_eq!(unsafe { sys::aclmdlRIExecuteAsync(model, engine.0) }, 0);
+        engine.synchronize();
+    }
+    for l in &later {
+        assert_eq!(b.download::<f32>(&own, l).unwrap(), vec![5.0; n], "a replay clobbered it");
+    }
+    // SAFETY: destroyed once, after its last launch completed.
+    assert_eq!(unsafe { sys::aclmdlRIDestroy(model) }, 0);
 }
