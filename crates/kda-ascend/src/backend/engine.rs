@@ -111,7 +111,8 @@ impl AscendBackend {
                 format!("stream {handle:#x}, under capture ({capture:?})"),
             ));
         }
-        let id = StreamId { instance: self.inner.instance, index: Self::next(&self.inner.next_stream) };
+        let id =
+            StreamId { instance: self.inner.instance, index: Self::next(&self.inner.next_stream) };
         let stream = Arc::new(StreamInner::new(id, RawStream::borrowed(handle), true));
         let mut imported = self.inner.imported.lock().unwrap_or_else(PoisonError::into_inner);
         imported.retain(|s| s.strong_count() > 0);
@@ -125,5 +126,4 @@ impl AscendBackend {
         let imported = self.inner.imported.lock().unwrap_or_else(PoisonError::into_inner);
         imported.iter().filter_map(Weak::upgrade).any(|s| !s.capture().allows_release())
     }
-
 }

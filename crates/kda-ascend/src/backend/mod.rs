@@ -95,13 +95,7 @@ impl StreamInner {
     }
 
     fn new(id: StreamId, raw: RawStream, imported: bool) -> Self {
-        StreamInner {
-            id,
-            raw,
-            state: Mutex::default(),
-            imported,
-            retention: Mutex::default(),
-        }
+        StreamInner { id, raw, state: Mutex::default(), imported, retention: Mutex::default() }
     }
 
     /// Keep `item` until the stream has run the work queued so far: until the next synchronize
