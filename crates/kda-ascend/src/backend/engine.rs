@@ -127,3 +127,46 @@ impl AscendBackend {
         imported.iter().filter_map(Weak::upgrade).any(|s| !s.capture().allows_release())
     }
 }
+
+#[cfg(all(test, feature = "emulated"))]
+#[allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use kda_core::{DType, Device, Op};
+
+    use super::*;
+    use crate::options::AscendOptions;
+
+    /// kda's auxiliary stream, forked from an engine's stream and joined back on every call
+    /// (as the overlapped schedule does) and never synchronized: what its work holds is released
+    /// in stream order too, so it does not grow with the number of calls.
+    #[test]
+    fn a_stream_forked_from_an_engines_stream_releases_in_stream_order() {
+        let options = AscendOptions { checked: false, ..AscendOptions::default() };
+        let b: Device<AscendBackend> = AscendBackend::with_options(options).unwrap();
+        let mut raw: sys::aclrtStream = std::ptr::null_mut();
+        // SAFETY: a valid out-parameter.
+        assert_eq!(unsafe { sys::aclrtCreateStream(&mut raw) }, 0);
+        // SAFETY: `raw` outlives `s` (destroyed at the end, after it).
+        let s = unsafe { b.import_stream(raw as usize) }.unwrap();
+        let aux = b.new_stream().unwrap();
+        let (fork, join) = (b.new_event().unwrap(), b.new_event().unwrap());
+        let t = b.alloc(DType::F32, &[64]).unwrap();
+        for i in 0..20 {
+            b.record(&fork, &s).unwrap();
+            b.wait(&aux, &fork).unwrap();
+            b.launch(&aux, Op::Fill { dst: t.clone(), value: f64::from(i) }).unwrap();
+            b.record(&join, &aux).unwrap();
+            b.wait(&s, &join).unwrap();
+            // SAFETY: the engine's live stream.
+            assert_eq!(unsafe { sys::aclrtSynchronizeStream(raw) }, 0);
+        }
+        let aux = &aux.inner;
+        assert!(aux.state().in_flight.is_empty(), "the forked stream's work is not held to a sync");
+        // Only the work since the last passed mark is held.
+        let held = aux.retention().queued();
+        assert!(held <= 8, "{held} items held on the forked stream after 20 calls");
+        drop((s, t));
+        // SAFETY: created above, destroyed once.
+        unsafe { sys::aclrtDestroyStream(raw) };
+    }
+}

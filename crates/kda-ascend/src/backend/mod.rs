@@ -11,7 +11,7 @@ mod ops;
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use kda_core::graph::Graph;
@@ -55,6 +55,9 @@ struct Inner {
     next_buffer: AtomicU64,
 }
 
+/// Task names kept for failure reports on a stream that is never synchronized by kda.
+const MAX_TASK_NAMES: usize = 4096;
+
 /// A stream: the ACL stream, its host-side failure state and held work (see `host`), and what
 /// its queued work keeps alive until the stream is synchronized.
 #[derive(Clone, Debug)]
@@ -67,8 +70,11 @@ pub(crate) struct StreamInner {
     id: StreamId,
     raw: RawStream,
     state: Mutex<StreamState>,
-    /// An engine's stream (`import_stream`): kda never synchronizes it on its own.
-    imported: bool,
+    /// An engine's stream (`import_stream`), which kda never synchronizes on its own, or a
+    /// stream that waited on an event of one (kda's auxiliary stream forked from it, which the
+    /// engine's path never synchronizes either): what its work holds is released in stream
+    /// order.
+    ordered: AtomicBool,
     /// What queued work holds on an engine's stream, or on any stream under an engine's
     /// capture: released in stream order, or pinned (`engine`).
     retention: Mutex<engine::StreamRetention>,
@@ -95,7 +101,18 @@ impl StreamInner {
     }
 
     fn new(id: StreamId, raw: RawStream, imported: bool) -> Self {
-        StreamInner { id, raw, state: Mutex::default(), imported, retention: Mutex::default() }
+        StreamInner {
+            id,
+            raw,
+            state: Mutex::default(),
+            ordered: AtomicBool::new(imported),
+            retention: Mutex::default(),
+        }
+    }
+
+    /// Whether what this stream's work holds is released in stream order (`ordered`).
+    fn is_ordered(&self) -> bool {
+        self.ordered.load(Ordering::Acquire)
     }
 
     /// Keep `item` until the stream has run the work queued so far: until the next synchronize
@@ -103,7 +120,7 @@ impl StreamInner {
     /// a capture (the engine's model may replay the work at any time).
     pub(crate) fn keep(&self, item: impl Any + Send) {
         let capture = self.capture();
-        if self.imported || !capture.allows_release() {
+        if self.is_ordered() || !capture.allows_release() {
             self.retention().hold(Box::new(item), capture);
         } else {
             self.state().in_flight.push(Box::new(item));
@@ -264,9 +281,10 @@ impl AscendBackend {
         counter.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// On an engine's stream outside a capture: release what the work it has passed held.
+    /// On an engine's stream (or one forked from it) outside a capture: release what the work
+    /// it has passed held.
     fn release_on(&self, stream: &AscendStream) -> Result<()> {
-        if stream.inner.imported && stream.inner.capture().allows_release() {
+        if stream.inner.is_ordered() && stream.inner.capture().allows_release() {
             stream.inner.release_passed()?;
         }
         Ok(())
@@ -348,9 +366,13 @@ impl Backend for AscendBackend {
         let upstream =
             event.inner.recorded_on.lock().unwrap_or_else(PoisonError::into_inner).clone();
         // Never recorded: a no-op, as the HAL (and CANN) define it.
-        if upstream.is_none() {
-            return Ok(());
+        let Some(upstream) = upstream else { return Ok(()) };
+        // A stream forked from an engine's stream is, like it, never synchronized by the
+        // engine's path: what its work holds is released in stream order too.
+        if upstream.upgrade().is_some_and(|up| up.is_ordered()) {
+            stream.inner.ordered.store(true, Ordering::Release);
         }
+        self.release_on(stream)?;
         host::submit(stream, Held::Wait(Arc::clone(&event.inner)))
     }
 
@@ -428,6 +450,11 @@ impl Backend for AscendBackend {
                 if let Some(task) = step.task() {
                     state.tasks.push((task, label.to_string()));
                 }
+            }
+            // A stream kda never synchronizes keeps the latest names only.
+            if stream.inner.is_ordered() && state.tasks.len() > MAX_TASK_NAMES {
+                let excess = state.tasks.len() - MAX_TASK_NAMES / 2;
+                state.tasks.drain(..excess);
             }
         }
         // The op's views keep their buffers alive until the stream has run it.
