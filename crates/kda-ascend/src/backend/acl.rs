@@ -99,6 +99,11 @@ impl RawStream {
         RawStream { handle: AtomicUsize::new(handle), owned: false }
     }
 
+    /// Whether kda created this stream (and destroys or replaces it).
+    pub(crate) fn owned(&self) -> bool {
+        self.owned
+    }
+
     pub(crate) fn get(&self) -> sys::aclrtStream {
         self.handle.load(Ordering::Acquire) as sys::aclrtStream
     }

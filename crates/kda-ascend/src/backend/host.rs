@@ -364,7 +364,13 @@ pub(crate) fn synchronize(stream: &AscendStream) -> Result<()> {
     Err(Error::OpFailed {
         op,
         stream: stream.id(),
-        message: format!("{acl} (the ACL stream stopped on the failure and was replaced)"),
+        message: if inner.raw.owned() {
+            format!("{acl} (the ACL stream stopped on the failure and was replaced)")
+        } else {
+            format!(
+                "{acl} (the engine's stream stopped on the failure; its recovery is the engine's)"
+            )
+        },
     })
 }
 
