@@ -355,10 +355,9 @@ fn imports_of_null_or_capturing_streams_are_refused() {
     }
     let engine = EngineStream::new();
     // SAFETY: the engine's live stream.
-    assert_eq!(
-        unsafe { sys::aclmdlRICaptureBegin(engine.0, sys::ACL_MODEL_RI_CAPTURE_MODE_RELAXED) },
-        0
-    );
+    let code =
+        unsafe { sys::aclmdlRICaptureBegin(engine.0, sys::ACL_MODEL_RI_CAPTURE_MODE_RELAXED) };
+    assert_eq!(code, 0);
     // SAFETY: a live stream (refused: it is capturing).
     let refused = unsafe { b.import_stream(engine.0 as usize) };
     let mut model: sys::aclmdlRI = std::ptr::null_mut();
