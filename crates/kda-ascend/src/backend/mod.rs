@@ -281,10 +281,15 @@ impl AscendBackend {
         counter.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// On an engine's stream (or one forked from it) outside a capture: release what the work
-    /// it has passed held.
+    /// On an engine's stream (or one forked from it) while no engine captures: release what
+    /// the work it has passed held. Nothing is recorded or queried while an engine captures any
+    /// imported stream, even on a stream outside that capture (a record from the capturing
+    /// thread may join the capture, and a query of it is refused).
     fn release_on(&self, stream: &AscendStream) -> Result<()> {
-        if stream.inner.is_ordered() && stream.inner.capture().allows_release() {
+        if stream.inner.is_ordered()
+            && stream.inner.capture().allows_release()
+            && !self.engine_capturing()
+        {
             stream.inner.release_passed()?;
         }
         Ok(())
