@@ -300,7 +300,7 @@ fn an_engines_capture_of_a_decode_step_replayed_twice_equals_eager_steps() {
 
 /// What work on the engine's stream holds is released in stream order: not while the stream
 /// has not reached the work (the engine holds it), at the first call after it has, and with no
-/// synchronize by kda.
+/// synchronize by kda; dropping kda's handles leaves the engine's stream alive.
 #[test]
 fn work_on_the_engines_stream_is_released_in_stream_order() {
     let b = backend();
@@ -340,6 +340,9 @@ fn work_on_the_engines_stream_is_released_in_stream_order() {
     assert!(released.load(Ordering::SeqCst), "not released once the stream passed the fill");
     engine.synchronize();
     assert_eq!(b.download::<f32>(&s, &other).unwrap(), vec![4.0; 16]);
+    // kda's handles gone, the stream is still the engine's: kda never destroys it.
+    drop((s, other, b));
+    engine.synchronize();
 }
 
 /// An import is checked: a null handle, and a stream under capture, are refused by name.
