@@ -189,6 +189,7 @@ cann_symbols! {
     required Runtime fn aclmdlRICaptureEnd(stream: aclrtStream, model_ri: *mut aclmdlRI) -> aclError;
     required Runtime fn aclmdlRIExecuteAsync(model_ri: aclmdlRI, stream: aclrtStream) -> aclError;
     required Runtime fn aclmdlRIDestroy(model_ri: aclmdlRI) -> aclError;
+    required Runtime fn aclmdlRICaptureGetInfo(stream: aclrtStream, status: *mut aclmdlRICaptureStatus, model_ri: *mut aclmdlRI) -> aclError;
 
     // Kernel binaries and launches.
     required Runtime fn aclrtBinaryLoadFromFile(path: *const c_char, options: *mut aclrtBinaryLoadOptions, handle: *mut aclrtBinHandle) -> aclError;
