@@ -54,8 +54,15 @@ const PLOT_RIGHT: f64 = 650.0;
 const PLOT_TOP: f64 = 70.0;
 const PLOT_BOTTOM: f64 = 470.0;
 const LEGEND_X: f64 = 675.0;
-const MARKER_R: f64 = 3.5;
-const RING_R: f64 = 8.0;
+/// The last series' marker radius and line width; earlier series are drawn larger and wider
+/// (by these steps), so series with equal times show as nested rings and stacked bands
+/// instead of hiding each other.
+const MARKER_R: f64 = 3.0;
+const MARKER_STEP: f64 = 0.8;
+const LINE_W: f64 = 1.4;
+const LINE_STEP: f64 = 0.6;
+/// Larger than the largest marker of six series.
+const RING_R: f64 = 10.0;
 
 /// Whole decades `[lo, hi]` (exponents of ten) covering `min..=max`, at least one decade wide.
 fn decades(min: f64, max: f64) -> (i32, i32) {
@@ -170,7 +177,7 @@ impl TimeChart {
         svg.push_str("<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
         let _ = writeln!(
             svg,
-            r##"<text class="title" x="8" y="18" font-size="13" font-weight="bold">{}</text><text x="8" y="36" fill="#444">predicted layer time against T, one line per configuration, both axes log scale; a ring marks the recommended (fastest predicted) configuration at each T</text>"##,
+            r##"<text class="title" x="8" y="18" font-size="13" font-weight="bold">{}</text><text x="8" y="36" fill="#444">predicted layer time against T, one line per configuration, both axes log scale</text><text x="8" y="52" fill="#444">a ring marks the recommended (fastest predicted) configuration at each T</text>"##,
             escape(&self.title)
         );
 
@@ -218,8 +225,11 @@ impl TimeChart {
         let point =
             |s: &ChartSeries, i: usize| (x_axis.at(self.tokens[i] as f64), y_axis.at(s.seconds[i]));
         let dash = |s: &ChartSeries| if s.dashed { r#" stroke-dasharray="6 4""# } else { "" };
+        let later = |k: usize| (self.series.len() - 1 - k) as f64;
+        let radius = |k: usize| MARKER_R + MARKER_STEP * later(k);
+        let line_width = |k: usize| LINE_W + LINE_STEP * later(k);
         for (k, s) in self.series.iter().enumerate() {
-            let colour = PALETTE[k % PALETTE.len()];
+            let (colour, r, w) = (PALETTE[k % PALETTE.len()], radius(k), line_width(k));
             let name = escape(&s.name);
             let points: Vec<String> = order
                 .iter()
@@ -230,7 +240,7 @@ impl TimeChart {
                 .collect();
             let _ = writeln!(
                 svg,
-                r#"<g class="series" data-config="{name}"><polyline class="series-line" data-config="{name}" points="{}" fill="none" stroke="{colour}" stroke-width="1.8"{}/>"#,
+                r#"<g class="series" data-config="{name}"><polyline class="series-line" data-config="{name}" points="{}" fill="none" stroke="{colour}" stroke-width="{w:.1}"{}/>"#,
                 points.join(" "),
                 dash(s)
             );
@@ -239,7 +249,7 @@ impl TimeChart {
                 let (t, v) = (self.tokens[i], s.seconds[i]);
                 let _ = writeln!(
                     svg,
-                    r#"<circle class="point" data-config="{name}" data-tokens="{t}" data-seconds="{v:e}" cx="{x:.2}" cy="{y:.2}" r="{MARKER_R}" fill="{colour}"><title>{name} at T = {t}: {}</title></circle>"#,
+                    r#"<circle class="point" data-config="{name}" data-tokens="{t}" data-seconds="{v:e}" cx="{x:.2}" cy="{y:.2}" r="{r:.1}" fill="{colour}"><title>{name} at T = {t}: {}</title></circle>"#,
                     escape(&human(Duration::from_secs_f64(v)))
                 );
             }
@@ -264,7 +274,7 @@ impl TimeChart {
             let (colour, y) = (PALETTE[k % PALETTE.len()], row(k));
             let _ = writeln!(
                 svg,
-                r#"<line x1="{LEGEND_X}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="1.8"{}/><circle cx="{:.1}" cy="{y:.1}" r="{MARKER_R}" fill="{colour}"/><text class="legend-entry" x="{:.1}" y="{:.1}">{}</text>"#,
+                r#"<line x1="{LEGEND_X}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="{LINE_W}"{}/><circle cx="{:.1}" cy="{y:.1}" r="{MARKER_R}" fill="{colour}"/><text class="legend-entry" x="{:.1}" y="{:.1}">{}</text>"#,
                 LEGEND_X + 28.0,
                 dash(s),
                 LEGEND_X + 14.0,
@@ -281,6 +291,16 @@ impl TimeChart {
             LEGEND_X + 36.0,
             y + 4.0
         );
+        // Which configuration each ring is, in words.
+        for (n, &i) in order.iter().enumerate() {
+            let y = row(self.series.len() + 2) + 16.0 * n as f64;
+            let _ = writeln!(
+                svg,
+                r##"<text class="recommended-entry" x="{LEGEND_X}" y="{y:.1}" fill="#444">T = {}: {}</text>"##,
+                self.tokens[i],
+                escape(&self.series[self.recommended[i]].name)
+            );
+        }
         svg.push_str("</g>\n</svg>\n");
         Ok(svg)
     }
