@@ -377,29 +377,25 @@ pub(super) fn recurrent(
     let (b, n, h, kd, vd) = (d.batch, d.tokens, d.heads, d.k, d.v);
     let t = b * n;
     let flat = |x: &T, tail: &[usize]| x.reshape(&[&[t][..], tail].concat());
-    let (mut q, mut k) = (flat(&r.q, &[h, kd])?, flat(&r.k, &[h, kd])?);
-    if r.qk_l2norm {
-        // The op does not normalise: the project's L2 norm first, into bf16.
-        for x in [&mut q, &mut k] {
-            let y = p.temp(x.dtype(), x.shape())?;
-            let work = tiling::l2norm(t * h, kd, x.dtype().size_bytes());
-            p.kernel(names::L2NORM, work, &[Some(&*x), Some(&y)], &[1.0])?;
-            *x = y;
-        }
-    }
+    let (q, k) = (flat(&r.q, &[h, kd])?, flat(&r.k, &[h, kd])?);
+    // The op's own inputs first; what fills them is queued after its phase one succeeded (and
+    // moved before it), so a rejection leaves no executor behind.
+    let (qn, kn) = if r.qk_l2norm {
+        (p.temp(q.dtype(), q.shape())?, p.temp(k.dtype(), k.shape())?)
+    } else {
+        (q.clone(), k.clone())
+    };
     let lens = p.temp(DType::I32, &[b])?;
-    p.fill(&lens, n as f64)?;
-    let accepted = match &r.num_accepted_tokens {
-        Some(a) => a.clone(),
+    let (accepted, ones) = match &r.num_accepted_tokens {
+        Some(a) => (a.clone(), None),
         None => {
             let ones = p.temp(DType::I32, &[b])?;
-            p.fill(&ones, 1.0)?;
-            ones
+            (ones.clone(), Some(ones))
         }
     };
     let tensors = vec![
-        AclTensor::of(OP, &q)?,
-        AclTensor::of(OP, &k)?,
+        AclTensor::of(OP, &qn)?,
+        AclTensor::of(OP, &kn)?,
         AclTensor::of(OP, &flat(&r.v, &[h, vd])?)?,
         AclTensor::of(OP, &flat(&r.beta, &[h])?)?,
         AclTensor::of(OP, &r.state)?,
@@ -411,6 +407,7 @@ pub(super) fn recurrent(
     ];
     let scale = r.scale;
     let status = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let call_at = p.steps.len();
     let seen = status.clone();
     let queued = p.aclnn(
         "aclnnRecurrentGatedDeltaRuleGetWorkspaceSize",
@@ -443,7 +440,21 @@ pub(super) fn recurrent(
         }),
     );
     match queued {
-        Ok(()) => Ok(true),
+        Ok(()) => {
+            if r.qk_l2norm {
+                // The op does not normalise: the project's L2 norm first, into bf16.
+                for (x, y) in [(&q, &qn), (&k, &kn)] {
+                    let work = tiling::l2norm(t * h, kd, x.dtype().size_bytes());
+                    p.kernel(names::L2NORM, work, &[Some(x), Some(y)], &[1.0])?;
+                }
+            }
+            p.fill(&lens, n as f64)?;
+            if let Some(ones) = &ones {
+                p.fill(ones, 1.0)?;
+            }
+            p.steps[call_at..].rotate_left(1);
+            Ok(true)
+        }
         Err(e) if status.load(Ordering::Relaxed) == sys::ACLNN_ERR_PARAM_INVALID => {
             // Everything the call was routed on fits the current document, so the one
             // argument an earlier release rejects is the f32 state: remember it, drop what was
