@@ -73,7 +73,7 @@ fn an_old_recurrent_op_is_probed_once_and_the_kernel_runs() {
     let (out, states) = run(&b, &w);
     assert_eq!(calls("aclnnChunkKdaFwd"), 1, "the prefill on the vendor chunk op");
     assert_eq!(calls("aclnnRecurrentGatedDeltaRule"), 0, "no recurrent vendor call ran");
-    assert_eq!(calls("kda_recurrent"), 2, "both decodes on the project's kernel");
+    assert_eq!(calls("kda_recurrent_step"), 2, "both decodes on the project's kernel");
     let (out_ref, states_ref) = run(&ReferenceBackend::new(), &w);
     // As in tests/vendor_layer.rs: the vendor chunk path rounds the normalised q and k to
     // bf16 once more than the reference; 2^-8 relative plus 2^-8 of the largest magnitude.

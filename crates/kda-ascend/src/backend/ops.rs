@@ -13,7 +13,7 @@
 //! | `Host` | `aclrtLaunchHostFunc` (a failure stops the stream on the host) |
 //! | `DynamicQuant`, `MxGemm` | `aclnnDynamicMxQuantV3`, `aclnnQuantMatmulV5` (Ascend 950); else `kda_mx_quant`, `kda_mx_dequant` + `aclnnMatmul` |
 //! | `Sigmoid`, `KdaGate`, `ZeroPadding`, `CausalConvUpdate`, `L2Norm`, `GatedRmsNorm`, `MxDequant` | their AscendC kernels |
-//! | `KdaRecurrent` | `aclnnRecurrentGatedDeltaRule` where its contract fits (`vendor.rs`: installed with an f32 state, bf16 operands, within its limits); else the `kda_recurrent` kernel |
+//! | `KdaRecurrent` | `aclnnRecurrentGatedDeltaRule` where its contract fits (`vendor.rs`: installed with an f32 state, bf16 operands, within its limits); else the `kda_recurrent_step` kernel |
 //! | `KdaChunk` | `aclnnChunkKdaFwd` where its contract fits (`vendor.rs`: installed, not captured, host offsets, f16/bf16 operands, within its limits); else the `kda_chunk_prefill` kernel (an in-kernel gate runs `kda_gate` into scratch first) |
 //! | `CausalConv` | the `kda_conv_prefill` kernel (no AscendC source yet; see docs/ascend.md) |
 
