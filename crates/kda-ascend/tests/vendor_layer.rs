@@ -179,9 +179,11 @@ fn decode_on_the_vendor_recurrent_op_equals_the_reference() {
         let x = tokens(&mut rng, 3);
         let mut meta = BatchMeta::empty();
         let at = [5 + step, 67 + step, 3 + step];
-        meta.push(1, at[0], RequestSlots::Single(2))
-            .push(1, at[1], RequestSlots::Single(5))
-            .push(1, at[2], RequestSlots::Single(0));
+        meta.push(1, at[0], RequestSlots::Single(2)).push(1, at[1], RequestSlots::Single(5)).push(
+            1,
+            at[2],
+            RequestSlots::Single(0),
+        );
         let made = both(&format!("decode {step}"), &mut asc, &mut reference, &meta, &x);
         assert_eq!(made, (0, 1), "decode {step}: one aclnnRecurrentGatedDeltaRule call");
     }

@@ -47,11 +47,8 @@ fn run<B: Backend>(b: &Device<B>, w: &LayerWeights) -> (Vec<f64>, Vec<f64>) {
     }
     for meta in &metas {
         let rows = meta.num_actual_tokens;
-        let x: Vec<bf16> = rng
-            .normal_f32(rows * HIDDEN, 0.0, 1.0)
-            .into_iter()
-            .map(bf16::from_f32)
-            .collect();
+        let x: Vec<bf16> =
+            rng.normal_f32(rows * HIDDEN, 0.0, 1.0).into_iter().map(bf16::from_f32).collect();
         let xt = b.alloc(DType::BF16, &[rows, HIDDEN]).unwrap();
         b.upload(&s, &xt, &x).unwrap();
         let mut out = b.alloc(DType::F32, &[rows, HIDDEN]).unwrap();

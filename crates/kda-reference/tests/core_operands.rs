@@ -90,7 +90,8 @@ fn bf16_core_operands_match_the_f64_oracle() {
 
         // Prefills of 5, 67 and 3 tokens into slots 2, 5, 0.
         let x = tokens(&mut rng, 75);
-        let out = step(&b, &s, &layer, &mut cache, &BatchMeta::prefills(&[5, 67, 3], &[2, 5, 0]), &x);
+        let out =
+            step(&b, &s, &layer, &mut cache, &BatchMeta::prefills(&[5, 67, 3], &[2, 5, 0]), &x);
         let mut tracked = Vec::new();
         let mut at = 0;
         for (len, sl) in [(5, 2), (67, 5), (3, 0)] {
