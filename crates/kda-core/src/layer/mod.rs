@@ -7,7 +7,8 @@
 //! - [`cache`]: [`StateCache`], per-slot recurrent (v-first) and conv state;
 //! - [`weights`]: [`LayerDeviceWeights`], one rank's loaded weights on a device;
 //! - `dispatch`: the per-group conv, gate and recurrence launches (prefills hand the raw gate
-//!   to the chunk kernel, which applies it: `docs/design/kda.md#behaviour-11`).
+//!   to the chunk kernel, which applies it: `docs/design/kda.md#behaviour-11`), on operands of
+//!   the dtype [`LayerOptions::core_operands`] chooses (`docs/design/kda.md#core-operand-dtype`).
 //!
 //! [`KdaLayer::forward`] checks everything it can (shapes, dtypes, metadata, slots, aliasing)
 //! before it launches anything, so a rejected call leaves the cache and the output as they were.
@@ -98,7 +99,7 @@ pub struct LayerOptions {
 pub struct LayerTrace<B: Backend> {
     /// `[n, 3 lp]` bf16: q, k, v before the short conv.
     pub mixed_qkv: Tensor<B>,
-    /// `[n, lh]` f32, after the sigmoid.
+    /// `[n, lh]` after the sigmoid, in the core operands' dtype ([`CoreOperands`]).
     pub beta: Tensor<B>,
     /// `[n, lh, D]` bf16: raw forget-gate logits.
     pub g1: Tensor<B>,
