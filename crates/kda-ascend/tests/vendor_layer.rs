@@ -65,9 +65,13 @@ struct Side<B: Backend> {
 
 impl<B: Backend> Side<B> {
     fn new(b: Device<B>, w: &LayerWeights, operands: CoreOperands) -> Self {
+        Self::with_spec(b, w, operands, 2)
+    }
+
+    fn with_spec(b: Device<B>, w: &LayerWeights, operands: CoreOperands, spec: usize) -> Self {
         let s = b.new_stream().unwrap();
         let layer = KdaLayer::new(&b, &s, w, options(operands)).unwrap();
-        let cache = layer.new_cache(&s, SLOTS, 2).unwrap();
+        let cache = layer.new_cache(&s, SLOTS, spec).unwrap();
         b.synchronize(&s).unwrap();
         Self { b, s, layer, cache }
     }
@@ -270,4 +274,23 @@ fn f32_core_operands_keep_to_the_projects_kernels() {
     meta.push(1, 70, RequestSlots::Single(3));
     let made = both("decode", &mut asc, &mut reference, &meta, &tokens(&mut rng, 1));
     assert_eq!(made, (0, 0), "f32 operands: no vendor op");
+}
+
+/// Nine tokens per request are beyond the recurrent op's limit of eight: the project's kernel
+/// runs the speculative step, still equal to the reference.
+#[test]
+fn speculative_decode_beyond_the_vendor_limit_runs_the_projects_kernel() {
+    let w = weights(true);
+    let mut asc = Side::with_spec(ascend(), &w, CoreOperands::Bf16, 8);
+    let mut reference = Side::with_spec(ReferenceBackend::new(), &w, CoreOperands::Bf16, 8);
+    let mut rng = Gen::new(10);
+    let meta = BatchMeta::prefills(&[6], &[0]);
+    both("prefill", &mut asc, &mut reference, &meta, &tokens(&mut rng, 6));
+    let mut meta = BatchMeta::empty();
+    let slots = RequestSlots::Speculative { slots: (0..9).collect(), num_accepted: 1 };
+    meta.push(9, 6, slots);
+    let kernel = calls("kda_recurrent_step");
+    let made = both("speculative of 9", &mut asc, &mut reference, &meta, &tokens(&mut rng, 9));
+    assert_eq!(made, (0, 0), "no vendor op beyond 8 tokens per request");
+    assert_eq!(calls("kda_recurrent_step") - kernel, 1, "the project's kernel ran");
 }
