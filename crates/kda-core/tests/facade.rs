@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kda_core::hal::Allocation;
 use kda_core::{
-    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, Error, EventHandle,
+    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, Error, EventHandle, NativeOps,
     EventId, GemmDims, InstanceId, Op, OpDims, Resources, Result, StreamHandle, StreamId,
     Validated,
 };
@@ -93,6 +93,7 @@ impl Backend for Counting {
                 execution: "records calls".into(),
                 threads: 1,
                 gemm_inputs: vec![DType::BF16, DType::F32],
+                native: NativeOps::default(),
             },
         }
     }
