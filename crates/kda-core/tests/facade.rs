@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kda_core::hal::Allocation;
 use kda_core::{
-    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, Error, EventHandle, NativeOps,
-    EventId, GemmDims, InstanceId, Op, OpDims, Resources, Result, StreamHandle, StreamId,
-    Validated,
+    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, Error, EventHandle,
+    EventId, GemmDims, InstanceId, NativeOps, Op, OpDims, Resources, Result, StreamHandle,
+    StreamId, Validated,
 };
 
 #[derive(Clone, Debug)]

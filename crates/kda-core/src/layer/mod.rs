@@ -114,7 +114,8 @@ impl<B: Backend> KdaLayer<B> {
     ) -> Result<Self> {
         let _span = tracing::debug_span!("kda_layer.new", layer = weights.layer).entered();
         let caps = backend.info().capabilities;
-        let device = LayerDeviceWeights::upload(backend, stream, weights, options.forget, options.qkv)?;
+        let device =
+            LayerDeviceWeights::upload(backend, stream, weights, options.forget, options.qkv)?;
         let schedule =
             options.schedule.unwrap_or_else(|| ProjectionSchedule::for_capabilities(&caps));
         let policy =

@@ -63,8 +63,7 @@ impl<B: Backend> LayerDeviceWeights<B> {
     ) -> Result<Self> {
         let d = &layer.dims;
         let info = backend.info();
-        let path =
-            QkvPath::resolve(qkv, layer.qkv.format(), info.capabilities.native, info.name)?;
+        let path = QkvPath::resolve(qkv, layer.qkv.format(), info.capabilities.native, info.name)?;
         let projection = match forget {
             ForgetProjection::Composed => {
                 ProjectionWeights::upload_on(backend, stream, layer, path)?

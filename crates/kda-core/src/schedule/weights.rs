@@ -8,8 +8,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::Backend;
 use crate::mx::{ScaleAlg, num_blocks};
-use crate::tensor::Tensor;
 use crate::schedule::plan::QkvPath;
+use crate::tensor::Tensor;
 use crate::weights::{BfgMode, HostTensor, LayerWeights, QkvWeights, dequantize_bf16};
 
 const WHAT: &str = "projection weights";
@@ -148,8 +148,7 @@ impl<B: Backend> ProjectionWeights<B> {
     /// has no single weight to upload; load it composed.
     pub fn upload(backend: &Device<B>, stream: &B::Stream, layer: &LayerWeights) -> Result<Self> {
         let info = backend.info();
-        let path =
-            QkvPath::resolve(None, layer.qkv.format(), info.capabilities.native, info.name)?;
+        let path = QkvPath::resolve(None, layer.qkv.format(), info.capabilities.native, info.name)?;
         Self::upload_on(backend, stream, layer, path)
     }
 

@@ -356,7 +356,7 @@ pub fn dequantize_bf16(
             return Err(WeightError::value(
                 &format!("{}{}", super::layer_prefix(layer), part.weight_suffix()),
                 format!(
-                    "element [{}, {col}] = {exact:e} (E4M3 byte {q:#04x}, E8M0 scale byte                      {s:#04x}) is not exactly representable in bf16 (rounds to {value}), so                      the bf16 QKV path cannot carry this weight; run the MXFP8 QKV path",
+                    "element [{}, {col}] = {exact:e} (E4M3 byte {q:#04x}, E8M0 scale byte {s:#04x}) is not exactly representable in bf16 (rounds to {value}), so the bf16 QKV path cannot carry this weight; run the MXFP8 QKV path",
                     row % lp.max(1)
                 ),
             ));
@@ -490,7 +490,8 @@ mod tests {
             for q in 0..=255u8 {
                 // One element in each of q, k and v; the k row carries the pair.
                 let data = HostTensor::from_bytes(DType::E4M3, &[3, 1], vec![0, q, 0]).unwrap();
-                let scale = HostTensor::from_bytes(DType::E8M0, &[3, 1], vec![127, s, 127]).unwrap();
+                let scale =
+                    HostTensor::from_bytes(DType::E8M0, &[3, 1], vec![127, s, 127]).unwrap();
                 let want = mx::dequantize_value_f64(q, s);
                 match dequantize_bf16(&data, &scale, 7) {
                     Ok(t) => {
