@@ -31,8 +31,8 @@ use kda_core::hal::Allocation;
 use kda_core::sanitize::checked_from_env;
 use kda_core::timeline::Timeline;
 use kda_core::{
-    Backend, BackendInfo, BufferId, Capabilities, DType, Device, Error, EventId, InstanceId, NativeOps,
-    Resources, Result, StreamId, Validated,
+    Backend, BackendInfo, BufferId, Capabilities, DType, Device, Error, EventId, InstanceId,
+    NativeOps, Resources, Result, StreamId, Validated,
 };
 
 pub use buffer::RefBuffer;

@@ -252,7 +252,7 @@ impl Backend for AscendBackend {
         let mx = if self.inner.native_mx {
             "native MXFP8"
         } else {
-            "MXFP8 emulated (dequantize + bf16)"
+            "no native MXFP8: the layer runs QKV in bf16"
         };
         BackendInfo {
             name: "ascend",
@@ -274,10 +274,7 @@ impl Backend for AscendBackend {
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],
                 // The emulation path's quant kernel (`kda_mx_quant`) has no device source: MXFP8
                 // runs on an NPU only where the aclnn MX ops do.
-                native: NativeOps {
-                    mx_quant: self.inner.native_mx,
-                    mx_gemm: self.inner.native_mx,
-                },
+                native: NativeOps { mx_quant: self.inner.native_mx, mx_gemm: self.inner.native_mx },
             },
         }
     }

@@ -19,8 +19,8 @@ use cudarc::driver::{CudaContext, result, sys};
 use kda_core::graph::Graph;
 use kda_core::hal::{Allocation, GraphReplay};
 use kda_core::{
-    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, EventHandle, NativeOps,
-    EventId, InstanceId, Resources, Result, StreamHandle, StreamId, Validated,
+    Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, EventHandle,
+    EventId, InstanceId, NativeOps, Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use crate::status::{self, HostFailure, StatusRecord};
