@@ -50,7 +50,8 @@ impl QkvPath {
             )),
             (_, QkvFormat::Dense) => Ok(QkvPath::Bf16),
             (Some(QkvPath::Mxfp8), QkvFormat::Mxfp8 { .. }) if !native.mxfp8() => Err(refuse(
-                "QkvPath::Bf16 or None: QkvPath::Mxfp8 needs capabilities.native mx_quant and mx_gemm",
+                "QkvPath::Bf16 or None: QkvPath::Mxfp8 needs capabilities.native mx_quant and \
+                 mx_gemm",
                 format!(
                     "QkvPath::Mxfp8 on the {backend} backend, whose capabilities.native has {}",
                     native.describe()

@@ -208,6 +208,7 @@ pub(crate) fn upload_qkv<B: Backend>(
     Ok(match layer.qkv.weights() {
         Some(QkvWeights::Dense(w)) => QkvWeight::Bf16 { w: upload(backend, stream, w)? },
         Some(QkvWeights::Mxfp8 { data, scale, .. }) if path == QkvPath::Bf16 => {
+            let _span = tracing::debug_span!("qkv.dequantize_bf16", layer = layer.layer).entered();
             let w = dequantize_bf16(data, scale, layer.layer).map_err(|e| Error::Param {
                 op: "upload projection weights",
                 param: "qkv",
