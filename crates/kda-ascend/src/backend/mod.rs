@@ -18,7 +18,7 @@ use kda_core::graph::Graph;
 use kda_core::hal::{Allocation, GraphReplay};
 use kda_core::{
     Backend, BackendInfo, BufferId, Capabilities, DType, Device, Error, EventHandle, EventId,
-    InstanceId, Resources, Result, StreamHandle, StreamId, Validated,
+    InstanceId, NativeOps, Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use self::acl::{RawEvent, RawStream};
@@ -308,7 +308,7 @@ impl Backend for AscendBackend {
         let mx = if self.inner.native_mx {
             "native MXFP8"
         } else {
-            "MXFP8 emulated (dequantize + bf16)"
+            "no native MXFP8: the layer runs QKV in bf16"
         };
         BackendInfo {
             name: "ascend",
@@ -328,6 +328,9 @@ impl Backend for AscendBackend {
                 },
                 threads: chip.vector_cores as usize,
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],
+                // The emulation path's quant kernel (`kda_mx_quant`) has no device source: MXFP8
+                // runs on an NPU only where the aclnn MX ops do.
+                native: NativeOps { mx_quant: self.inner.native_mx, mx_gemm: self.inner.native_mx },
             },
         }
     }

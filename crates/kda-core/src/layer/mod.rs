@@ -37,6 +37,7 @@ use crate::kda::{ChunkGate, GateForm, GatedRmsNorm, KdaGate, ZeroPadding};
 use crate::layer::error::Result;
 use crate::op::Op;
 use crate::resource::BufferHandle;
+pub use crate::schedule::QkvPath;
 use crate::schedule::{
     MatrixOverlap, Mutation, ProjectionSchedule, QkvBfgProjection, prepare_beta,
 };
@@ -87,6 +88,9 @@ pub struct LayerOptions {
     pub beta: BetaInput,
     /// `None`: f32 (no backend states a preference yet).
     pub core_operands: Option<CoreOperands>,
+    /// The QKV precision of an MXFP8 checkpoint (`docs/design/kda.md#qkv-precision`). `None`:
+    /// MXFP8 where the backend runs the MX ops natively, bf16 otherwise.
+    pub qkv: Option<QkvPath>,
     /// An edit to the overlapped schedule's event order, for the tests and `kda check`'s
     /// self-test that show a broken schedule is caught. Not for production use.
     #[doc(hidden)]
@@ -136,7 +140,8 @@ impl<B: Backend> KdaLayer<B> {
     ) -> Result<Self> {
         let _span = tracing::debug_span!("kda_layer.new", layer = weights.layer).entered();
         let caps = backend.info().capabilities;
-        let device = LayerDeviceWeights::upload(backend, stream, weights, options.forget)?;
+        let device =
+            LayerDeviceWeights::upload(backend, stream, weights, options.forget, options.qkv)?;
         let schedule =
             options.schedule.unwrap_or_else(|| ProjectionSchedule::for_capabilities(&caps));
         let policy =
