@@ -1,7 +1,7 @@
 //! `kda-ascend-sys`: the CANN C declarations kda uses, written once.
 //!
 //! - [`types`]: the C types, codes and flags (values from CANN's headers).
-//! - [`cann_symbols!`] below: the one list of prototypes. It generates [`Api`], a table of
+//! - `cann_symbols!` below: the one list of prototypes. It generates [`Api`], a table of
 //!   function pointers, one field per symbol; [`SYMBOLS`], what each symbol is; and one
 //!   `unsafe extern "C"` function per symbol that calls through the installed table, so callers
 //!   write `kda_ascend_sys::aclrtMalloc(..)` as with a linked library.

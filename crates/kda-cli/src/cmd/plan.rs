@@ -236,7 +236,7 @@ fn read_recording(path: &Path) -> Result<Recording, CliError> {
     })
 }
 
-/// `figures` calibrated on `recording` ([`plan::calibrate`]).
+/// `figures` calibrated on `recording` ([`plan::calibrate()`]).
 fn fit(figures: ChipFigures, recording: &Recording) -> Result<ChipFigures, CliError> {
     let runs: Vec<&RecordedRun> = recording.runs.iter().collect();
     plan::calibrate(figures, &runs, recording.cache_bytes).map_err(plan_error)
