@@ -94,14 +94,8 @@ fn device_array(block: &DeviceBlock, shape: &[usize]) -> ForeignArray {
     .unwrap()
 }
 
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            ((s >> 16) & 0xFFFF) as f32 / 65536.0 - 0.5
-        })
-        .collect()
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    kda_synth::Gen::new(seed).uniform_f32(n, -0.5, 0.5)
 }
 
 #[test]
@@ -125,7 +119,7 @@ fn the_ascend_layer_on_an_engines_stream_equals_the_rust_api() {
     let mut steps = Vec::new();
     let mut got = Vec::new();
     for (i, (rows, batch)) in [(7, prefill), (2, decode)].into_iter().enumerate() {
-        let x = values(rows * hidden, 11 + i as u32);
+        let x = values(rows * hidden, 11 + i as u64);
         let (xd, od) = (DeviceBlock::new(rows * hidden * 4), DeviceBlock::new(rows * hidden * 4));
         let (xh, oh) = (Pinned::new(&x), Pinned::new(&vec![f32::NAN; rows * hidden]));
         let bytes = rows * hidden * 4;
