@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 
 use crate::{cargo, step};
 
-/// The feature `cargo xtask test` runs kda-ascend with: the emulated ACL runtime.
-pub const EMULATED: &str = "kda-ascend/emulated";
+/// The features `cargo xtask test` runs kda-ascend with: the emulated ACL runtime, also under
+/// kda-embed (its engine-stream test on the Ascend path).
+pub const EMULATED: &str = "kda-ascend/emulated,kda-embed/ascend-emulated";
 
 /// The variables CANN's `set_env.sh` exports, in the order they are trusted.
 const TOOLKIT_VARS: [&str; 3] =

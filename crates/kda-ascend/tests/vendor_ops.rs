@@ -230,25 +230,20 @@ fn chunk_outside_the_vendor_contract_runs_the_projects_kernel() {
 // ---------------------------------------------------------------------------------------------
 // The emulator's rejections, with the documents' codes.
 
-/// A contiguous `aclTensor` over fresh device memory (zeros), leaked with the test.
-fn desc(dtype: sys::aclDataType, shape: &[usize]) -> *mut sys::aclTensor {
-    let size = match dtype {
-        sys::ACL_FLOAT | sys::ACL_INT32 => 4,
-        _ => 2,
-    };
-    let n: usize = shape.iter().product();
-    let mut ptr = std::ptr::null_mut();
-    // SAFETY: a valid out-parameter.
-    let rc = unsafe { sys::aclrtMalloc(&mut ptr, (n * size).max(size), 0) };
-    assert_eq!(rc, 0, "aclrtMalloc");
+/// A contiguous `aclTensor` of `shape` over the device memory at `ptr`.
+fn contiguous_tensor(
+    dtype: sys::aclDataType,
+    shape: &[usize],
+    ptr: *mut c_void,
+) -> *mut sys::aclTensor {
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     let mut strides = vec![1i64; dims.len()];
     for i in (0..dims.len().saturating_sub(1)).rev() {
         strides[i] = strides[i + 1] * dims[i + 1];
     }
-    let storage = [n as i64];
+    let storage = [shape.iter().product::<usize>() as i64];
     // SAFETY: arrays of the stated lengths, live for the call; `ptr` holds the storage.
-    let t = unsafe {
+    unsafe {
         sys::aclCreateTensor(
             dims.as_ptr(),
             dims.len() as u64,
@@ -260,7 +255,21 @@ fn desc(dtype: sys::aclDataType, shape: &[usize]) -> *mut sys::aclTensor {
             1,
             ptr,
         )
+    }
+}
+
+/// A contiguous `aclTensor` over fresh device memory (zeros), leaked with the test.
+fn desc(dtype: sys::aclDataType, shape: &[usize]) -> *mut sys::aclTensor {
+    let size = match dtype {
+        sys::ACL_FLOAT | sys::ACL_INT32 => 4,
+        _ => 2,
     };
+    let n: usize = shape.iter().product();
+    let mut ptr = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter.
+    let rc = unsafe { sys::aclrtMalloc(&mut ptr, (n * size).max(size), 0) };
+    assert_eq!(rc, 0, "aclrtMalloc");
+    let t = contiguous_tensor(dtype, shape, ptr);
     assert!(!t.is_null(), "aclCreateTensor");
     t
 }
@@ -561,34 +570,13 @@ fn device_tensor(
     assert_eq!(rc, 0);
     // SAFETY: a live stream.
     assert_eq!(unsafe { sys::aclrtSynchronizeStream(stream) }, 0);
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    let mut strides = vec![1i64; dims.len()];
-    for i in (0..dims.len().saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * dims[i + 1];
-    }
-    let storage = [shape.iter().product::<usize>() as i64];
-    // SAFETY: arrays of the stated lengths, live for the call; `ptr` holds the storage.
-    let t = unsafe {
-        sys::aclCreateTensor(
-            dims.as_ptr(),
-            dims.len() as u64,
-            dtype,
-            strides.as_ptr(),
-            0,
-            sys::ACL_FORMAT_ND,
-            storage.as_ptr(),
-            1,
-            ptr,
-        )
-    };
+    let t = contiguous_tensor(dtype, shape, ptr);
     assert!(!t.is_null());
     (ptr, t)
 }
 
-fn bytes_of<T: Copy>(v: &[T]) -> Vec<u8> {
-    // SAFETY: plain numbers, viewed as their bytes.
-    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
-        .to_vec()
+fn bytes_of<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
 }
 
 /// `aclnnRecurrentGatedDeltaRule` as the emulator computes it from its document: two requests of

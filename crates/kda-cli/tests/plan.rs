@@ -1,4 +1,4 @@
-//! `kda plan` end to end (the table, `--tp`, `--svg`), and `LayerOptions::auto` with the one
+//! `kda plan` end to end (the table, `--tp`, `--svg`, `--timeline-svg`), and `LayerOptions::auto` with the one
 //! line `kda run --auto` prints (docs/design/planner.md#layeroptionsauto).
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test setup")]
 
@@ -77,13 +77,15 @@ fn plan_tp_gives_the_per_rank_shapes() {
     assert!(out.contains("TP4"), "{out}");
 }
 
-/// The SVG is well-formed and draws one box per op of the recommended configuration's
+/// `--timeline-svg` is well-formed and draws one box per op of the recommended configuration's
 /// predicted forward, with the op's label.
 #[test]
-fn plan_svg_draws_one_box_per_predicted_op() {
-    let dir = TempDir::new("plan-svg");
+fn plan_timeline_svg_draws_one_box_per_predicted_op() {
+    let dir = TempDir::new("plan-timeline-svg");
     let path = dir.path("plan.svg");
-    let o = kda(&["plan", "--chip", "910b", "--tokens", "16", "--svg", path.to_str().unwrap()]);
+    let args =
+        ["plan", "--chip", "910b", "--tokens", "16", "--timeline-svg", path.to_str().unwrap()];
+    let o = kda(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&path).unwrap();
     let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
@@ -112,6 +114,142 @@ fn plan_svg_draws_one_box_per_predicted_op() {
     drawn.sort();
     launched.sort();
     assert_eq!(drawn, launched);
+}
+
+/// `(x, y)` of each vertex of a polyline.
+fn polyline(node: roxmltree::Node<'_, '_>) -> Vec<(f64, f64)> {
+    node.attribute("points")
+        .unwrap()
+        .split_whitespace()
+        .map(|p| {
+            let (x, y) = p.split_once(',').unwrap();
+            (x.parse().unwrap(), y.parse().unwrap())
+        })
+        .collect()
+}
+
+fn number(node: roxmltree::Node<'_, '_>, name: &str) -> f64 {
+    node.attribute(name).unwrap().parse().unwrap()
+}
+
+/// `--svg` draws the table: one line per configuration with one vertex per T in increasing T,
+/// log axes on both sides, the vertical order at each T that of the predicted times, and the
+/// recommended configuration ringed; all checked against the plan computed here through the
+/// library.
+#[test]
+fn plan_svg_draws_time_against_t_per_configuration_on_log_axes() {
+    let dir = TempDir::new("plan-svg");
+    let path = dir.path("plan.svg");
+    // Unsorted, and equal ratios (16x) between neighbours once sorted.
+    let tokens = [256usize, 1, 4096, 16];
+    let o = kda(&[
+        "plan",
+        "--chip",
+        "910b",
+        "--tokens",
+        "256,1,4096,16",
+        "--svg",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
+    let title = doc.descendants().find(|n| n.attribute("class") == Some("title")).unwrap();
+    let title = title.text().unwrap();
+    assert!(
+        title.contains("Ascend 910B") && title.contains("TP8") && title.contains("prefill"),
+        "{title}"
+    );
+
+    let plan = record(&weights(&KdaConfig::kimi_k3(), 8));
+    let figures = Chip::Ascend910B.figures();
+    let mut sorted = tokens;
+    sorted.sort_unstable();
+    let choices: Vec<_> =
+        sorted.iter().map(|&t| plan.choose(&figures, BatchShape::Prefill, t).unwrap()).collect();
+    let time = |config: &str, i: usize| {
+        let p = choices[i].predictions.iter().find(|p| p.config.name == config).unwrap();
+        p.simulation.makespan
+    };
+
+    let lines: Vec<_> =
+        doc.descendants().filter(|n| n.attribute("class") == Some("series-line")).collect();
+    let names: Vec<&str> = lines.iter().map(|n| n.attribute("data-config").unwrap()).collect();
+    assert_eq!(names, PLAN_CONFIGS.iter().map(|c| c.name).collect::<Vec<_>>());
+    let legend: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("legend-entry"))
+        .map(|n| n.text().unwrap())
+        .collect();
+    assert_eq!(legend, names);
+    let vertices: Vec<Vec<(f64, f64)>> = lines.iter().map(|&n| polyline(n)).collect();
+    for (name, v) in names.iter().zip(&vertices) {
+        assert_eq!(v.len(), tokens.len(), "{name}: one vertex per T");
+        assert!(v.windows(2).all(|w| w[0].0 < w[1].0), "{name}: x increases with T: {v:?}");
+        // Log x: 1, 16, 256, 4096 are equally spaced.
+        let gaps: Vec<f64> = v.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert!(gaps.iter().all(|g| (g - gaps[0]).abs() < 0.02), "{name}: {gaps:?}");
+        // Log y: the drop between two vertices is proportional to the log of their time ratio,
+        // with the same factor for every pair (fitted on the two ends).
+        let k = (v[0].1 - v[3].1) / (time(name, 3) / time(name, 0)).ln();
+        assert!(k > 0.0, "{name}: longer times are drawn higher");
+        for i in 1..3 {
+            let expected = v[0].1 - k * (time(name, i) / time(name, 0)).ln();
+            assert!((v[i].1 - expected).abs() < 0.05, "{name} at T = {}: {v:?}", sorted[i]);
+        }
+    }
+    // At each T, the vertical order of the lines is the order of the predicted times
+    // (SVG y grows downwards: a longer time is a smaller y).
+    for i in 0..sorted.len() {
+        for a in 0..names.len() {
+            for b in 0..names.len() {
+                let (ta, tb) = (time(names[a], i), time(names[b], i));
+                if ta > tb * 1.001 {
+                    assert!(
+                        vertices[a][i].1 < vertices[b][i].1,
+                        "T = {}: {} above {}",
+                        sorted[i],
+                        names[a],
+                        names[b]
+                    );
+                }
+            }
+        }
+    }
+    // The same log factor on both decade grids: a decade of time is as many pixels as
+    // ln(10) times the fitted factor, and the decades are evenly spaced.
+    let decade_ys: Vec<f64> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("y-decade"))
+        .map(|n| number(n, "y1"))
+        .collect();
+    assert!(decade_ys.len() >= 2, "{decade_ys:?}");
+    let step = decade_ys[0] - decade_ys[1];
+    assert!(decade_ys.windows(2).all(|w| (w[0] - w[1] - step).abs() < 0.02), "{decade_ys:?}");
+    let v = &vertices[0];
+    let k = (v[0].1 - v[3].1) / (time(names[0], 3) / time(names[0], 0)).ln();
+    assert!((k * 10f64.ln() - step).abs() < 0.05, "{k} per e-fold against {step} per decade");
+    // A tick at each T, on its vertices' x.
+    let ticks: Vec<(usize, f64)> = doc
+        .descendants()
+        .filter(|n| n.attribute("class") == Some("t-tick"))
+        .map(|n| (n.attribute("data-tokens").unwrap().parse().unwrap(), number(n, "x1")))
+        .collect();
+    assert_eq!(ticks.iter().map(|t| t.0).collect::<Vec<_>>(), sorted);
+    for (i, (_, x)) in ticks.iter().enumerate() {
+        assert!((x - v[i].0).abs() < 0.01, "{ticks:?} {v:?}");
+    }
+    // The recommended configuration at each T is ringed, on its vertex.
+    let rings: Vec<_> =
+        doc.descendants().filter(|n| n.attribute("class") == Some("recommended")).collect();
+    assert_eq!(rings.len(), sorted.len());
+    for (i, ring) in rings.iter().enumerate() {
+        let chosen = choices[i].config().name;
+        assert_eq!(ring.attribute("data-config"), Some(chosen), "T = {}", sorted[i]);
+        let line = names.iter().position(|n| *n == chosen).unwrap();
+        let (x, y) = vertices[line][i];
+        assert!((number(*ring, "cx") - x).abs() < 0.01 && (number(*ring, "cy") - y).abs() < 0.01);
+    }
 }
 
 /// `auto` takes the configuration with the smallest predicted time, and its options are that

@@ -51,7 +51,7 @@ pub use layout::Layout;
 pub use mx::{MxError, MxFloat, ScaleAlg, ScaleLayout};
 pub use op::{ComputeUnit, DownloadSlot, GemmDims, HostFn, Op, OpDims};
 pub use resource::{
-    BackendInfo, BufferHandle, BufferId, Capabilities, EventHandle, EventId, InstanceId, Resources,
-    StreamHandle, StreamId,
+    BackendInfo, BufferHandle, BufferId, Capabilities, EventHandle, EventId, InstanceId, NativeOps,
+    Resources, StreamHandle, StreamId,
 };
 pub use tensor::Tensor;

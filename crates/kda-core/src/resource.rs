@@ -91,6 +91,41 @@ pub struct Capabilities {
     pub threads: usize,
     /// Input dtypes the dense GEMM accepts.
     pub gemm_inputs: Vec<DType>,
+    /// The op families the backend runs on its own hardware path (not an emulation that exists
+    /// only off the device). The layer chooses its QKV precision from it
+    /// (`docs/design/kda.md#qkv-precision`).
+    pub native: NativeOps,
+}
+
+/// Which op families a backend can run, as [`Capabilities::native`] reports them. An op family
+/// is absent where the chip or the installed runtime lacks it (on Ascend, CANN for A2/A3 has no
+/// `aclnnDynamicMxQuantV3`); a layer then takes a path that does not need it instead of failing
+/// at its first call.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NativeOps {
+    /// MXFP8 quantization of an activation (`Op::DynamicQuant`).
+    pub mx_quant: bool,
+    /// The MXFP8 GEMM (`Op::MxGemm`).
+    pub mx_gemm: bool,
+}
+
+impl NativeOps {
+    /// Every op family: what a backend that implements the whole op set reports.
+    pub const ALL: Self = Self { mx_quant: true, mx_gemm: true };
+
+    /// Whether the MXFP8 QKV projection (DynamicQuant, then the MX GEMM) can run.
+    pub fn mxfp8(self) -> bool {
+        self.mx_quant && self.mx_gemm
+    }
+
+    /// `mx_quant, mx_gemm` for the families present, `none` when there is none, for `kda info`.
+    pub fn describe(self) -> String {
+        let present: Vec<&str> = [(self.mx_quant, "mx_quant"), (self.mx_gemm, "mx_gemm")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+        if present.is_empty() { "none".into() } else { present.join(", ") }
+    }
 }
 
 /// A backend's name and capabilities.

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use kda_core::hal::Allocation;
 use kda_core::{
     Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, Error, EventHandle,
-    EventId, GemmDims, InstanceId, Op, OpDims, Resources, Result, StreamHandle, StreamId,
-    Validated,
+    EventId, GemmDims, InstanceId, NativeOps, Op, OpDims, Resources, Result, StreamHandle,
+    StreamId, Validated,
 };
 
 #[derive(Clone, Debug)]
@@ -93,6 +93,7 @@ impl Backend for Counting {
                 execution: "records calls".into(),
                 threads: 1,
                 gemm_inputs: vec![DType::BF16, DType::F32],
+                native: NativeOps::default(),
             },
         }
     }

@@ -36,14 +36,8 @@ fn checkpoint() -> PathBuf {
     dir
 }
 
-fn values(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            ((s >> 16) & 0xFFFF) as f32 / 65536.0 - 0.5
-        })
-        .collect()
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    kda_synth::Gen::new(seed).uniform_f32(n, -0.5, 0.5)
 }
 
 #[test]

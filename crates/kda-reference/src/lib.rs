@@ -32,7 +32,7 @@ use kda_core::sanitize::checked_from_env;
 use kda_core::timeline::Timeline;
 use kda_core::{
     Backend, BackendInfo, BufferId, Capabilities, DType, Device, Error, EventId, InstanceId,
-    Resources, Result, StreamId, Validated,
+    NativeOps, Resources, Result, StreamId, Validated,
 };
 
 pub use buffer::RefBuffer;
@@ -205,6 +205,8 @@ impl Backend for ReferenceBackend {
                 execution,
                 threads: self.inner.exec.threads(),
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],
+                // Every op, MXFP8 included, is implemented on the CPU.
+                native: NativeOps::ALL,
             },
         }
     }

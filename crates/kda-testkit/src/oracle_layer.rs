@@ -63,6 +63,9 @@ pub struct LayerOracle {
     o_proj: Vec<f64>,
     gate: GateForm,
     eps: f64,
+    /// The recurrence's operands (q, k, v after the conv, beta) and its output rounded to bf16,
+    /// as a layer with `CoreOperands::Bf16` stores them.
+    bf16_core: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -155,7 +158,16 @@ impl LayerOracle {
             o_proj: f64s(&weights.o_proj),
             gate: weights.gate,
             eps: weights.rms_norm_eps,
+            bf16_core: false,
         }
+    }
+
+    /// The oracle of a layer whose recurrence takes bf16 operands (`CoreOperands::Bf16`): q, k,
+    /// v after the conv, beta and the core output are rounded to bf16, everything else in f64.
+    #[must_use]
+    pub fn with_bf16_core_operands(mut self) -> Self {
+        self.bf16_core = true;
+        self
     }
 
     /// A fresh request's state (zeros).
@@ -218,10 +230,20 @@ impl LayerOracle {
         let pick = |part: usize| -> Vec<f64> {
             conv.chunks(c).flat_map(|row| row[part * lp..(part + 1) * lp].to_vec()).collect()
         };
-        let (q, k, v) = (pick(0), pick(1), pick(2));
+        let (mut q, mut k, mut v) = (pick(0), pick(1), pick(2));
+        let mut beta = beta;
+        let round = |x: &mut Vec<f64>| x.iter_mut().for_each(|e| *e = round_bf16(*e));
+        if self.bf16_core {
+            for x in [&mut q, &mut k, &mut v, &mut beta] {
+                round(x);
+            }
+        }
         let seq = KdaSequence { q: &q, k: &k, v: &v, g: &g, beta: &beta, heads: lh, kd: d, vd: d };
         let scale = (d as f64).powf(-0.5);
-        let (core, recurrent) = kda_recurrence(seq, Some(&state.recurrent), scale, true);
+        let (mut core, recurrent) = kda_recurrence(seq, Some(&state.recurrent), scale, true);
+        if self.bf16_core {
+            round(&mut core);
+        }
         let normed = gated_rms_norm(&core, &g2, &self.o_norm, self.eps, d);
         let out = linear(&normed, &self.o_proj, lp);
         let mut history = state.conv.clone();

@@ -10,7 +10,8 @@
 //! aclnn op or kernel computes through its kernels. It rejects what CANN rejects, with CANN's
 //! codes: a wait on an event without `ACL_EVENT_SYNC`, an executor run twice without
 //! `aclSetAclOpExecutorRepeatable`, a capture ending with a forked stream not joined back, a
-//! synchronize of a capturing stream or a query of an event recorded in an open capture, tasks on
+//! synchronize of a stream in an open capture (its origin, or a stream joined to it by waiting on
+//! an event recorded inside it) or a query of an event recorded in an open capture, tasks on
 //! a stream stopped by a failed task under stop-on-failure, a kernel launch whose arguments are
 //! not where its launch function reads them, a relative binary path, a kernel the binary lacks,
 //! MX ops on a SoC without them (`KDA_ACL_EMU_SOC`, default `Ascend950PR_9599`).
@@ -93,6 +94,10 @@ struct Emu {
     /// Events recorded in the open capture: they cannot be queried or synchronized until it
     /// ends (`ACL_ERROR_RT_EVENT_CAPTURED`).
     captured_events: HashSet<usize>,
+    /// Streams in the open capture: its origin and every stream that waited on an event
+    /// recorded inside it (`aclmdlRICaptureGetInfo` reports them active; none may be
+    /// synchronized).
+    captured_streams: HashSet<usize>,
     /// `ACL_STOP_ON_FAILURE` was set on a stream: it holds for every stream of the context.
     stop_on_failure: bool,
     /// Streams stopped by a failed task under stop-on-failure: the failure's code and text. They
@@ -139,6 +144,7 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         functions: HashMap::new(),
         capture: None,
         captured_events: HashSet::new(),
+        captured_streams: HashSet::new(),
         stop_on_failure: false,
         aborted: HashMap::new(),
         next: 0x1000,
@@ -418,6 +424,7 @@ fn table_for(soc: &CString) -> kda_ascend_sys::Api {
         aclmdlRICaptureEnd: Some(rt::aclmdlRICaptureEnd),
         aclmdlRIExecuteAsync: Some(rt::aclmdlRIExecuteAsync),
         aclmdlRIDestroy: Some(rt::aclmdlRIDestroy),
+        aclmdlRICaptureGetInfo: Some(rt::aclmdlRICaptureGetInfo),
         aclrtBinaryLoadFromFile: Some(kernel::aclrtBinaryLoadFromFile),
         aclrtBinaryUnLoad: Some(kernel::aclrtBinaryUnLoad),
         aclrtBinaryGetFunction: Some(kernel::aclrtBinaryGetFunction),
@@ -467,5 +474,62 @@ mod tests {
         let a2 = table_for(&soc("Ascend910B3"));
         assert_eq!(a2.missing_required(), Vec::<&str>::new());
         assert_eq!(a2.absent(), kda_ascend_sys::MX_SYMBOLS.to_vec());
+    }
+
+    /// `aclmdlRICaptureGetInfo` reports the origin of an open capture and every stream joined
+    /// to it through an event as active, and none of them may be synchronized until it ends.
+    #[test]
+    #[allow(clippy::undocumented_unsafe_blocks, reason = "valid handles and out-parameters")]
+    fn streams_joined_to_a_capture_are_reported_and_not_synchronized() {
+        assert_eq!(rt::aclInit(std::ptr::null()), ACL_SUCCESS);
+        assert_eq!(rt::aclrtSetDevice(0), ACL_SUCCESS);
+        let stream = || {
+            let mut s: aclrtStream = std::ptr::null_mut();
+            assert_eq!(unsafe { rt::aclrtCreateStream(&mut s) }, ACL_SUCCESS);
+            s
+        };
+        let event = || {
+            let mut e: aclrtEvent = std::ptr::null_mut();
+            let code = unsafe { rt::aclrtCreateEventExWithFlag(&mut e, ACL_EVENT_SYNC) };
+            assert_eq!(code, ACL_SUCCESS);
+            e
+        };
+        let status = |s: aclrtStream| {
+            let mut st = -1;
+            let code = unsafe { rt::aclmdlRICaptureGetInfo(s, &mut st, std::ptr::null_mut()) };
+            assert_eq!(code, ACL_SUCCESS);
+            st
+        };
+        let (origin, joined, other) = (stream(), stream(), stream());
+        let (fork, join) = (event(), event());
+        assert_eq!(status(origin), ACL_MODEL_RI_CAPTURE_STATUS_NONE);
+        let mode = ACL_MODEL_RI_CAPTURE_MODE_RELAXED;
+        assert_eq!(rt::aclmdlRICaptureBegin(origin, mode), ACL_SUCCESS);
+        assert_eq!(rt::aclrtRecordEvent(fork, origin), ACL_SUCCESS);
+        assert_eq!(status(joined), ACL_MODEL_RI_CAPTURE_STATUS_NONE);
+        assert_eq!(rt::aclrtStreamWaitEvent(joined, fork), ACL_SUCCESS);
+        assert_eq!(status(origin), ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE);
+        assert_eq!(status(joined), ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE);
+        assert_eq!(status(other), ACL_MODEL_RI_CAPTURE_STATUS_NONE);
+        assert_eq!(rt::aclrtSynchronizeStream(joined), ACL_ERROR_RT_STREAM_CAPTURED);
+        assert_eq!(rt::aclrtSynchronizeStream(other), ACL_SUCCESS);
+        assert_eq!(rt::aclrtRecordEvent(join, joined), ACL_SUCCESS);
+        assert_eq!(rt::aclrtStreamWaitEvent(origin, join), ACL_SUCCESS);
+        let mut model: aclmdlRI = std::ptr::null_mut();
+        assert_eq!(unsafe { rt::aclmdlRICaptureEnd(origin, &mut model) }, ACL_SUCCESS);
+        assert_eq!(status(joined), ACL_MODEL_RI_CAPTURE_STATUS_NONE);
+        assert_eq!(rt::aclrtSynchronizeStream(joined), ACL_SUCCESS);
+        // An unknown stream is an error, not a status.
+        let mut st = 0;
+        let bogus = 0x8 as aclrtStream;
+        let code = unsafe { rt::aclmdlRICaptureGetInfo(bogus, &mut st, std::ptr::null_mut()) };
+        assert_eq!(code, ACL_ERROR_INVALID_PARAM);
+        assert_eq!(rt::aclmdlRIDestroy(model), ACL_SUCCESS);
+        for e in [fork, join] {
+            assert_eq!(rt::aclrtDestroyEvent(e), ACL_SUCCESS);
+        }
+        for s in [origin, joined, other] {
+            assert_eq!(rt::aclrtDestroyStream(s), ACL_SUCCESS);
+        }
     }
 }

@@ -214,7 +214,7 @@ pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     call(|| {
         let (backend, s) = {
             let emu = emu();
-            if emu.capture.is_some_and(|c| c.stream == stream as usize) {
+            if emu.captured_streams.contains(&(stream as usize)) {
                 return Err((
                     ACL_ERROR_RT_STREAM_CAPTURED,
                     format!("{API}: stream {stream:?} is capturing"),
@@ -311,7 +311,7 @@ pub extern "C" fn aclrtRecordEvent(ev: aclrtEvent, stream: aclrtStream) -> aclEr
 pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, ev: aclrtEvent) -> aclError {
     const API: &str = "aclrtStreamWaitEvent";
     call(|| {
-        let emu = emu();
+        let mut emu = emu();
         let (e, flags) = event(API, &emu, ev).map(|e| (e.event.clone(), e.flags))?;
         if flags & ACL_EVENT_SYNC == 0 {
             return Err((
@@ -325,6 +325,10 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, ev: aclrtEvent) -> a
         emu.backend
             .wait(&s, &e)
             .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
+        if emu.captured_events.contains(&(ev as usize)) {
+            // A wait on an event recorded inside the open capture pulls the stream into it.
+            emu.captured_streams.insert(stream as usize);
+        }
         crate::log(API, stream as usize, ev as usize);
         Ok(())
     })
@@ -443,6 +447,7 @@ pub extern "C" fn aclmdlRICaptureBegin(stream: aclrtStream, mode: aclmdlRICaptur
             .map_err(|e| (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {e}")))?;
         emu.capture =
             Some(crate::Capturing { stream: stream as usize, thread: std::thread::current().id() });
+        emu.captured_streams.insert(stream as usize);
         crate::log(API, stream as usize, 0);
         Ok(())
     })
@@ -468,6 +473,7 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(
         if emu.capture.is_some_and(|c| c.stream == stream as usize) {
             emu.capture = None;
             emu.captured_events.clear();
+            emu.captured_streams.clear();
         }
         let graph = graph?;
         let h = emu.handle();
@@ -476,6 +482,35 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(
         unsafe { put(API, model_ri, h as aclmdlRI) }?;
         crate::log(API, stream as usize, 0);
         Ok(())
+    })
+}
+
+/// Whether `stream` is in the open capture (its origin, or a stream that waited on an event
+/// recorded inside it): `ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE`, else `…_NONE`. The model out-parameter
+/// is optional (null allowed) and receives null: the instance exists only at `aclmdlRICaptureEnd`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclmdlRICaptureGetInfo(
+    stream: aclrtStream,
+    status: *mut aclmdlRICaptureStatus,
+    model_ri: *mut aclmdlRI,
+) -> aclError {
+    const API: &str = "aclmdlRICaptureGetInfo";
+    call(|| {
+        let emu = emu();
+        if !emu.streams.contains_key(&(stream as usize)) {
+            return invalid(format!("{API}: unknown stream {stream:?}"));
+        }
+        let value = if emu.captured_streams.contains(&(stream as usize)) {
+            ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE
+        } else {
+            ACL_MODEL_RI_CAPTURE_STATUS_NONE
+        };
+        if !model_ri.is_null() {
+            // SAFETY: non-null, writable per CANN's contract.
+            unsafe { put(API, model_ri, std::ptr::null_mut()) }?;
+        }
+        // SAFETY: writable out-parameter per CANN's contract.
+        unsafe { put(API, status, value) }
     })
 }
 

@@ -60,11 +60,16 @@ pub(crate) fn soc_name() -> String {
     unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
 }
 
-/// An owned `aclrtStream` (stored as an address: the handle is an opaque token). The handle
-/// can be replaced: a stream stopped by a failed task under `ACL_STOP_ON_FAILURE` accepts no
-/// task again, so the HAL stream continues on a fresh ACL stream ([`RawStream::replace`]).
+/// An `aclrtStream` (stored as an address: the handle is an opaque token): kda's own, created
+/// and destroyed here, or an engine's ([`RawStream::borrowed`]), never destroyed nor replaced.
+/// kda's own handle can be replaced: a stream stopped by a failed task under
+/// `ACL_STOP_ON_FAILURE` accepts no task again, so the HAL stream continues on a fresh ACL
+/// stream ([`RawStream::replace`]).
 #[derive(Debug)]
-pub(crate) struct RawStream(AtomicUsize);
+pub(crate) struct RawStream {
+    handle: AtomicUsize,
+    owned: bool,
+}
 
 impl RawStream {
     fn new_handle() -> Result<usize, AscendError> {
@@ -86,18 +91,32 @@ impl RawStream {
     }
 
     pub(crate) fn create() -> Result<Self, AscendError> {
-        Ok(RawStream(AtomicUsize::new(Self::new_handle()?)))
+        Ok(RawStream { handle: AtomicUsize::new(Self::new_handle()?), owned: true })
+    }
+
+    /// An engine's stream: used as it is, never destroyed nor replaced by kda.
+    pub(crate) fn borrowed(handle: usize) -> Self {
+        RawStream { handle: AtomicUsize::new(handle), owned: false }
+    }
+
+    /// Whether kda created this stream (and destroys or replaces it).
+    pub(crate) fn owned(&self) -> bool {
+        self.owned
     }
 
     pub(crate) fn get(&self) -> sys::aclrtStream {
-        self.0.load(Ordering::Acquire) as sys::aclrtStream
+        self.handle.load(Ordering::Acquire) as sys::aclrtStream
     }
 
     /// Continue on a fresh ACL stream after this one stopped on a failed task; the stopped one
-    /// is destroyed (its queued tasks were discarded by the runtime).
+    /// is destroyed (its queued tasks were discarded by the runtime). An engine's stream is
+    /// left as it is (the engine owns it and its recovery).
     pub(crate) fn replace(&self) -> Result<(), AscendError> {
+        if !self.owned {
+            return Ok(());
+        }
         let fresh = Self::new_handle()?;
-        let old = self.0.swap(fresh, Ordering::AcqRel);
+        let old = self.handle.swap(fresh, Ordering::AcqRel);
         // SAFETY: created by `aclrtCreateStream`, no longer reachable through `self`.
         let _ = unsafe { sys::aclrtDestroyStream(old as sys::aclrtStream) };
         Ok(())
@@ -106,6 +125,9 @@ impl RawStream {
 
 impl Drop for RawStream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: created by `aclrtCreateStream`, destroyed once; queued work still completes.
         let _ = unsafe { sys::aclrtDestroyStream(self.get()) };
     }

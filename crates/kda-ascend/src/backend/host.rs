@@ -310,8 +310,17 @@ pub(crate) fn drain(inner: &Arc<StreamInner>, depth: usize) -> Result<()> {
 /// `aclrtSynchronizeStream`, mapped onto the HAL's errors: the stream's host-side failure (its
 /// own host function, or a failed stream it waited on), else a failed device task — after which
 /// the stopped ACL stream is replaced — else success.
+///
+/// A stream being captured (by an engine, or kda's auxiliary stream pulled into that capture)
+/// is not synchronized: CANN refuses it (`ACL_ERROR_RT_STREAM_CAPTURED`) and the refusal would
+/// invalidate the engine's capture, so it is a typed error before any runtime call.
 pub(crate) fn synchronize(stream: &AscendStream) -> Result<()> {
     let inner = &stream.inner;
+    if !inner.capture().allows_release() {
+        return Err(super::engine::refused(
+            "synchronize of a stream an engine is capturing (synchronize after its capture ends)",
+        ));
+    }
     drain(inner, 0)?;
     // SAFETY: a live stream.
     let code = unsafe { sys::aclrtSynchronizeStream(inner.raw.get()) };
@@ -321,12 +330,16 @@ pub(crate) fn synchronize(stream: &AscendStream) -> Result<()> {
         let tasks = std::mem::take(&mut state.tasks);
         (std::mem::take(&mut state.in_flight), state.failure.take(), tasks)
     };
-    // Everything queued so far has finished (or was skipped): release what it kept.
+    // Everything queued so far has finished (or was skipped): release what it kept (what a
+    // capture pinned stays).
+    let settled = inner.retention().settle();
     drop(kept);
+    drop(settled);
     let device = if code == sys::ACL_SUCCESS {
         None
     } else {
-        // The runtime stopped the ACL stream for good (stop-on-failure): continue on a new one.
+        // The runtime stopped the ACL stream for good (stop-on-failure): continue on a new one
+        // (kda's own; an engine's stream is the engine's to recover).
         inner.raw.replace()?;
         Some(code)
     };
@@ -351,7 +364,13 @@ pub(crate) fn synchronize(stream: &AscendStream) -> Result<()> {
     Err(Error::OpFailed {
         op,
         stream: stream.id(),
-        message: format!("{acl} (the ACL stream stopped on the failure and was replaced)"),
+        message: if inner.raw.owned() {
+            format!("{acl} (the ACL stream stopped on the failure and was replaced)")
+        } else {
+            format!(
+                "{acl} (the engine's stream stopped on the failure; its recovery is the engine's)"
+            )
+        },
     })
 }
 

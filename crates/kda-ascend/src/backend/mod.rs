@@ -3,6 +3,7 @@
 mod acl;
 mod capture;
 mod descriptor;
+mod engine;
 mod host;
 mod kernel;
 mod memory;
@@ -10,14 +11,14 @@ mod ops;
 
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use kda_core::graph::Graph;
 use kda_core::hal::{Allocation, GraphReplay};
 use kda_core::{
     Backend, BackendInfo, BufferId, Capabilities, DType, Device, Error, EventHandle, EventId,
-    InstanceId, Resources, Result, StreamHandle, StreamId, Validated,
+    InstanceId, NativeOps, Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use self::acl::{RawEvent, RawStream};
@@ -47,10 +48,15 @@ struct Inner {
     kernels: kernel::Kernels,
     /// What `launch_graph` built for each graph (its ACL model), by graph id.
     graphs: capture::GraphCache,
+    /// Engines' streams imported into this instance (`engine`).
+    imported: engine::Imported,
     next_stream: AtomicU64,
     next_event: AtomicU64,
     next_buffer: AtomicU64,
 }
+
+/// Task names kept for failure reports on a stream that is never synchronized by kda.
+const MAX_TASK_NAMES: usize = 4096;
 
 /// A stream: the ACL stream, its host-side failure state and held work (see `host`), and what
 /// its queued work keeps alive until the stream is synchronized.
@@ -64,6 +70,14 @@ pub(crate) struct StreamInner {
     id: StreamId,
     raw: RawStream,
     state: Mutex<StreamState>,
+    /// An engine's stream (`import_stream`), which kda never synchronizes on its own, or a
+    /// stream that waited on an event of one (kda's auxiliary stream forked from it, which the
+    /// engine's path never synchronizes either): what its work holds is released in stream
+    /// order.
+    ordered: AtomicBool,
+    /// What queued work holds on an engine's stream, or on any stream under an engine's
+    /// capture: released in stream order, or pinned (`engine`).
+    retention: Mutex<engine::StreamRetention>,
 }
 
 #[derive(Debug, Default)]
@@ -86,17 +100,44 @@ impl StreamInner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn new(id: StreamId, raw: RawStream, imported: bool) -> Self {
+        StreamInner {
+            id,
+            raw,
+            state: Mutex::default(),
+            ordered: AtomicBool::new(imported),
+            retention: Mutex::default(),
+        }
+    }
+
+    /// Whether what this stream's work holds is released in stream order (`ordered`).
+    fn is_ordered(&self) -> bool {
+        self.ordered.load(Ordering::Acquire)
+    }
+
+    /// Keep `item` until the stream has run the work queued so far: until the next synchronize
+    /// on kda's own streams; in stream order on an engine's stream; for the stream's life under
+    /// a capture (the engine's model may replay the work at any time).
     pub(crate) fn keep(&self, item: impl Any + Send) {
-        self.state().in_flight.push(Box::new(item));
+        let capture = self.capture();
+        if self.is_ordered() || !capture.allows_release() {
+            self.retention().hold(Box::new(item), capture);
+        } else {
+            self.state().in_flight.push(Box::new(item));
+        }
     }
 }
 
 impl Drop for StreamInner {
     /// CANN requires a stream's tasks to be done before `aclrtDestroyStream`, and queued host
     /// functions point into `in_flight`: drain the stream first (its error, if any, has no one
-    /// left to report to).
+    /// left to report to). A stream being captured is not synchronized (the runtime refuses
+    /// it); what its captured work holds stays pinned until here.
     fn drop(&mut self) {
-        // SAFETY: a live stream, destroyed right after by `RawStream`'s drop.
+        if !self.capture().allows_release() {
+            return;
+        }
+        // SAFETY: a live stream (an engine's stays alive as long as kda's handles, its contract).
         let _ = unsafe { crate::sys::aclrtSynchronizeStream(self.raw.get()) };
     }
 }
@@ -187,6 +228,7 @@ impl AscendBackend {
             pool: Arc::default(),
             kernels,
             graphs: capture::GraphCache::default(),
+            imported: engine::Imported::default(),
             next_stream: AtomicU64::new(0),
             next_event: AtomicU64::new(0),
             next_buffer: AtomicU64::new(0),
@@ -238,6 +280,20 @@ impl AscendBackend {
     fn next(counter: &AtomicU64) -> u64 {
         counter.fetch_add(1, Ordering::Relaxed)
     }
+
+    /// On an engine's stream (or one forked from it) while no engine captures: release what
+    /// the work it has passed held. Nothing is recorded or queried while an engine captures any
+    /// imported stream, even on a stream outside that capture (a record from the capturing
+    /// thread may join the capture, and a query of it is refused).
+    fn release_on(&self, stream: &AscendStream) -> Result<()> {
+        if stream.inner.is_ordered()
+            && stream.inner.capture().allows_release()
+            && !self.engine_capturing()
+        {
+            stream.inner.release_passed()?;
+        }
+        Ok(())
+    }
 }
 
 impl Resources for AscendBackend {
@@ -252,7 +308,7 @@ impl Backend for AscendBackend {
         let mx = if self.inner.native_mx {
             "native MXFP8"
         } else {
-            "MXFP8 emulated (dequantize + bf16)"
+            "no native MXFP8: the layer runs QKV in bf16"
         };
         BackendInfo {
             name: "ascend",
@@ -272,6 +328,9 @@ impl Backend for AscendBackend {
                 },
                 threads: chip.vector_cores as usize,
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],
+                // The emulation path's quant kernel (`kda_mx_quant`) has no device source: MXFP8
+                // runs on an NPU only where the aclnn MX ops do.
+                native: NativeOps { mx_quant: self.inner.native_mx, mx_gemm: self.inner.native_mx },
             },
         }
     }
@@ -284,7 +343,7 @@ impl Backend for AscendBackend {
         self.enter()?;
         let inner = &self.inner;
         let id = StreamId { instance: inner.instance, index: Self::next(&inner.next_stream) };
-        let stream = StreamInner { id, raw: RawStream::create()?, state: Mutex::default() };
+        let stream = StreamInner::new(id, RawStream::create()?, false);
         Ok(AscendStream { inner: Arc::new(stream) })
     }
 
@@ -303,6 +362,7 @@ impl Backend for AscendBackend {
 
     fn record(&self, event: &AscendEvent, stream: &AscendStream) -> Result<()> {
         self.enter()?;
+        self.release_on(stream)?;
         *event.inner.recorded_on.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(Arc::downgrade(&stream.inner));
         // The stream keeps the event alive once recorded (CANN: no destroy with tasks pending).
@@ -314,9 +374,13 @@ impl Backend for AscendBackend {
         let upstream =
             event.inner.recorded_on.lock().unwrap_or_else(PoisonError::into_inner).clone();
         // Never recorded: a no-op, as the HAL (and CANN) define it.
-        if upstream.is_none() {
-            return Ok(());
+        let Some(upstream) = upstream else { return Ok(()) };
+        // A stream forked from an engine's stream is, like it, never synchronized by the
+        // engine's path: what its work holds is released in stream order too.
+        if upstream.upgrade().is_some_and(|up| up.is_ordered()) {
+            stream.inner.ordered.store(true, Ordering::Release);
         }
+        self.release_on(stream)?;
         host::submit(stream, Held::Wait(Arc::clone(&event.inner)))
     }
 
@@ -329,6 +393,8 @@ impl Backend for AscendBackend {
         self.enter()?;
         let inner = &self.inner;
         let id = BufferId { instance: inner.instance, index: Self::next(&inner.next_buffer) };
+        // No reuse event is queried while an engine captures one of its streams.
+        let _open = self.engine_capturing().then(|| inner.pool.capture_open());
         let (buffer, reuses) = inner.pool.alloc(id, bytes)?;
         Ok(Allocation { buffer, reuses })
     }
@@ -353,8 +419,19 @@ impl Backend for AscendBackend {
         Ok(inner.pool.import(id, ptr as usize, len, owner))
     }
 
+    unsafe fn import_stream(&self, handle: usize) -> Result<AscendStream> {
+        // SAFETY: the caller's contract (`kda_core::Device::import_stream`).
+        unsafe { self.import_engine_stream(handle) }
+    }
+
     fn free(&self, stream: &AscendStream, buffer: AscendBuffer) -> Result<()> {
         self.enter()?;
+        if !stream.inner.capture().allows_release() {
+            // Under a capture the engine's model may use the block at every replay: pinned.
+            stream.inner.keep(buffer);
+            return Ok(());
+        }
+        self.release_on(stream)?;
         host::submit(stream, Held::Free(buffer))
     }
 
@@ -362,7 +439,19 @@ impl Backend for AscendBackend {
         self.enter()?;
         let (op, dims) = op.into_parts();
         let _span = tracing::trace_span!("ascend", op = label, stream = %stream.id()).entered();
-        let steps = ops::prepare(self, stream, &op, dims, false)?;
+        let capture = stream.inner.capture();
+        let captured = !capture.allows_release();
+        if captured && matches!(op, kda_core::Op::Host { .. } | kda_core::Op::Download { .. }) {
+            return Err(engine::refused(
+                "a download or host function inside an engine's capture (its model would \
+                 replay it without kda)",
+            ));
+        }
+        self.release_on(stream)?;
+        // Under a capture: executors repeatable (the model replays them), no reuse event
+        // queried by the allocator.
+        let _open = captured.then(|| self.inner.pool.capture_open());
+        let steps = ops::prepare(self, stream, &op, dims, captured)?;
         {
             let mut state = stream.inner.state();
             for step in &steps {
@@ -370,9 +459,14 @@ impl Backend for AscendBackend {
                     state.tasks.push((task, label.to_string()));
                 }
             }
-            // The op's views keep their buffers alive until the stream has run it.
-            state.in_flight.push(Box::new(op));
+            // A stream kda never synchronizes keeps the latest names only.
+            if stream.inner.is_ordered() && state.tasks.len() > MAX_TASK_NAMES {
+                let excess = state.tasks.len() - MAX_TASK_NAMES / 2;
+                state.tasks.drain(..excess);
+            }
         }
+        // The op's views keep their buffers alive until the stream has run it.
+        stream.inner.keep(op);
         host::submit(stream, Held::Steps(steps))
     }
 

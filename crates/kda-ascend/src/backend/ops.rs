@@ -12,7 +12,8 @@
 //! | `Upload`, `Download` | `aclrtMemcpyAsync` through pinned staging (+ `aclnnInplaceCopy` for strided views) |
 //! | `Host` | `aclrtLaunchHostFunc` (a failure stops the stream on the host) |
 //! | `DynamicQuant`, `MxGemm` | `aclnnDynamicMxQuantV3`, `aclnnQuantMatmulV5` (Ascend 950); else `kda_mx_quant`, `kda_mx_dequant` + `aclnnMatmul` |
-//! | `Sigmoid`, `KdaGate`, `ZeroPadding`, `CausalConvUpdate`, `KdaRecurrent`, `L2Norm`, `GatedRmsNorm`, `MxDequant` | their AscendC kernels |
+//! | `Sigmoid`, `KdaGate`, `ZeroPadding`, `CausalConvUpdate`, `L2Norm`, `GatedRmsNorm`, `MxDequant` | their AscendC kernels |
+//! | `KdaRecurrent` | `aclnnRecurrentGatedDeltaRule` where its contract fits (`vendor.rs`: installed with an f32 state, bf16 operands, within its limits); else the `kda_recurrent_step` kernel |
 //! | `KdaChunk` | `aclnnChunkKdaFwd` where its contract fits (`vendor.rs`: installed, not captured, host offsets, f16/bf16 operands, within its limits); else the `kda_chunk_prefill` kernel (an in-kernel gate runs `kda_gate` into scratch first) |
 //! | `CausalConv` | the `kda_conv_prefill` kernel (no AscendC source yet; see docs/ascend.md) |
 
@@ -492,6 +493,14 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
         }
         Op::KdaRecurrent(r) => {
             let d = dims_of!(dims, Recurrence, op);
+            match vendor::recurrent_route(r, d, crate::sys::installed()) {
+                Ok(()) => {
+                    if vendor::recurrent(p, r, d)? {
+                        return Ok(());
+                    }
+                }
+                Err(why) => tracing::trace!(reason = %why, "kda_recurrent: the project's kernel"),
+            }
             let work = tiling::recurrent(d.batch, d.heads, d.k, d.v);
             let t = [
                 Some(&r.q),

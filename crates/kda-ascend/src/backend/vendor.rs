@@ -24,10 +24,25 @@
 //! lower-bound form `safeGate = true`, `lowerBound = lower_bound`; the L2 norm, when asked for,
 //! runs first (the `kda_l2norm` kernel, into `q`'s dtype); initial states are gathered from
 //! the request slots (zero for fresh requests) and final states scattered back.
+//!
+//! `KdaRecurrent` (decode, speculative decode) on `aclnnRecurrentGatedDeltaRule`
+//! (`attention/recurrent_gated_delta_rule/docs/aclnnRecurrentGatedDeltaRule.md`) where
+//! [`recurrent_route`] finds its contract fits: the op is installed and takes an f32 state (a
+//! release whose op takes only bf16 states rejects the first call's phase one; the backend then
+//! remembers it and keeps to its own kernel), `q`/`k`/`v`/`beta`/`o` are bf16 (`o` contiguous),
+//! `g` is f32, `H <= 256`, `K`, `V <= 512`, at most 8 tokens per request and no more tokens in
+//! the call than state slots. The mapping: the flat `[T = B·n, ...]` views, `gk = g` (the
+//! per-channel log decay), `g` absent, `ssmStateIndices = state_slots` (the slot after each
+//! token; the initial one is entry `numAcceptedTokens - 1` of the request's row),
+//! `actualSeqLengths = n` per request, `numAcceptedTokens` the op's or ones, the state `[N, H,
+//! V, K]` f32 as `stateRef`. The L2 norm runs first, as for the chunk op. The layer's slots are
+//! never negative (`RequestSlots` holds `usize`), so no padding request reaches the op.
 
 use std::ffi::CStr;
 
-use kda_core::kda::{ChunkHostMeta, GateForm, KdaChunk, RecurrenceDims};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kda_core::kda::{ChunkHostMeta, GateForm, KdaChunk, KdaRecurrent, RecurrenceDims};
 use kda_core::{DType, Result, Tensor};
 
 use super::{KeepAlive, Prep, Step};
@@ -44,6 +59,14 @@ type T = Tensor<AscendBackend>;
 pub(crate) const MAX_HEADS: usize = 128;
 pub(crate) const MAX_SEQUENCES: usize = 1024;
 const DIM_RANGE: std::ops::RangeInclusive<usize> = 16..=256;
+/// `aclnnRecurrentGatedDeltaRule`'s limits: heads, head dims, tokens per request.
+pub(crate) const RECURRENT_MAX_HEADS: usize = 256;
+pub(crate) const RECURRENT_MAX_DIM: usize = 512;
+pub(crate) const RECURRENT_MAX_TOKENS: usize = 8;
+
+/// Set once the installed `aclnnRecurrentGatedDeltaRule` has rejected an f32 state (an earlier
+/// release takes bf16 states only): from then on `KdaRecurrent` runs on the project's kernel.
+static RECURRENT_REJECTS_F32_STATE: AtomicBool = AtomicBool::new(false);
 
 /// Why a `KdaChunk` runs on the project's kernel instead of `aclnnChunkKdaFwd`.
 pub(crate) fn chunk_route<'c>(
@@ -299,4 +322,148 @@ fn call(
         p.copy(&finals.narrow(0, i, 1)?, &slot)?;
     }
     Ok(())
+}
+
+/// Why a `KdaRecurrent` runs on the project's kernel instead of `aclnnRecurrentGatedDeltaRule`.
+pub(crate) fn recurrent_route(
+    r: &KdaRecurrent<AscendBackend>,
+    d: RecurrenceDims,
+    api: Option<&sys::Api>,
+) -> std::result::Result<(), String> {
+    if !api.is_some_and(|a| a.has_all(&sys::RECURRENT_GDR_SYMBOLS)) {
+        return Err("aclnnRecurrentGatedDeltaRule is absent from this CANN".into());
+    }
+    if RECURRENT_REJECTS_F32_STATE.load(Ordering::Relaxed) {
+        return Err("this CANN's aclnnRecurrentGatedDeltaRule takes no f32 state".into());
+    }
+    let operands = [("q", &r.q), ("k", &r.k), ("v", &r.v), ("beta", &r.beta), ("o", &r.o)];
+    if let Some((name, t)) = operands.iter().find(|(_, t)| t.dtype() != DType::BF16) {
+        return Err(format!("{name} is {} (the op takes bf16 q/k/v/beta/out)", t.dtype()));
+    }
+    if r.g.dtype() != DType::F32 {
+        return Err(format!("g is {} (gk is f32)", r.g.dtype()));
+    }
+    if !r.o.layout().is_contiguous() {
+        return Err("o is strided (out must be contiguous)".into());
+    }
+    if d.batch == 0 || d.tokens == 0 || d.heads == 0 || d.k == 0 || d.v == 0 {
+        return Err("an empty call (the op takes no empty tensors)".into());
+    }
+    if d.heads > RECURRENT_MAX_HEADS {
+        return Err(format!("H = {} (at most {RECURRENT_MAX_HEADS})", d.heads));
+    }
+    if d.k > RECURRENT_MAX_DIM || d.v > RECURRENT_MAX_DIM {
+        return Err(format!("K = {}, V = {} (at most {RECURRENT_MAX_DIM})", d.k, d.v));
+    }
+    if d.tokens > RECURRENT_MAX_TOKENS {
+        return Err(format!("{} tokens per request (at most {RECURRENT_MAX_TOKENS})", d.tokens));
+    }
+    if d.batch * d.tokens > d.slots {
+        return Err(format!("T = {} exceeds the {} state slots", d.batch * d.tokens, d.slots));
+    }
+    Ok(())
+}
+
+/// `KdaRecurrent` as one `aclnnRecurrentGatedDeltaRule` call (after [`recurrent_route`]
+/// accepted it). `Ok(false)`: this CANN's op rejected the f32 state; nothing was queued and
+/// the caller runs the project's kernel.
+pub(super) fn recurrent(
+    p: &mut Prep<'_>,
+    r: &KdaRecurrent<AscendBackend>,
+    d: RecurrenceDims,
+) -> Result<bool> {
+    const OP: &str = "aclnnRecurrentGatedDeltaRule";
+    let mark = p.steps.len();
+    let (b, n, h, kd, vd) = (d.batch, d.tokens, d.heads, d.k, d.v);
+    let t = b * n;
+    let flat = |x: &T, tail: &[usize]| x.reshape(&[&[t][..], tail].concat());
+    let (q, k) = (flat(&r.q, &[h, kd])?, flat(&r.k, &[h, kd])?);
+    // The op's own inputs first; what fills them is queued after its phase one succeeded (and
+    // moved before it), so a rejection leaves no executor behind.
+    let (qn, kn) = if r.qk_l2norm {
+        (p.temp(q.dtype(), q.shape())?, p.temp(k.dtype(), k.shape())?)
+    } else {
+        (q.clone(), k.clone())
+    };
+    let lens = p.temp(DType::I32, &[b])?;
+    let (accepted, ones) = match &r.num_accepted_tokens {
+        Some(a) => (a.clone(), None),
+        None => {
+            let ones = p.temp(DType::I32, &[b])?;
+            (ones.clone(), Some(ones))
+        }
+    };
+    let tensors = vec![
+        AclTensor::of(OP, &qn)?,
+        AclTensor::of(OP, &kn)?,
+        AclTensor::of(OP, &flat(&r.v, &[h, vd])?)?,
+        AclTensor::of(OP, &flat(&r.beta, &[h])?)?,
+        AclTensor::of(OP, &r.state)?,
+        AclTensor::of(OP, &lens)?,
+        AclTensor::of(OP, &flat(&r.state_slots, &[])?)?,
+        AclTensor::of(OP, &flat(&r.g, &[h, kd])?)?,
+        AclTensor::of(OP, &accepted)?,
+        AclTensor::of(OP, &flat(&r.o, &[h, vd])?)?,
+    ];
+    let scale = r.scale;
+    let status = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let call_at = p.steps.len();
+    let seen = status.clone();
+    let queued = p.aclnn(
+        "aclnnRecurrentGatedDeltaRuleGetWorkspaceSize",
+        OP,
+        sys::aclnnRecurrentGatedDeltaRule,
+        tensors,
+        None,
+        Box::new(move |t, _, ws, ex| {
+            // SAFETY: live descriptors, a null optional `g`, valid out-parameters.
+            let code = unsafe {
+                sys::aclnnRecurrentGatedDeltaRuleGetWorkspaceSize(
+                    t[0].ptr(),
+                    t[1].ptr(),
+                    t[2].ptr(),
+                    t[3].ptr(),
+                    t[4].ptr(),
+                    t[5].ptr(),
+                    t[6].ptr(),
+                    std::ptr::null(),
+                    t[7].ptr(),
+                    t[8].ptr(),
+                    scale,
+                    t[9].ptr(),
+                    ws,
+                    ex,
+                )
+            };
+            seen.store(code, Ordering::Relaxed);
+            code
+        }),
+    );
+    match queued {
+        Ok(()) => {
+            if r.qk_l2norm {
+                // The op does not normalise: the project's L2 norm first, into bf16.
+                for (x, y) in [(&q, &qn), (&k, &kn)] {
+                    let work = tiling::l2norm(t * h, kd, x.dtype().size_bytes());
+                    p.kernel(names::L2NORM, work, &[Some(x), Some(y)], &[1.0])?;
+                }
+            }
+            p.fill(&lens, n as f64)?;
+            if let Some(ones) = &ones {
+                p.fill(ones, 1.0)?;
+            }
+            p.steps[call_at..].rotate_left(1);
+            Ok(true)
+        }
+        Err(e) if status.load(Ordering::Relaxed) == sys::ACLNN_ERR_PARAM_INVALID => {
+            // Everything the call was routed on fits the current document, so the one
+            // argument an earlier release rejects is the f32 state: remember it, drop what was
+            // queued for the call, and let the project's kernel run.
+            tracing::warn!(error = %e, "{OP} rejects the f32 state: the project's kernel runs");
+            RECURRENT_REJECTS_F32_STATE.store(true, Ordering::Relaxed);
+            p.steps.truncate(mark);
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }

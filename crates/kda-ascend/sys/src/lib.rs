@@ -1,7 +1,7 @@
 //! `kda-ascend-sys`: the CANN C declarations kda uses, written once.
 //!
 //! - [`types`]: the C types, codes and flags (values from CANN's headers).
-//! - [`cann_symbols!`] below: the one list of prototypes. It generates [`Api`], a table of
+//! - `cann_symbols!` below: the one list of prototypes. It generates [`Api`], a table of
 //!   function pointers, one field per symbol; [`SYMBOLS`], what each symbol is; and one
 //!   `unsafe extern "C"` function per symbol that calls through the installed table, so callers
 //!   write `kda_ascend_sys::aclrtMalloc(..)` as with a linked library.
@@ -189,6 +189,7 @@ cann_symbols! {
     required Runtime fn aclmdlRICaptureEnd(stream: aclrtStream, model_ri: *mut aclmdlRI) -> aclError;
     required Runtime fn aclmdlRIExecuteAsync(model_ri: aclmdlRI, stream: aclrtStream) -> aclError;
     required Runtime fn aclmdlRIDestroy(model_ri: aclmdlRI) -> aclError;
+    required Runtime fn aclmdlRICaptureGetInfo(stream: aclrtStream, status: *mut aclmdlRICaptureStatus, model_ri: *mut aclmdlRI) -> aclError;
 
     // Kernel binaries and launches.
     required Runtime fn aclrtBinaryLoadFromFile(path: *const c_char, options: *mut aclrtBinaryLoadOptions, handle: *mut aclrtBinHandle) -> aclError;

@@ -14,6 +14,7 @@ pub type aclFormat = c_int;
 pub type aclrtMemcpyKind = c_int;
 pub type aclrtMemMallocPolicy = c_int;
 pub type aclmdlRICaptureMode = c_int;
+pub type aclmdlRICaptureStatus = c_int;
 pub type aclrtEventRecordedStatus = c_int;
 
 pub type aclrtStream = *mut c_void;
@@ -153,6 +154,11 @@ pub struct aclrtPlaceHolderInfo {
 pub const ACL_MODEL_RI_CAPTURE_MODE_GLOBAL: aclmdlRICaptureMode = 0;
 pub const ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL: aclmdlRICaptureMode = 1;
 pub const ACL_MODEL_RI_CAPTURE_MODE_RELAXED: aclmdlRICaptureMode = 2;
+
+/// `aclmdlRICaptureGetInfo`'s status (acl_rt.h `aclmdlRICaptureStatus`).
+pub const ACL_MODEL_RI_CAPTURE_STATUS_NONE: aclmdlRICaptureStatus = 0;
+pub const ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE: aclmdlRICaptureStatus = 1;
+pub const ACL_MODEL_RI_CAPTURE_STATUS_INVALIDATED: aclmdlRICaptureStatus = 2;
 
 /// `aclnnMatmul`'s `cubeMathType`: keep the input dtype (no HF32 down-conversion).
 pub const KEEP_DTYPE: i8 = 0;

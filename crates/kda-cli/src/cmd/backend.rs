@@ -264,13 +264,14 @@ pub fn capabilities<B: Backend>(device: &Device<B>) -> String {
     let dtypes: Vec<_> = caps.gemm_inputs.iter().map(|d| d.name()).collect();
     format!(
         "{:<10} execution: {:<20} threads/op: {:<3} concurrent streams: {}  shared matrix units: \
-         {}  gemm inputs: {}",
+         {}  gemm inputs: {}  native ops: {}",
         info.name,
         caps.execution,
         caps.threads,
         yes_no(caps.concurrent_streams),
         yes_no(caps.shared_matrix_units),
         dtypes.join(", "),
+        caps.native.describe(),
     )
 }
 

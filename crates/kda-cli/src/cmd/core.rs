@@ -5,7 +5,7 @@
 //! already activated), `beta` `[B, T, H]` (already through the sigmoid) and optionally
 //! `initial_state` `[B, H, K, V]`, each f32 or bf16. The output holds `o` `[B, T, H, V]` and
 //! `final_state` `[B, H, K, V]`, f32. The checks and the computation are
-//! [`kda_embed::ops::core`]'s, the one implementation `kda.core` in Python runs too; this file
+//! [`mod@kda_embed::ops::core`]'s, the one implementation `kda.core` in Python runs too; this file
 //! reads and writes the files.
 
 use std::collections::HashMap;

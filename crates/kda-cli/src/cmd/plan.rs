@@ -4,7 +4,9 @@
 //! conv, gate, chunked or recurrent KDA, gated norm, `o_proj`) in each of the six
 //! configurations in checked mode on the reference backend at 1 and 2 tokens
 //! ([`LayerPlan::record`]), extrapolates each op's FLOPs and bytes to every requested T, and
-//! simulates the streams on the chosen chip's figures. `--calibrate` also measures the
+//! simulates the streams on the chosen chip's figures. `--svg` draws the table as a chart
+//! ([`TimeChart`]: time against T per configuration, log-log), `--timeline-svg` the recommended
+//! configuration's predicted timeline. `--calibrate` also measures the
 //! configurations on this host and fits per-op-kind costs to the measurements
 //! (docs/design/planner.md#calibration).
 
@@ -17,7 +19,7 @@ use kda_core::layer::{
     BatchShape, Choice, KdaLayer, LayerOptions, LayerPlan, PLAN_CONFIGS, PlanConfig,
 };
 use kda_core::plan::chips::Chip;
-use kda_core::plan::{self, ChipFigures, RecordedRun, Recording};
+use kda_core::plan::{self, ChartSeries, ChipFigures, RecordedRun, Recording, TimeChart};
 use kda_core::sanitize::Entry;
 use kda_core::timeline::{SvgOptions, Timeline};
 use kda_core::weights::LayerWeights;
@@ -65,10 +67,14 @@ pub struct PlanArgs {
     /// The batch shape of T tokens.
     #[arg(long, value_enum, default_value_t = ShapeArg::Prefill)]
     pub shape: ShapeArg,
-    /// Draw the recommended configuration's predicted timeline at the first `--tokens` count
-    /// to this SVG file (one box per op).
+    /// Draw the table to this SVG file: predicted layer time against T, one line per
+    /// configuration, both axes log scale, the recommended configuration at each T ringed.
     #[arg(long, value_name = "FILE")]
     pub svg: Option<PathBuf>,
+    /// Draw the recommended configuration's predicted timeline at the first `--tokens` count
+    /// to this SVG file (one lane per stream, one box per op).
+    #[arg(long, value_name = "FILE")]
+    pub timeline_svg: Option<PathBuf>,
     /// Measure every configuration at each `--tokens` count on this host (reference backend,
     /// one core per stream), fit per-op-kind costs to the measured op times, and print
     /// predicted against measured (implies --chip host).
@@ -165,21 +171,31 @@ pub fn run(args: &PlanArgs) -> Result<(), CliError> {
         if let Some(path) = &args.record {
             let text = serde_json::to_string_pretty(&recording)
                 .map_err(|e| CliError::Argument { arg: "--record", reason: e.to_string() })?;
-            std::fs::write(path, text + "\n").map_err(|source| CliError::Io {
-                action: "write",
-                path: path.display().to_string(),
-                source,
-            })?;
+            write_file(path, &(text + "\n"))?;
         }
         figures = fit(figures, &recording)?;
         println!("kda plan --calibrate: {title} on this host, reference backend\n");
         print_calibration(&figures, &recording)?;
         println!();
     }
-    report(&title, &figures, shape, &args.tokens, &plan)?;
+    let choices = args
+        .tokens
+        .iter()
+        .map(|&t| plan.choose(&figures, shape, t))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(plan_error)?;
+    report(&title, &figures, &choices);
     print_f_bytes(&weights);
     if let Some(path) = &args.svg {
-        write_svg(path, &title, &figures, shape, args.tokens[0], &plan)?;
+        let text = chart(&title, &figures, &choices)?
+            .to_svg()
+            .map_err(|e| CliError::Argument { arg: "--svg", reason: e.to_string() })?;
+        write_file(path, &text)?;
+        println!("wrote the predicted times against T to {}", path.display());
+    }
+    if let Some(path) = &args.timeline_svg {
+        write_file(path, &timeline_svg(&title, &figures, &choices[0]))?;
+        println!("wrote the predicted timeline to {}", path.display());
     }
     Ok(())
 }
@@ -220,7 +236,7 @@ fn read_recording(path: &Path) -> Result<Recording, CliError> {
     })
 }
 
-/// `figures` calibrated on `recording` ([`plan::calibrate`]).
+/// `figures` calibrated on `recording` ([`plan::calibrate()`]).
 fn fit(figures: ChipFigures, recording: &Recording) -> Result<ChipFigures, CliError> {
     let runs: Vec<&RecordedRun> = recording.runs.iter().collect();
     plan::calibrate(figures, &runs, recording.caches).map_err(plan_error)
@@ -479,13 +495,7 @@ fn f_weight_bytes(w: &LayerWeights) -> (usize, usize) {
     (2 * lp * hd, 2 * (d * hd + lp * d))
 }
 
-fn report(
-    title: &str,
-    chip: &ChipFigures,
-    shape: BatchShape,
-    tokens: &[usize],
-    plan: &LayerPlan,
-) -> Result<(), CliError> {
+fn report(title: &str, chip: &ChipFigures, choices: &[Choice]) {
     println!("kda plan: {title} on {}", chip.name);
     for (name, value, provenance) in chip.rows() {
         println!("  {name:<20} {value:>12}  {provenance}");
@@ -502,15 +512,13 @@ fn report(
         print!("  {:>14}", short(c));
     }
     println!("  recommended");
-    for &t in tokens {
-        let choice = plan.choose(chip, shape, t).map_err(plan_error)?;
-        print!("{t:>7}");
+    for choice in choices {
+        print!("{:>7}", choice.tokens);
         for p in &choice.predictions {
             print!("  {:>11.1} µs", p.simulation.makespan * 1e6);
         }
         println!("  {}", choice.config().name);
     }
-    Ok(())
 }
 
 /// Prints the F weight bytes of a decode step (both forms) for `weights`.
@@ -524,44 +532,66 @@ fn print_f_bytes(weights: &LayerWeights) {
     );
 }
 
-/// The recommended configuration's predicted timeline at `tokens`, as SVG.
-pub(crate) fn svg(
-    title: &str,
-    chip: &ChipFigures,
-    shape: BatchShape,
-    tokens: usize,
-    plan: &LayerPlan,
-) -> Result<String, CliError> {
-    let choice = plan.choose(chip, shape, tokens).map_err(plan_error)?;
+/// The table as a chart: one line per configuration through its predicted time at each T,
+/// staged F dashed, and the recommended configuration at each T.
+fn chart(title: &str, chip: &ChipFigures, choices: &[Choice]) -> Result<TimeChart, CliError> {
+    use kda_core::layer::ForgetProjection;
+    let seconds = |config: &PlanConfig| -> Result<Vec<f64>, CliError> {
+        choices
+            .iter()
+            .map(|choice| {
+                let p = choice.predictions.iter().find(|p| p.config == *config);
+                p.map(|p| p.simulation.makespan)
+                    .ok_or_else(|| plan_error(plan::PlanError::NothingRecorded))
+            })
+            .collect()
+    };
+    let series = PLAN_CONFIGS
+        .iter()
+        .map(|c| {
+            let dashed = c.forget == ForgetProjection::Staged;
+            Ok(ChartSeries { name: c.name.to_string(), seconds: seconds(c)?, dashed })
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    let recommended = choices
+        .iter()
+        .map(|choice| {
+            PLAN_CONFIGS
+                .iter()
+                .position(|c| *c == choice.config())
+                .ok_or_else(|| plan_error(plan::PlanError::NothingRecorded))
+        })
+        .collect::<Result<Vec<_>, CliError>>()?;
+    Ok(TimeChart {
+        title: format!("{title} on {}: predicted layer time", chip.name),
+        tokens: choices.iter().map(|c| c.tokens).collect(),
+        series,
+        recommended,
+    })
+}
+
+/// The recommended configuration's predicted timeline at `choice`'s T, as SVG.
+fn timeline_svg(title: &str, chip: &ChipFigures, choice: &Choice) -> String {
     let sim = &choice.predictions[choice.chosen].simulation;
     let options = SvgOptions {
         title: Some(format!(
-            "{title}, T = {tokens}, {} on {}: predicted {:.1} µs",
+            "{title}, T = {}, {} on {}: predicted {:.1} µs",
+            choice.tokens,
             choice.config().name,
             chip.name,
             sim.makespan * 1e6
         )),
         ..SvgOptions::default()
     };
-    Ok(sim.timeline().to_svg(&options))
+    sim.timeline().to_svg(&options)
 }
 
-fn write_svg(
-    path: &Path,
-    title: &str,
-    chip: &ChipFigures,
-    shape: BatchShape,
-    tokens: usize,
-    plan: &LayerPlan,
-) -> Result<(), CliError> {
-    let text = svg(title, chip, shape, tokens, plan)?;
+fn write_file(path: &Path, text: &str) -> Result<(), CliError> {
     std::fs::write(path, text).map_err(|source| CliError::Io {
         action: "write",
         path: path.display().to_string(),
         source,
-    })?;
-    println!("wrote the predicted timeline to {}", path.display());
-    Ok(())
+    })
 }
 
 /// A column header for a configuration.

@@ -35,9 +35,10 @@ pub(super) struct TokenInputs<B: Backend> {
     pub(super) g1: Tensor<B>,
     /// The gate's parameters, applied to `g1` by whichever op needs the log decay.
     pub(super) gate: ChunkGate<B>,
-    /// `[n, lh]` f32: beta after the sigmoid.
+    /// `[n, lh]`: beta after the sigmoid, in the core operands' dtype.
     pub(super) beta: Tensor<B>,
-    /// `[n, lh, D]` f32: the recurrence's output (written).
+    /// `[n, lh, D]` in the core operands' dtype (`docs/design/kda.md#core-operand-dtype`): the
+    /// recurrence's output (written). The conv output (q, k, v) takes the same dtype.
     pub(super) core: Tensor<B>,
 }
 
@@ -50,6 +51,26 @@ pub(super) fn meta_tensor<B: Backend>(
     let t = backend.alloc(DType::I32, &[values.len()])?;
     backend.upload(stream, &t, values)?;
     Ok(t)
+}
+
+/// `x` in `dtype`: itself when it already is, else a rounded copy (a GEMM with a `[1, 1]` one,
+/// exact up to the one rounding to `dtype`, as the HAL has no cast op).
+pub(super) fn to_dtype<B: Backend>(
+    backend: &Device<B>,
+    stream: &B::Stream,
+    x: &Tensor<B>,
+    dtype: DType,
+) -> Result<Tensor<B>> {
+    if x.dtype() == dtype {
+        return Ok(x.clone());
+    }
+    let one = backend.alloc(DType::F32, &[1, 1])?;
+    backend.launch(stream, Op::Fill { dst: one.clone(), value: 1.0 })?;
+    let y = backend.alloc(dtype, x.shape())?;
+    let rows = x.numel();
+    let (flat_x, flat_y) = (x.reshape(&[rows, 1])?, y.reshape(&[rows, 1])?);
+    backend.launch_labeled(stream, "cast", Op::Gemm { x: flat_x, w: one, y: flat_y })?;
+    Ok(y)
 }
 
 /// The rows `runs` of `src` (along dimension 0) copied one after the other into a new tensor.
@@ -120,14 +141,14 @@ pub(super) fn run_group<B: Backend>(
                 gather(b, stream, &inputs.qkv, &runs, tokens)?,
                 gather(b, stream, &inputs.g1, &runs, tokens)?,
                 gather(b, stream, &inputs.beta, &runs, tokens)?,
-                b.alloc(DType::F32, &core_shape)?,
+                b.alloc(inputs.core.dtype(), &core_shape)?,
             )
         }
     };
     let channels = qkv.shape()[1];
     let (heads, head_dim) = (g1.shape()[1], g1.shape()[2]);
     let lp = heads * head_dim;
-    let conv_out = b.alloc(DType::F32, &[tokens, channels])?;
+    let conv_out = b.alloc(inputs.core.dtype(), &[tokens, channels])?;
     let state_slots = meta_tensor(b, stream, &group.state_slots)?;
     let conv_state = cache.conv().clone();
     let recurrent_state = cache.recurrent().clone();

@@ -7,7 +7,8 @@
 //! - [`cache`]: [`StateCache`], per-slot recurrent (v-first) and conv state;
 //! - [`weights`]: [`LayerDeviceWeights`], one rank's loaded weights on a device;
 //! - `dispatch`: the per-group conv, gate and recurrence launches (prefills hand the raw gate
-//!   to the chunk kernel, which applies it: `docs/design/kda.md#behaviour-11`).
+//!   to the chunk kernel, which applies it: `docs/design/kda.md#behaviour-11`), on operands of
+//!   the dtype [`LayerOptions::core_operands`] chooses (`docs/design/kda.md#core-operand-dtype`).
 //!
 //! [`KdaLayer::forward`] checks everything it can (shapes, dtypes, metadata, slots, aliasing)
 //! before it launches anything, so a rejected call leaves the cache and the output as they were.
@@ -36,6 +37,7 @@ use crate::kda::{ChunkGate, GateForm, GatedRmsNorm, KdaGate, ZeroPadding};
 use crate::layer::error::Result;
 use crate::op::Op;
 use crate::resource::BufferHandle;
+pub use crate::schedule::QkvPath;
 use crate::schedule::{
     MatrixOverlap, Mutation, ProjectionSchedule, QkvBfgProjection, prepare_beta,
 };
@@ -53,6 +55,28 @@ pub enum BetaInput {
     Raw,
 }
 
+/// The dtype of the recurrence's operands: q, k and v after the short conv, beta, and the core
+/// output (`docs/design/kda.md#core-operand-dtype`). The state stays f32 v-first either way.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CoreOperands {
+    /// Everything in f32 (the default).
+    #[default]
+    F32,
+    /// bf16 operands, as serving engines run the core in the model dtype; what CANN's
+    /// `aclnnChunkKdaFwd` and `aclnnRecurrentGatedDeltaRule` take.
+    Bf16,
+}
+
+impl CoreOperands {
+    /// The dtype of the operands.
+    pub fn dtype(self) -> DType {
+        match self {
+            Self::F32 => DType::F32,
+            Self::Bf16 => DType::BF16,
+        }
+    }
+}
+
 /// How a layer runs; everything has the default a backend's capabilities suggest.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct LayerOptions {
@@ -62,6 +86,11 @@ pub struct LayerOptions {
     pub matrix_overlap: Option<MatrixOverlap>,
     pub forget: ForgetProjection,
     pub beta: BetaInput,
+    /// `None`: f32 (no backend states a preference yet).
+    pub core_operands: Option<CoreOperands>,
+    /// The QKV precision of an MXFP8 checkpoint (`docs/design/kda.md#qkv-precision`). `None`:
+    /// MXFP8 where the backend runs the MX ops natively, bf16 otherwise.
+    pub qkv: Option<QkvPath>,
     /// An edit to the overlapped schedule's event order, for the tests and `kda check`'s
     /// self-test that show a broken schedule is caught. Not for production use.
     #[doc(hidden)]
@@ -74,7 +103,7 @@ pub struct LayerOptions {
 pub struct LayerTrace<B: Backend> {
     /// `[n, 3 lp]` bf16: q, k, v before the short conv.
     pub mixed_qkv: Tensor<B>,
-    /// `[n, lh]` f32, after the sigmoid.
+    /// `[n, lh]` after the sigmoid, in the core operands' dtype ([`CoreOperands`]).
     pub beta: Tensor<B>,
     /// `[n, lh, D]` bf16: raw forget-gate logits.
     pub g1: Tensor<B>,
@@ -83,7 +112,7 @@ pub struct LayerTrace<B: Backend> {
     pub gate: Tensor<B>,
     /// `[n, lh, D]` bf16: output-gate logits.
     pub g2: Tensor<B>,
-    /// `[n, lh, D]` f32: the recurrence's output, before the norm.
+    /// `[n, lh, D]` in the core operands' dtype: the recurrence's output, before the norm.
     pub core_attn_out: Tensor<B>,
 }
 
@@ -96,6 +125,7 @@ pub struct KdaLayer<B: Backend> {
     gate: GateForm,
     eps: f32,
     beta: BetaInput,
+    operands: CoreOperands,
     projection: QkvBfgProjection<B>,
     weights: LayerDeviceWeights<B>,
 }
@@ -110,7 +140,8 @@ impl<B: Backend> KdaLayer<B> {
     ) -> Result<Self> {
         let _span = tracing::debug_span!("kda_layer.new", layer = weights.layer).entered();
         let caps = backend.info().capabilities;
-        let device = LayerDeviceWeights::upload(backend, stream, weights, options.forget)?;
+        let device =
+            LayerDeviceWeights::upload(backend, stream, weights, options.forget, options.qkv)?;
         let schedule =
             options.schedule.unwrap_or_else(|| ProjectionSchedule::for_capabilities(&caps));
         let policy =
@@ -135,6 +166,7 @@ impl<B: Backend> KdaLayer<B> {
             gate: weights.gate,
             eps,
             beta: options.beta,
+            operands: options.core_operands.unwrap_or_default(),
             projection,
             weights: device,
         })
@@ -160,6 +192,11 @@ impl<B: Backend> KdaLayer<B> {
 
     pub fn schedule(&self) -> ProjectionSchedule {
         self.projection.schedule()
+    }
+
+    /// The dtype of the recurrence's operands ([`CoreOperands`]).
+    pub fn core_operands(&self) -> CoreOperands {
+        self.operands
     }
 
     pub fn projection(&self) -> &QkvBfgProjection<B> {
@@ -347,12 +384,13 @@ impl<B: Backend> KdaLayer<B> {
             }
         }
         .reshape(&[n, lh])?;
+        let beta = dispatch::to_dtype(b, stream, &beta, self.operands.dtype())?;
         let g1 = projected.g1.narrow(1, 0, n)?.reshape(&[n, lh, hd])?;
         let w = &self.weights;
         let gate =
             ChunkGate { a_log: w.a_log.clone(), dt_bias: w.dt_bias.clone(), form: self.gate };
 
-        let core = b.alloc(DType::F32, &[n, lh, hd])?;
+        let core = b.alloc(self.operands.dtype(), &[n, lh, hd])?;
         let inputs = dispatch::TokenInputs {
             qkv: projected.mixed_qkv.narrow(0, 0, n)?,
             g1: g1.clone(),

@@ -9,7 +9,7 @@ use crate::hal::Backend;
 use crate::layer::error::{LayerError, Result};
 use crate::layout::Layout;
 use crate::schedule::weights::{upload, upload_qkv};
-use crate::schedule::{BfgWeight, ProjectionDims, ProjectionWeights, QkvWeight};
+use crate::schedule::{BfgWeight, ProjectionDims, ProjectionWeights, QkvPath, QkvWeight};
 use crate::tensor::Tensor;
 use crate::weights::bfg::compose_low_rank;
 use crate::weights::{BfgBlock, ConvLayout, HostTensor, LayerWeights, TensorRead};
@@ -51,17 +51,24 @@ fn incomplete(param: &'static str, actual: impl Into<String>) -> LayerError {
 }
 
 impl<B: Backend> LayerDeviceWeights<B> {
-    /// Upload `layer` on `stream` (ready in its order), with F as `forget` says.
+    /// Upload `layer` on `stream` (ready in its order), with F as `forget` says and the QKV on
+    /// the path `qkv` asks for, `None` letting the backend's capabilities choose
+    /// ([`QkvPath::resolve`]). An impossible request fails here, before anything is uploaded.
     pub fn upload(
         backend: &Device<B>,
         stream: &B::Stream,
         layer: &LayerWeights,
         forget: ForgetProjection,
+        qkv: Option<QkvPath>,
     ) -> Result<Self> {
         let d = &layer.dims;
+        let info = backend.info();
+        let path = QkvPath::resolve(qkv, layer.qkv.format(), info.capabilities.native, info.name)?;
         let projection = match forget {
-            ForgetProjection::Composed => ProjectionWeights::upload(backend, stream, layer)?,
-            ForgetProjection::Staged => upload_staged(backend, stream, layer)?,
+            ForgetProjection::Composed => {
+                ProjectionWeights::upload_on(backend, stream, layer, path)?
+            }
+            ForgetProjection::Staged => upload_staged(backend, stream, layer, path)?,
         };
         if layer.conv.layout() != ConvLayout::Kernel {
             return Err(incomplete("conv", "conv weights not packed into [W, 3 lp]"));
@@ -109,6 +116,7 @@ fn upload_staged<B: Backend>(
     backend: &Device<B>,
     stream: &B::Stream,
     layer: &LayerWeights,
+    path: QkvPath,
 ) -> Result<ProjectionWeights<B>> {
     let d = &layer.dims;
     let bfg = &layer.bfg;
@@ -141,7 +149,7 @@ fn upload_staged<B: Backend>(
         f_b: upload(backend, stream, &f_b.cast(dtype)?)?,
         g: upload(backend, stream, &g)?,
     };
-    let qkv = upload_qkv(backend, stream, layer)?;
+    let qkv = upload_qkv(backend, stream, layer, path)?;
     let dims = ProjectionDims { hidden: d.hidden, heads: d.local_heads, head_dim: d.head_dim };
     Ok(ProjectionWeights::new(dims, qkv, staged)?)
 }

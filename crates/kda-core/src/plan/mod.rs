@@ -10,6 +10,7 @@
 //! one at a time, in submission order.
 
 pub mod calibrate;
+pub mod chart;
 pub mod chips;
 pub mod recording;
 
@@ -23,6 +24,7 @@ use crate::sanitize::Entry;
 use crate::timeline::{Span, Timeline};
 
 pub use calibrate::{CacheSizes, Calibration, KindCost, Sample, calibrate};
+pub use chart::{ChartError, ChartSeries, TimeChart};
 pub use chips::{ChipFigures, Figure, Provenance};
 pub use recording::{RecordedRun, Recording, Step};
 

@@ -538,6 +538,7 @@ mod tests {
             execution: String::new(),
             threads: 1,
             gemm_inputs: Vec::new(),
+            native: crate::resource::NativeOps::default(),
         };
         assert_eq!(ExclusiveUnits::from_capabilities(&caps(false)), ExclusiveUnits::default());
         assert!(ExclusiveUnits::from_capabilities(&caps(true)).covers(ComputeUnit::Matrix));

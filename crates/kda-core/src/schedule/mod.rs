@@ -38,7 +38,7 @@ pub use aux::AuxStream;
 pub use beta::prepare_beta;
 pub use buffers::{Projected, ProjectionBuffers};
 pub use events::{Mutation, ScheduleEvent, ScheduleEvents};
-pub use plan::QkvPlan;
+pub use plan::{QkvPath, QkvPlan};
 pub use steps::labels;
 pub use weights::{BfgWeight, ProjectionDims, ProjectionWeights, QkvWeight};
 

@@ -8,8 +8,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::hal::Backend;
 use crate::mx::{ScaleAlg, num_blocks};
+use crate::schedule::plan::QkvPath;
 use crate::tensor::Tensor;
-use crate::weights::{BfgMode, HostTensor, LayerWeights, QkvWeights};
+use crate::weights::{BfgMode, HostTensor, LayerWeights, QkvWeights, dequantize_bf16};
 
 const WHAT: &str = "projection weights";
 
@@ -140,13 +141,27 @@ impl<B: Backend> ProjectionWeights<B> {
         Ok(Self { dims, qkv, bfg })
     }
 
-    /// Upload one rank's loaded projection weights on `stream`: the fused QKV as loaded (dense,
-    /// or MXFP8 data and plain-layout scales with the checkpoint's `scale_alg`) and the composed
-    /// fused BFG. A staged BFG has no single weight to upload; load it composed.
+    /// Upload one rank's loaded projection weights on `stream`: the fused QKV on the path the
+    /// backend's capabilities choose ([`QkvPath::resolve`] with no request: MXFP8 data and
+    /// plain-layout scales with the checkpoint's `scale_alg` where the MX ops run, its exact bf16
+    /// dequantization elsewhere; a dense QKV as loaded) and the composed fused BFG. A staged BFG
+    /// has no single weight to upload; load it composed.
     pub fn upload(backend: &Device<B>, stream: &B::Stream, layer: &LayerWeights) -> Result<Self> {
+        let info = backend.info();
+        let path = QkvPath::resolve(None, layer.qkv.format(), info.capabilities.native, info.name)?;
+        Self::upload_on(backend, stream, layer, path)
+    }
+
+    /// [`Self::upload`] with the QKV on `path` (already resolved against the backend).
+    pub fn upload_on(
+        backend: &Device<B>,
+        stream: &B::Stream,
+        layer: &LayerWeights,
+        path: QkvPath,
+    ) -> Result<Self> {
         let d = &layer.dims;
         let dims = ProjectionDims { hidden: d.hidden, heads: d.local_heads, head_dim: d.head_dim };
-        let qkv = upload_qkv(backend, stream, layer)?;
+        let qkv = upload_qkv(backend, stream, layer, path)?;
         let bfg = match (layer.bfg.mode(), layer.bfg.weight()) {
             (BfgMode::Composed, Some(w)) if layer.bfg.is_composed() => {
                 BfgWeight::Composed { w: upload(backend, stream, w)? }
@@ -181,15 +196,27 @@ fn incomplete(param: &'static str, actual: String) -> Error {
     }
 }
 
-/// A device copy of the fused QKV as loaded: dense, or MXFP8 data and plain-layout scales with
-/// the checkpoint's `scale_alg`.
+/// A device copy of the fused QKV on `path`: dense as loaded; MXFP8 data and plain-layout
+/// scales with the checkpoint's `scale_alg`; or, on the bf16 path, the MXFP8 weight dequantized
+/// once here into its exact bf16 values (`docs/design/kda.md#qkv-precision`).
 pub(crate) fn upload_qkv<B: Backend>(
     backend: &Device<B>,
     stream: &B::Stream,
     layer: &LayerWeights,
+    path: QkvPath,
 ) -> Result<QkvWeight<B>> {
     Ok(match layer.qkv.weights() {
         Some(QkvWeights::Dense(w)) => QkvWeight::Bf16 { w: upload(backend, stream, w)? },
+        Some(QkvWeights::Mxfp8 { data, scale, .. }) if path == QkvPath::Bf16 => {
+            let _span = tracing::debug_span!("qkv.dequantize_bf16", layer = layer.layer).entered();
+            let w = dequantize_bf16(data, scale, layer.layer).map_err(|e| Error::Param {
+                op: "upload projection weights",
+                param: "qkv",
+                expected: "an MXFP8 weight exact in bf16 (the bf16 QKV path)".into(),
+                actual: e.to_string(),
+            })?;
+            QkvWeight::Bf16 { w: upload(backend, stream, &w)? }
+        }
         Some(QkvWeights::Mxfp8 { data, scale, scale_alg }) => QkvWeight::Mxfp8 {
             data: upload_as(backend, stream, data, DType::E4M3)?,
             scale: upload_as(backend, stream, scale, DType::E8M0)?,

@@ -12,6 +12,7 @@ mod svg;
 use std::time::Duration;
 
 pub use svg::SvgOptions;
+pub(crate) use svg::{PALETTE, escape, human};
 
 use crate::resource::StreamId;
 

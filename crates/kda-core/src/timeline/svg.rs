@@ -27,8 +27,9 @@ const LANE: f64 = 44.0;
 const BOX: f64 = 28.0;
 /// Roughly the width of one character of the box labels, for deciding what fits.
 const CHAR: f64 = 6.2;
-/// Colours by op name, so one op looks the same in every lane and every drawing.
-const PALETTE: [&str; 10] = [
+/// Colours by op name, so one op looks the same in every lane and every drawing (the plan's
+/// chart colours its lines from the same palette).
+pub(crate) const PALETTE: [&str; 10] = [
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
     "#9c755f", "#bab0ac",
 ];
@@ -41,7 +42,8 @@ fn colour(label: &str) -> &'static str {
     PALETTE[(hash % PALETTE.len() as u64) as usize]
 }
 
-fn escape(text: &str) -> String {
+/// `text` with XML's special characters escaped, for text and attribute values.
+pub(crate) fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -57,7 +59,7 @@ fn escape(text: &str) -> String {
 }
 
 /// A duration for people: µs below a millisecond, ms above.
-pub(super) fn human(d: Duration) -> String {
+pub(crate) fn human(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;
     if us < 1000.0 { format!("{us:.1} µs") } else { format!("{:.3} ms", us / 1000.0) }
 }

@@ -36,7 +36,7 @@ pub use bfg::{BfgBlock, BfgMode, BfgSource, FusedBfgLinear};
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE};
 pub use conv::{ConvLayout, ConvWeights};
 pub use host::HostTensor;
-pub use qkv::{FusedQkv, QkvPart, QkvWeights};
+pub use qkv::{FusedQkv, QkvPart, QkvWeights, dequantize_bf16};
 pub use registry::{
     BfgTarget, LayerLoader, LayerWeights, LoadOptions, LoadedLayer, Param, Route, Target,
     layer_prefix, load_layer, route,

@@ -310,6 +310,62 @@ fn quantize_rows(
     mx::quantize::<f32>(&v, n, k, alg).map_err(mx_err)
 }
 
+/// The MXFP8 fused QKV (`data` E4M3 `[3 lp, Hd]`, `scale` E8M0 `[3 lp, ceil(Hd / 32)]`, plain
+/// layout) dequantized to a bf16 `[3 lp, Hd]` weight, for the bf16 QKV path of a backend without
+/// the MXFP8 ops (`docs/design/kda.md#qkv-precision`).
+///
+/// Every value must come out exact, so the bf16 GEMM multiplies by the very weight the MX GEMM
+/// would: an E4M3 value has at most four significant bits and the scale is a power of two, so
+/// the product fits bf16's eight bits whenever it lies in bf16's range: at most bf16's largest
+/// finite value and, below its smallest normal `2^-126`, with no bit under its smallest subnormal
+/// `2^-133`. A value outside that (a huge scale, a tiny one, a NaN byte) is
+/// [`WeightError::Value`] naming the checkpoint weight (`layer`'s `q_proj.weight`, `k_proj` or
+/// `v_proj` by its row), the element and both bytes.
+pub fn dequantize_bf16(
+    data: &HostTensor,
+    scale: &HostTensor,
+    layer: usize,
+) -> Result<HostTensor, WeightError> {
+    const PARAM: &str = "fused QKV (MXFP8)";
+    let (rows, k) = match data.shape() {
+        [rows, k] if rows % 3 == 0 => (*rows, *k),
+        other => return Err(WeightError::shape(PARAM, "[3 lp, Hd]", other)),
+    };
+    let blocks = mx::num_blocks(k);
+    if scale.shape() != [rows, blocks] {
+        return Err(WeightError::shape(
+            &format!("{PARAM} scale"),
+            fmt_shape(&[rows, blocks]),
+            scale.shape(),
+        ));
+    }
+    let (Some(bytes), Some(scales)) = (data.as_u8(), scale.as_u8()) else {
+        return Err(WeightError::dtype(PARAM, "E4M3 data and E8M0 scale bytes", data.dtype()));
+    };
+    let lp = rows / 3;
+    let mut out = Vec::with_capacity(bytes.len());
+    for (index, &q) in bytes.iter().enumerate() {
+        let (row, col) = (index / k.max(1), index % k.max(1));
+        let s = scales[row * blocks + col / mx::BLOCK_SIZE];
+        let exact = mx::dequantize_value_f64(q, s);
+        // The f32 product is exact (E4M3 × 2^e stays above f32's smallest subnormal); the bf16
+        // rounding of it is the only step that can lose anything.
+        let value = bf16::from_f32(mx::dequantize_value(q, s));
+        if value.to_f64() != exact {
+            let part = QkvPart::ALL[(row / lp.max(1)).min(2)];
+            return Err(WeightError::value(
+                &format!("{}{}", super::layer_prefix(layer), part.weight_suffix()),
+                format!(
+                    "element [{}, {col}] = {exact:e} (E4M3 byte {q:#04x}, E8M0 scale byte {s:#04x}) is not exactly representable in bf16 (rounds to {value}), so the bf16 QKV path cannot carry this weight; run the MXFP8 QKV path",
+                    row % lp.max(1)
+                ),
+            ));
+        }
+        out.push(value);
+    }
+    HostTensor::from_bf16(&[rows, k], out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,5 +471,63 @@ mod tests {
             e.to_string(),
             "q_proj.weight: shape [4, 40], expected [8, 40] [num_heads * head_dim, hidden_size]"
         );
+    }
+
+    /// Whether `v` is a bf16 value, decided from its binary expansion rather than by rounding:
+    /// finite, at most bf16's largest value, and (E4M3 values having at most four significant
+    /// bits, which bf16's normals always hold) no set bit below bf16's smallest subnormal 2^-133.
+    fn bf16_holds(v: f64) -> bool {
+        if !v.is_finite() || v.abs() > bf16::MAX.to_f64() {
+            return false;
+        }
+        v == 0.0 || (v.abs() * 2f64.powi(133)).fract() == 0.0
+    }
+
+    #[test]
+    fn dequantize_bf16_is_exact_or_names_the_weight_for_every_byte_pair() {
+        let mut exact = 0;
+        for s in 0..=255u8 {
+            for q in 0..=255u8 {
+                // One element in each of q, k and v; the k row carries the pair.
+                let data = HostTensor::from_bytes(DType::E4M3, &[3, 1], vec![0, q, 0]).unwrap();
+                let scale =
+                    HostTensor::from_bytes(DType::E8M0, &[3, 1], vec![127, s, 127]).unwrap();
+                let want = mx::dequantize_value_f64(q, s);
+                match dequantize_bf16(&data, &scale, 7) {
+                    Ok(t) => {
+                        assert!(bf16_holds(want), "{q:#04x} x {s:#04x} = {want:e} accepted");
+                        assert_eq!(t.as_bf16().unwrap()[1].to_f64(), want, "{q:#04x} x {s:#04x}");
+                        exact += 1;
+                    }
+                    Err(WeightError::Value { param, reason }) => {
+                        assert!(!bf16_holds(want), "{q:#04x} x {s:#04x} = {want:e} refused");
+                        assert_eq!(param, "model.layers.7.self_attn.k_proj.weight");
+                        assert!(reason.starts_with("element [0, 0] = "), "{reason}");
+                        assert!(reason.contains(&format!("{q:#04x}")), "{reason}");
+                    }
+                    Err(other) => panic!("{other}"),
+                }
+            }
+        }
+        // Not a vacuous pass: most pairs are exact (everything in bf16's range), some are not
+        // (the scale 2^127 times 448, 2^-127 times an E4M3 subnormal, the NaN bytes).
+        assert!(exact > 55_000 && exact < 65_536, "{exact}");
+    }
+
+    #[test]
+    fn dequantize_bf16_of_a_loaded_weight_equals_the_codec_decode() {
+        let d = dims(Tp::SINGLE);
+        let mut qkv = FusedQkv::new(d, MX, DType::BF16).unwrap();
+        for (i, part) in QkvPart::ALL.into_iter().enumerate() {
+            qkv.load_weight(part, &dense(i as f32)).unwrap();
+        }
+        let Some(QkvWeights::Mxfp8 { data, scale, .. }) = qkv.weights() else { panic!("mx") };
+        let w = dequantize_bf16(data, scale, 0).unwrap();
+        assert_eq!((w.dtype(), w.shape()), (DType::BF16, &[24, 40][..]));
+        let want =
+            mx::dequantize_f64(data.as_u8().unwrap(), scale.as_u8().unwrap(), 24, 40).unwrap();
+        let got: Vec<f64> = w.as_bf16().unwrap().iter().map(|v| v.to_f64()).collect();
+        assert_eq!(got, want);
+        assert!(got.iter().any(|&v| v != 0.0));
     }
 }

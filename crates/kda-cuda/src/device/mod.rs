@@ -20,7 +20,7 @@ use kda_core::graph::Graph;
 use kda_core::hal::{Allocation, GraphReplay};
 use kda_core::{
     Backend, BackendInfo, BufferHandle, BufferId, Capabilities, DType, Device, EventHandle,
-    EventId, InstanceId, Resources, Result, StreamHandle, StreamId, Validated,
+    EventId, InstanceId, NativeOps, Resources, Result, StreamHandle, StreamId, Validated,
 };
 
 use crate::status::{self, HostFailure, StatusRecord};
@@ -432,6 +432,8 @@ impl Backend for CudaBackend {
                 execution: format!("CUDA streams on {}", self.inner.name),
                 threads: self.inner.sms as usize,
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],
+                // DynamicQuant and MxGemm are NVRTC kernels of this backend on every GPU.
+                native: NativeOps::ALL,
             },
         }
     }

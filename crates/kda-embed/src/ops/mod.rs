@@ -1,6 +1,6 @@
 //! The standalone ops an engine calls outside a layer, as the CLI's `kda quant` and `kda core`
 //! do: MXFP8 quantization and the KDA recurrence in flash-linear-attention's conventions
-//! ([`core`], which the CLI's `kda core` runs too).
+//! ([`mod@core`], which the CLI's `kda core` runs too).
 
 pub mod core;
 

@@ -1,0 +1,120 @@
+//! An installation without the MXFP8 ops (an emulated Ascend 910B3, as CANN for A2/A3): the
+//! backend reports the MX op families absent, the layer takes the bf16 QKV path
+//! (`docs/design/kda.md#qkv-precision`) with no MX quant or GEMM anywhere in the runtime calls
+//! and equals the reference layer on the same path; asking for MXFP8 there fails when the layer
+//! is built. In its own binary: the emulated SoC is chosen once per process.
+#![cfg(feature = "emulated")]
+#![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
+
+use std::sync::Once;
+
+use half::bf16;
+use kda_ascend::{AscendBackend, AscendOptions};
+use kda_core::config::Tp;
+use kda_core::layer::{BatchMeta, KdaLayer, LayerError, LayerOptions, QkvPath};
+use kda_core::schedule::{ProjectionSchedule, QkvWeight};
+use kda_core::weights::LayerWeights;
+use kda_core::{Backend, DType, Device, Error, NativeOps};
+use kda_reference::ReferenceBackend;
+use kda_testkit::conformance::gemm::download_f64;
+use kda_testkit::conformance::layer::{Model, load, tiny_config};
+use kda_testkit::{Gen, Tolerance};
+
+/// An A2/A3 part: CANN there has no `aclnnDynamicMxQuantV3` or `aclnnQuantMatmulV5`.
+fn a2_backend() -> Device<AscendBackend> {
+    static SOC: Once = Once::new();
+    // SAFETY: set once, before this binary's first backend reads it; nothing else in this
+    // binary touches the environment.
+    SOC.call_once(|| unsafe { std::env::set_var("KDA_ACL_EMU_SOC", "Ascend910B3") });
+    AscendBackend::with_options(AscendOptions { checked: true, ..AscendOptions::default() })
+        .unwrap()
+}
+
+/// The runtime calls that would be MXFP8 work: the aclnn MX ops and the emulation kernels.
+fn mx_calls(calls: &[kda_acl_emu::Call]) -> Vec<String> {
+    let mx = ["DynamicMxQuant", "QuantMatmul", "kda_mx_quant", "kda_mx_dequant"];
+    calls.iter().map(|c| c.api.clone()).filter(|api| mx.iter().any(|m| api.contains(m))).collect()
+}
+
+const LENS: [usize; 2] = [37, 4];
+
+/// The layer's output for one batch of fresh prefills, and whether its QKV weight is bf16.
+fn forward<B: Backend>(
+    b: &Device<B>,
+    w: &LayerWeights,
+    x: &[bf16],
+    options: LayerOptions,
+) -> (Vec<f64>, bool) {
+    let s = b.new_stream().unwrap();
+    let layer = KdaLayer::new(b, &s, w, options).unwrap();
+    let bf16_qkv = matches!(layer.weights().projection.qkv(), QkvWeight::Bf16 { .. });
+    let (n, hidden) = (LENS.iter().sum::<usize>(), w.dims.hidden);
+    let xt = b.alloc(DType::BF16, &[n, hidden]).unwrap();
+    b.upload(&s, &xt, x).unwrap();
+    let mut cache = layer.new_cache(&s, LENS.len(), 0).unwrap();
+    let mut out = b.alloc(DType::F32, &[n, hidden]).unwrap();
+    layer.forward(&s, &xt, &BatchMeta::prefills(&LENS, &[1, 0]), &mut cache, &mut out).unwrap();
+    (download_f64(b, &s, &out), bf16_qkv)
+}
+
+#[test]
+fn without_mx_ops_the_layer_runs_bf16_qkv_and_equals_the_reference() {
+    let b = a2_backend();
+    assert_eq!(b.info().capabilities.native, NativeOps { mx_quant: false, mx_gemm: false });
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 33);
+    let n: usize = LENS.iter().sum();
+    let x: Vec<bf16> = Gen::new(6)
+        .normal_f32(n * w.dims.hidden, 0.0, 1.0)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    let reference = ReferenceBackend::new();
+    for schedule in [ProjectionSchedule::Serial, ProjectionSchedule::Overlapped] {
+        let schedule = Some(schedule);
+        let from = kda_acl_emu::calls_of_this_thread().len();
+        // No request: the capabilities choose.
+        let (got, bf16_qkv) = forward(&b, &w, &x, LayerOptions { schedule, ..Default::default() });
+        let calls = kda_acl_emu::calls_of_this_thread().split_off(from);
+        assert!(bf16_qkv, "{schedule:?}: the MX ops are absent, so the QKV weight is bf16");
+        assert_eq!(mx_calls(&calls), Vec::<String>::new(), "{schedule:?}: no MXFP8 work");
+        assert!(calls.iter().any(|c| c.api.contains("Matmul")), "the GEMMs ran on the runtime");
+
+        let options = LayerOptions { schedule, qkv: Some(QkvPath::Bf16), ..Default::default() };
+        let (want, _) = forward(&reference, &w, &x, options);
+        Tolerance::exact().assert_close(&[n, w.dims.hidden], &got, &want);
+    }
+}
+
+#[test]
+fn asking_for_mxfp8_without_the_mx_ops_fails_when_the_layer_is_built() {
+    let b = a2_backend();
+    let s = b.new_stream().unwrap();
+    let w = load(&tiny_config(Model::K3), Tp::SINGLE, 33);
+    let from = kda_acl_emu::calls_of_this_thread().len();
+    let options = LayerOptions { qkv: Some(QkvPath::Mxfp8), ..LayerOptions::default() };
+    match KdaLayer::new(&b, &s, &w, options) {
+        Err(LayerError::Device(Error::Param { param, expected, actual, .. })) => {
+            assert_eq!(param, "LayerOptions::qkv");
+            assert!(expected.contains("mx_quant and mx_gemm"), "{expected}");
+            assert!(actual.contains("QkvPath::Mxfp8 on the ascend backend"), "{actual}");
+            assert!(actual.contains("native has none"), "{actual}");
+        }
+        other => panic!("expected the typed refusal, got {:?}", other.map(|_| ())),
+    }
+    let calls = kda_acl_emu::calls_of_this_thread().split_off(from);
+    assert!(
+        !calls.iter().any(|c| c.api.contains("Memcpy")),
+        "refused before any weight was uploaded: {calls:?}"
+    );
+    // The bf16 path is what the same layer takes on request.
+    let options = LayerOptions { qkv: Some(QkvPath::Bf16), ..LayerOptions::default() };
+    KdaLayer::new(&b, &s, &w, options).unwrap();
+}
+
+/// The bf16 path (what the layer takes here by default) under the overlapped schedule, both
+/// matrix-overlap policies, on a checked backend: no hazard, and a captured forward (one ACL
+/// model) replays equal to eager.
+#[test]
+fn the_bf16_path_is_hazard_free_and_replays_as_a_captured_graph() {
+    kda_testkit::conformance::layer::overlapped_forward_is_clean_and_replays(&a2_backend);
+}

@@ -1,0 +1,296 @@
+//! The whole layer on the Ascend backend over the emulated runtime with bf16 core operands
+//! (`docs/design/kda.md#core-operand-dtype`), so that prefills run on `aclnnChunkKdaFwd` and
+//! decodes and speculative decodes on `aclnnRecurrentGatedDeltaRule` (`docs/ascend.md`, vendor
+//! operators): outputs and states against the reference layer with the same option, through
+//! kda-testkit's tolerance, for prefill, decode, speculative decode and mixed batches. Every
+//! test asserts from the emulator's call log that the vendor op it is about really ran.
+#![cfg(feature = "emulated")]
+#![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
+
+use half::bf16;
+use kda_ascend::{AscendBackend, AscendOptions};
+use kda_core::config::{KdaConfig, Tp};
+use kda_core::layer::{BatchMeta, CoreOperands, KdaLayer, LayerOptions, RequestSlots, StateCache};
+use kda_core::schedule::ProjectionSchedule;
+use kda_core::weights::{LayerWeights, LoadOptions, load_layer};
+use kda_core::{Backend, DType, Device, Op};
+use kda_reference::ReferenceBackend;
+use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
+use kda_testkit::{Gen, Tolerance};
+
+/// Head dims the vendor ops take (multiples of 16); hidden 64 is two MX blocks.
+const HIDDEN: usize = 64;
+const HEADS: usize = 4;
+const HEAD_DIM: usize = 16;
+const SLOTS: usize = 12;
+
+const CHUNK_OP: &str = "aclnnChunkKdaFwd";
+const RECURRENT_OP: &str = "aclnnRecurrentGatedDeltaRule";
+
+/// How many times this thread's calls named `api`.
+fn calls(api: &str) -> usize {
+    kda_acl_emu::calls_of_this_thread().iter().filter(|c| c.api == api).count()
+}
+
+fn ascend() -> Device<AscendBackend> {
+    let options = AscendOptions { checked: false, ..AscendOptions::default() };
+    AscendBackend::with_options(options).expect("ascend backend over the emulated runtime")
+}
+
+/// Layer 0 of a tiny synthetic K3 (MXFP8 QKV, lower-bound gate) or Kimi Linear (bf16 QKV,
+/// softplus gate) checkpoint.
+fn weights(k3: bool) -> LayerWeights {
+    let preset = if k3 { KdaConfig::kimi_k3() } else { KdaConfig::kimi_linear_48b() };
+    let mut config = scaled_config(&preset, HIDDEN, HEADS, HEAD_DIM);
+    config.rms_norm_eps = 1e-2;
+    let source = SyntheticCheckpoint::new(SyntheticSpec::new(config.clone(), 21));
+    load_layer(&source, &config, Tp::SINGLE, 0, LoadOptions::default()).unwrap().weights
+}
+
+fn options(operands: CoreOperands) -> LayerOptions {
+    LayerOptions {
+        schedule: Some(ProjectionSchedule::Serial),
+        core_operands: Some(operands),
+        ..LayerOptions::default()
+    }
+}
+
+/// One layer and its cache on one backend.
+struct Side<B: Backend> {
+    b: Device<B>,
+    s: B::Stream,
+    layer: KdaLayer<B>,
+    cache: StateCache<B>,
+}
+
+impl<B: Backend> Side<B> {
+    fn new(b: Device<B>, w: &LayerWeights, operands: CoreOperands) -> Self {
+        Self::with_spec(b, w, operands, 2)
+    }
+
+    fn with_spec(b: Device<B>, w: &LayerWeights, operands: CoreOperands, spec: usize) -> Self {
+        let s = b.new_stream().unwrap();
+        let layer = KdaLayer::new(&b, &s, w, options(operands)).unwrap();
+        let cache = layer.new_cache(&s, SLOTS, spec).unwrap();
+        b.synchronize(&s).unwrap();
+        Self { b, s, layer, cache }
+    }
+
+    /// The layer's output `[rows, HIDDEN]` for `meta` on the activation rows `x`.
+    fn step(&mut self, meta: &BatchMeta, x: &[f32]) -> Vec<f64> {
+        let (b, s) = (&self.b, &self.s);
+        let rows = x.len() / HIDDEN;
+        let xt = b.alloc(DType::BF16, &[rows, HIDDEN]).unwrap();
+        b.upload(s, &xt, &x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap();
+        let mut out = b.alloc(DType::F32, &[rows, HIDDEN]).unwrap();
+        b.launch(s, Op::Fill { dst: out.clone(), value: f64::NAN }).unwrap();
+        self.layer.forward(s, &xt, meta, &mut self.cache, &mut out).unwrap();
+        b.download::<f32>(s, &out).unwrap().into_iter().map(f64::from).collect()
+    }
+
+    /// Every recurrent state of the cache, `[N, H, V, K]`.
+    fn states(&self) -> Vec<f64> {
+        let t = self.cache.recurrent();
+        self.b.download::<f32>(&self.s, t).unwrap().into_iter().map(f64::from).collect()
+    }
+}
+
+/// `rows` activations ~N(0, 1), rounded to bf16.
+fn tokens(rng: &mut Gen, rows: usize) -> Vec<f32> {
+    rng.normal_f32(rows * HIDDEN, 0.0, 1.0)
+        .into_iter()
+        .map(|x| bf16::from_f32(x).to_f32())
+        .collect()
+}
+
+fn max_abs(x: &[f64]) -> f64 {
+    x.iter().fold(0.0, |m, v| m.max(v.abs()))
+}
+
+/// The Ascend layer against the reference layer, both with bf16 core operands. Both round q,
+/// k, v, beta and the core output to bf16 in the same places; the vendor path also rounds the
+/// L2-normalised q and k to bf16 before the op (it takes no f32 operand), which moves a value
+/// by at most 2^-9 relative and the core output, rounded to bf16 again, by one bf16 ulp
+/// (2^-8) where it flips across a midpoint. So: 2^-8 relative, plus 2^-8 of the largest
+/// magnitude for results that cancel (the bound the layer conformance suite uses for a flip of
+/// one bf16 rounding).
+fn tolerance(expected: &[f64]) -> Tolerance {
+    Tolerance::new(1.0 / 256.0, max_abs(expected) / 256.0)
+}
+
+fn assert_close(what: &str, shape: &[usize], actual: &[f64], expected: &[f64]) {
+    if let Err(m) = tolerance(expected).compare(shape, actual, expected) {
+        panic!("{what}: {m}");
+    }
+}
+
+/// The Ascend side (bf16 operands) and the reference side (the same option).
+fn pair(k3: bool) -> (Side<AscendBackend>, Side<ReferenceBackend>) {
+    let w = weights(k3);
+    let asc = Side::new(ascend(), &w, CoreOperands::Bf16);
+    let reference = Side::new(ReferenceBackend::new(), &w, CoreOperands::Bf16);
+    (asc, reference)
+}
+
+/// Run `meta` on both sides, compare outputs and every state, and return the vendor calls the
+/// Ascend step made (chunk, recurrent).
+fn both(
+    what: &str,
+    asc: &mut Side<AscendBackend>,
+    reference: &mut Side<ReferenceBackend>,
+    meta: &BatchMeta,
+    x: &[f32],
+) -> (usize, usize) {
+    let before = (calls(CHUNK_OP), calls(RECURRENT_OP));
+    let got = asc.step(meta, x);
+    let made = (calls(CHUNK_OP) - before.0, calls(RECURRENT_OP) - before.1);
+    let want = reference.step(meta, x);
+    let rows = x.len() / HIDDEN;
+    assert_close(&format!("{what}: output"), &[rows, HIDDEN], &got, &want);
+    let shape = [SLOTS, HEADS, HEAD_DIM, HEAD_DIM];
+    assert_close(&format!("{what}: states"), &shape, &asc.states(), &reference.states());
+    made
+}
+
+/// Fresh prefills of 5, 67 (crossing a chunk) and 3 tokens into slots 2, 5 and 0.
+fn prefill(asc: &mut Side<AscendBackend>, reference: &mut Side<ReferenceBackend>, rng: &mut Gen) {
+    let x = tokens(rng, 75);
+    let meta = BatchMeta::prefills(&[5, 67, 3], &[2, 5, 0]);
+    let (chunk, recurrent) = both("prefill", asc, reference, &meta, &x);
+    assert_eq!((chunk, recurrent), (1, 0), "one aclnnChunkKdaFwd call, no recurrent call");
+}
+
+#[test]
+fn prefill_on_the_vendor_chunk_op_equals_the_reference() {
+    for k3 in [true, false] {
+        let (mut asc, mut reference) = pair(k3);
+        prefill(&mut asc, &mut reference, &mut Gen::new(1));
+        // A second, continued prefill: initial states gathered from the slots.
+        let x = tokens(&mut Gen::new(2), 9);
+        let mut meta = BatchMeta::empty();
+        meta.push(4, 5, RequestSlots::Single(2)).push(5, 3, RequestSlots::Single(0));
+        let made = both("continued prefill", &mut asc, &mut reference, &meta, &x);
+        assert_eq!(made, (1, 0), "k3 = {k3}: the continued prefill on the vendor op");
+    }
+}
+
+#[test]
+fn decode_on_the_vendor_recurrent_op_equals_the_reference() {
+    let (mut asc, mut reference) = pair(true);
+    let mut rng = Gen::new(3);
+    prefill(&mut asc, &mut reference, &mut rng);
+    for step in 0..3 {
+        let x = tokens(&mut rng, 3);
+        let mut meta = BatchMeta::empty();
+        let at = [5 + step, 67 + step, 3 + step];
+        meta.push(1, at[0], RequestSlots::Single(2)).push(1, at[1], RequestSlots::Single(5)).push(
+            1,
+            at[2],
+            RequestSlots::Single(0),
+        );
+        let made = both(&format!("decode {step}"), &mut asc, &mut reference, &meta, &x);
+        assert_eq!(made, (0, 1), "decode {step}: one aclnnRecurrentGatedDeltaRule call");
+    }
+}
+
+/// A speculative step of 3 tokens with slots [0, 1, 2] after `accepted` tokens of the previous
+/// one, on request 0's sequence (position `at`).
+fn speculative(at: usize, accepted: usize) -> BatchMeta {
+    let mut meta = BatchMeta::empty();
+    let slots = RequestSlots::Speculative { slots: vec![0, 1, 2], num_accepted: accepted };
+    meta.push(3, at, slots);
+    meta
+}
+
+#[test]
+fn speculative_decode_on_the_vendor_op_honours_num_accepted_tokens() {
+    let w = weights(true);
+    let mut asc = Side::new(ascend(), &w, CoreOperands::Bf16);
+    let mut reference = Side::new(ReferenceBackend::new(), &w, CoreOperands::Bf16);
+    // The same history on a third side whose last step accepts one token instead of two: what
+    // a backend that ignored numAcceptedTokens (and read slots[0]) would compute.
+    let mut ignoring = Side::new(ReferenceBackend::new(), &w, CoreOperands::Bf16);
+    let mut rng = Gen::new(4);
+    let x = tokens(&mut rng, 6);
+    let meta = BatchMeta::prefills(&[6], &[0]);
+    both("prefill", &mut asc, &mut reference, &meta, &x);
+    ignoring.step(&meta, &x);
+    // Step 1: three speculative tokens on the state in slot 0; the states after each token
+    // land in slots 0, 1, 2 (different values).
+    let x = tokens(&mut rng, 3);
+    let made = both("speculative 1", &mut asc, &mut reference, &speculative(6, 1), &x);
+    assert_eq!(made, (0, 1), "speculative 1 on aclnnRecurrentGatedDeltaRule");
+    ignoring.step(&speculative(6, 1), &x);
+    // Step 2: two of them were accepted, so the state is read from slots[1].
+    let x = tokens(&mut rng, 3);
+    let before = calls(RECURRENT_OP);
+    let got = asc.step(&speculative(8, 2), &x);
+    assert_eq!(calls(RECURRENT_OP) - before, 1, "speculative 2 on aclnnRecurrentGatedDeltaRule");
+    let want = reference.step(&speculative(8, 2), &x);
+    let wrong = ignoring.step(&speculative(8, 1), &x);
+    assert_close("speculative 2: output", &[3, HIDDEN], &got, &want);
+    let shape = [SLOTS, HEADS, HEAD_DIM, HEAD_DIM];
+    assert_close("speculative 2: states", &shape, &asc.states(), &reference.states());
+    // The test can fail: reading slots[0] gives an output outside the tolerance.
+    assert!(
+        tolerance(&want).compare(&[3, HIDDEN], &wrong, &want).is_err(),
+        "ignoring num_accepted_tokens must change the output beyond the tolerance"
+    );
+}
+
+#[test]
+fn mixed_batch_on_both_vendor_ops_equals_the_reference() {
+    for k3 in [true, false] {
+        let (mut asc, mut reference) = pair(k3);
+        let mut rng = Gen::new(5);
+        prefill(&mut asc, &mut reference, &mut rng);
+        // Request 1 decodes, a fresh prefill of 4 into slot 7, request 2 speculates (slots
+        // [0, 9, 10]), request 0 continues its prefill by 6; then padding rows.
+        let mut x = tokens(&mut rng, 14);
+        x.extend(std::iter::repeat_n(0.5, 2 * HIDDEN));
+        let mut meta = BatchMeta::empty();
+        meta.push(1, 67, RequestSlots::Single(5))
+            .push(4, 0, RequestSlots::Single(7))
+            .push(3, 3, RequestSlots::Speculative { slots: vec![0, 9, 10], num_accepted: 1 })
+            .push(6, 5, RequestSlots::Single(2));
+        let (chunk, recurrent) = both("mixed", &mut asc, &mut reference, &meta, &x);
+        assert_eq!(chunk, 1, "k3 = {k3}: the prefill group on aclnnChunkKdaFwd");
+        // The decode and the speculative decode are groups of their own.
+        assert_eq!(recurrent, 2, "k3 = {k3}: both decode groups on the recurrent op");
+    }
+}
+
+#[test]
+fn f32_core_operands_keep_to_the_projects_kernels() {
+    let w = weights(true);
+    let mut asc = Side::new(ascend(), &w, CoreOperands::F32);
+    let mut reference = Side::new(ReferenceBackend::new(), &w, CoreOperands::F32);
+    assert_eq!(asc.layer.core_operands(), CoreOperands::F32);
+    let mut rng = Gen::new(6);
+    let x = tokens(&mut rng, 70);
+    let made = both("prefill", &mut asc, &mut reference, &BatchMeta::prefills(&[70], &[3]), &x);
+    assert_eq!(made, (0, 0), "f32 operands: no vendor op");
+    let mut meta = BatchMeta::empty();
+    meta.push(1, 70, RequestSlots::Single(3));
+    let made = both("decode", &mut asc, &mut reference, &meta, &tokens(&mut rng, 1));
+    assert_eq!(made, (0, 0), "f32 operands: no vendor op");
+}
+
+/// Nine tokens per request are beyond the recurrent op's limit of eight: the project's kernel
+/// runs the speculative step, still equal to the reference.
+#[test]
+fn speculative_decode_beyond_the_vendor_limit_runs_the_projects_kernel() {
+    let w = weights(true);
+    let mut asc = Side::with_spec(ascend(), &w, CoreOperands::Bf16, 8);
+    let mut reference = Side::with_spec(ReferenceBackend::new(), &w, CoreOperands::Bf16, 8);
+    let mut rng = Gen::new(10);
+    let meta = BatchMeta::prefills(&[6], &[0]);
+    both("prefill", &mut asc, &mut reference, &meta, &tokens(&mut rng, 6));
+    let mut meta = BatchMeta::empty();
+    let slots = RequestSlots::Speculative { slots: (0..9).collect(), num_accepted: 1 };
+    meta.push(9, 6, slots);
+    let kernel = calls("kda_recurrent_step");
+    let made = both("speculative of 9", &mut asc, &mut reference, &meta, &tokens(&mut rng, 9));
+    assert_eq!(made, (0, 0), "no vendor op beyond 8 tokens per request");
+    assert_eq!(calls("kda_recurrent_step") - kernel, 1, "the project's kernel ran");
+}
