@@ -16,7 +16,7 @@ use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions, MxGemmPath, sys};
 use kda_core::config::Tp;
 use kda_core::graph::Graph;
-use kda_core::layer::{LayerOptions, RequestSlots};
+use kda_core::layer::{CoreOperands, LayerOptions, RequestSlots};
 use kda_core::mx::{self, ScaleAlg, num_blocks};
 use kda_core::sanitize::HazardKind;
 use kda_core::schedule::{
@@ -266,10 +266,21 @@ fn cache_bits(
 }
 
 /// The overlapped K3 layer forward (checked backend) captured through the HAL and launched
-/// three times as one ACL model, each launch after one eager forward of the same batch on a
-/// twin cache: outputs and every cache byte equal bit for bit each time, no hazard.
+/// three times as one ACL model, each launch after one eager forward of the same batch (a
+/// decode and a prefill) on a twin cache: outputs and every cache byte equal bit for bit each
+/// time, no hazard. With the backend's default core operands (bf16: eager prefills run CANN's
+/// `aclnnChunkKdaFwd`, the captured one the project's chunk kernel) and with f32.
 #[test]
 fn hal_captured_layer_forward_runs_as_one_acl_model_equal_to_eager() {
+    captured_layer_forward_equals_eager(None, CoreOperands::Bf16);
+}
+
+#[test]
+fn hal_captured_f32_core_layer_forward_runs_as_one_acl_model_equal_to_eager() {
+    captured_layer_forward_equals_eager(Some(CoreOperands::F32), CoreOperands::F32);
+}
+
+fn captured_layer_forward_equals_eager(operands: Option<CoreOperands>, runs: CoreOperands) {
     let options = AscendOptions { checked: true, ..AscendOptions::default() };
     let b = AscendBackend::with_options(options).unwrap();
     let s = b.new_stream().unwrap();
@@ -278,9 +289,11 @@ fn hal_captured_layer_forward_runs_as_one_acl_model_equal_to_eager() {
     let options = LayerOptions {
         schedule: Some(ProjectionSchedule::Overlapped),
         matrix_overlap: Some(MatrixOverlap::Concurrent),
+        core_operands: operands,
         ..LayerOptions::default()
     };
     let layer = KdaLayer::new(&b, &s, &w, options).unwrap();
+    assert_eq!(layer.core_operands(), runs);
     let mut rng = Gen::new(8);
     let warm = upload_bf16(&b, &s, &[7, hidden], &rng.normal_f32(7 * hidden, 0.0, 1.0));
     let mut x = rng.normal_f32(6 * hidden, 0.0, 1.0);

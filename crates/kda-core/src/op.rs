@@ -101,7 +101,8 @@ ops! {
     op Gemm { x: Tensor<B>, w: Tensor<B>, y: Tensor<B> } =>
         name "gemm", unit Some(ComputeUnit::Matrix), reads [x, w], writes [y],
         check gemm_dims(x, w, y).map(OpDims::Gemm);
-    /// Element-wise copy between two views of the same dtype and shape.
+    /// Element-wise copy between two views of the same shape: of the same dtype, or converting
+    /// between two float dtypes (exact widening, round-to-nearest-even narrowing).
     op Copy { src: Tensor<B>, dst: Tensor<B> } =>
         name "copy", unit None, reads [src], writes [dst],
         check check_copy(src, dst);
@@ -367,7 +368,17 @@ fn expect_float(op: &'static str, param: &'static str, dtype: DType) -> Result<(
 }
 
 fn check_copy<B: Resources>(src: &Tensor<B>, dst: &Tensor<B>) -> Result<OpDims> {
-    expect_dtype("copy", "dst", dst.dtype(), src.dtype(), src.dtype().name())?;
+    if src.dtype() != dst.dtype() && !(src.dtype().is_float() && dst.dtype().is_float()) {
+        return Err(Error::DType {
+            op: "copy",
+            param: "dst",
+            expected: format!(
+                "{} (a copy converts only between bf16, f16 and f32)",
+                src.dtype().name()
+            ),
+            actual: dst.dtype(),
+        });
+    }
     expect_shape("copy", "dst", dst.shape(), src.shape())?;
     Ok(OpDims::None)
 }
@@ -622,5 +633,20 @@ mod table_tests {
             Op::Copy { src: t(0, DType::F32, &[4]), dst: t(1, DType::F32, &[5]) };
         let e = bad_copy.validate(instance()).unwrap_err();
         assert!(matches!(e, Error::Shape { op: "copy", param: "dst", .. }), "{e}");
+
+        // A copy converts between floats, and only between floats.
+        let convert: Op<Res> =
+            Op::Copy { src: t(0, DType::F32, &[4]), dst: t(1, DType::BF16, &[4]) };
+        assert_eq!(convert.validate(instance()).unwrap(), OpDims::None);
+        for (from, to) in
+            [(DType::I32, DType::F32), (DType::F32, DType::I32), (DType::E4M3, DType::BF16)]
+        {
+            let op: Op<Res> = Op::Copy { src: t(0, from, &[4]), dst: t(1, to, &[4]) };
+            let e = op.validate(instance()).unwrap_err();
+            assert!(
+                matches!(e, Error::DType { op: "copy", param: "dst", actual, .. } if actual == to),
+                "{from} -> {to}: {e}"
+            );
+        }
     }
 }

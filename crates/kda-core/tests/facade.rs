@@ -90,6 +90,7 @@ impl Backend for Counting {
             capabilities: Capabilities {
                 concurrent_streams: false,
                 shared_matrix_units: false,
+                bf16_core: false,
                 execution: "records calls".into(),
                 threads: 1,
                 gemm_inputs: vec![DType::BF16, DType::F32],

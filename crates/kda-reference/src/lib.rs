@@ -202,6 +202,7 @@ impl Backend for ReferenceBackend {
             capabilities: Capabilities {
                 concurrent_streams: true,
                 shared_matrix_units: false,
+                bf16_core: false,
                 execution,
                 threads: self.inner.exec.threads(),
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],

@@ -260,6 +260,10 @@ pub extern "C" fn aclnnMatmul(
     execute("aclnnMatmul", ws, size, ex, stream)
 }
 
+/// `aclnnInplaceCopy`: `src` into `selfRef`, converting when their dtypes differ (hicann/ops-math
+/// `conversion/view_copy/docs/aclnnInplaceCopy.md`: both take FLOAT32, FLOAT16 and BFLOAT16
+/// among others, and a `src` that cannot be converted to `selfRef`'s dtype is 161002). The HAL's
+/// `Op::Copy` check admits exactly the float conversions kda uses.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclnnInplaceCopyGetWorkspaceSize(
     self_ref: *mut aclTensor,

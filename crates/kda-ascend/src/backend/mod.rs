@@ -42,6 +42,8 @@ struct Inner {
     chip: Chip,
     /// Whether the MX ops use aclnn (`true`) or the emulation path.
     native_mx: bool,
+    /// Whether this CANN has `aclnnChunkKdaFwd` (the bf16 prefill core).
+    vendor_chunk: bool,
     /// The optional CANN symbols this installation lacks (capabilities absent here).
     absent: Vec<&'static str>,
     pool: Arc<memory::Pool>,
@@ -223,6 +225,7 @@ impl AscendBackend {
             instance: InstanceId::fresh(),
             chip,
             native_mx,
+            vendor_chunk: api.has_all(&crate::sys::CHUNK_KDA_SYMBOLS),
             absent: api.absent(),
             options,
             pool: Arc::default(),
@@ -317,6 +320,9 @@ impl Backend for AscendBackend {
                 concurrent_streams: true,
                 // Cube units are shared by both projection GEMMs.
                 shared_matrix_units: true,
+                // CANN's aclnnChunkKdaFwd (and aclnnRecurrentGatedDeltaRule where it fits) take
+                // bf16 operands: the layer's core runs on them by default where they exist.
+                bf16_core: self.inner.vendor_chunk,
                 execution: if self.inner.absent.is_empty() {
                     format!("ACL streams on {} ({mx})", chip.soc)
                 } else {

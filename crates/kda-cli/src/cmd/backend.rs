@@ -13,6 +13,7 @@
 
 use clap::{Args, ValueEnum};
 use kda_ascend::{AscendBackend, AscendError, AscendOptions};
+use kda_core::layer::CoreOperands;
 use kda_core::sanitize::checked_from_env;
 use kda_core::timeline::Timeline;
 use kda_core::{Backend, Device};
@@ -264,7 +265,7 @@ pub fn capabilities<B: Backend>(device: &Device<B>) -> String {
     let dtypes: Vec<_> = caps.gemm_inputs.iter().map(|d| d.name()).collect();
     format!(
         "{:<10} execution: {:<20} threads/op: {:<3} concurrent streams: {}  shared matrix units: \
-         {}  gemm inputs: {}  native ops: {}",
+         {}  gemm inputs: {}  native ops: {}  core operands: {}",
         info.name,
         caps.execution,
         caps.threads,
@@ -272,6 +273,7 @@ pub fn capabilities<B: Backend>(device: &Device<B>) -> String {
         yes_no(caps.shared_matrix_units),
         dtypes.join(", "),
         caps.native.describe(),
+        CoreOperands::for_capabilities(caps).dtype().name(),
     )
 }
 

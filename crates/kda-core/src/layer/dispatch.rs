@@ -53,8 +53,8 @@ pub(super) fn meta_tensor<B: Backend>(
     Ok(t)
 }
 
-/// `x` in `dtype`: itself when it already is, else a rounded copy (a GEMM with a `[1, 1]` one,
-/// exact up to the one rounding to `dtype`, as the HAL has no cast op).
+/// `x` in `dtype`: itself when it already is, else a converted copy (rounded once to nearest
+/// even).
 pub(super) fn to_dtype<B: Backend>(
     backend: &Device<B>,
     stream: &B::Stream,
@@ -64,12 +64,8 @@ pub(super) fn to_dtype<B: Backend>(
     if x.dtype() == dtype {
         return Ok(x.clone());
     }
-    let one = backend.alloc(DType::F32, &[1, 1])?;
-    backend.launch(stream, Op::Fill { dst: one.clone(), value: 1.0 })?;
     let y = backend.alloc(dtype, x.shape())?;
-    let rows = x.numel();
-    let (flat_x, flat_y) = (x.reshape(&[rows, 1])?, y.reshape(&[rows, 1])?);
-    backend.launch_labeled(stream, "cast", Op::Gemm { x: flat_x, w: one, y: flat_y })?;
+    backend.launch_labeled(stream, "cast", Op::Copy { src: x.clone(), dst: y.clone() })?;
     Ok(y)
 }
 

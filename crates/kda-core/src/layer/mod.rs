@@ -36,7 +36,7 @@ use crate::hal::Backend;
 use crate::kda::{ChunkGate, GateForm, GatedRmsNorm, KdaGate, ZeroPadding};
 use crate::layer::error::Result;
 use crate::op::Op;
-use crate::resource::BufferHandle;
+use crate::resource::{BufferHandle, Capabilities};
 pub use crate::schedule::QkvPath;
 use crate::schedule::{
     MatrixOverlap, Mutation, ProjectionSchedule, QkvBfgProjection, prepare_beta,
@@ -59,7 +59,7 @@ pub enum BetaInput {
 /// output (`docs/design/kda.md#core-operand-dtype`). The state stays f32 v-first either way.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum CoreOperands {
-    /// Everything in f32 (the default).
+    /// Everything in f32 (the default where the backend has no native bf16 KDA core).
     #[default]
     F32,
     /// bf16 operands, as serving engines run the core in the model dtype; what CANN's
@@ -68,6 +68,12 @@ pub enum CoreOperands {
 }
 
 impl CoreOperands {
+    /// What a backend with `caps` runs when the layer leaves the choice open: bf16 where the
+    /// backend's tuned KDA operators take it ([`Capabilities::bf16_core`]), f32 otherwise.
+    pub fn for_capabilities(caps: &Capabilities) -> Self {
+        if caps.bf16_core { Self::Bf16 } else { Self::F32 }
+    }
+
     /// The dtype of the operands.
     pub fn dtype(self) -> DType {
         match self {
@@ -86,7 +92,7 @@ pub struct LayerOptions {
     pub matrix_overlap: Option<MatrixOverlap>,
     pub forget: ForgetProjection,
     pub beta: BetaInput,
-    /// `None`: f32 (no backend states a preference yet).
+    /// `None`: what the backend's capabilities choose ([`CoreOperands::for_capabilities`]).
     pub core_operands: Option<CoreOperands>,
     /// The QKV precision of an MXFP8 checkpoint (`docs/design/kda.md#qkv-precision`). `None`:
     /// MXFP8 where the backend runs the MX ops natively, bf16 otherwise.
@@ -166,7 +172,9 @@ impl<B: Backend> KdaLayer<B> {
             gate: weights.gate,
             eps,
             beta: options.beta,
-            operands: options.core_operands.unwrap_or_default(),
+            operands: options
+                .core_operands
+                .unwrap_or_else(|| CoreOperands::for_capabilities(&caps)),
             projection,
             weights: device,
         })

@@ -535,6 +535,7 @@ mod tests {
         let caps = |shared| Capabilities {
             concurrent_streams: true,
             shared_matrix_units: shared,
+            bf16_core: false,
             execution: String::new(),
             threads: 1,
             gemm_inputs: Vec::new(),

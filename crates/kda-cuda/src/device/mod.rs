@@ -429,6 +429,7 @@ impl Backend for CudaBackend {
             capabilities: Capabilities {
                 concurrent_streams: true,
                 shared_matrix_units: true,
+                bf16_core: false,
                 execution: format!("CUDA streams on {}", self.inner.name),
                 threads: self.inner.sms as usize,
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],

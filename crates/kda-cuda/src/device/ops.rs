@@ -280,8 +280,13 @@ impl CudaBackend {
         self.kernel(stream, "kda_convert", grid, args!(stream.inner.status, src, dst, n))
     }
 
+    /// Same dtype: moved by element size. Two float dtypes: converted (through f32: exact
+    /// widening, round-to-nearest-even narrowing).
     fn copy(&self, stream: &CudaStream, src: &T, dst: &T) -> Result<()> {
         let (sv, dv) = (view("copy", "src", src)?, view("copy", "dst", dst)?);
+        if src.dtype() != dst.dtype() {
+            return self.convert_views(stream, sv, dv, src.numel());
+        }
         self.copy_views(stream, sv, dv, src.numel(), src.dtype().size_bytes())
     }
 

@@ -1,5 +1,6 @@
 //! Copies, fills and host transfers. They move elements by size, not by meaning, so one
-//! instantiation per element width serves every dtype.
+//! instantiation per element width serves every dtype; a copy between two float dtypes converts
+//! through f32 (exact widening, one round-to-nearest-even narrowing).
 
 use bytemuck::Pod;
 use half::{bf16, f16};
@@ -30,6 +31,11 @@ macro_rules! by_width {
 }
 
 pub(super) fn copy(src: &T, dst: &T) -> Result<(), String> {
+    if src.dtype() != dst.dtype() {
+        // Validation admits only float pairs here.
+        super::kda::io::write_f32(dst, &super::kda::io::read_f32(src));
+        return Ok(());
+    }
     by_width!(src.dtype(), E => {
         // SAFETY: validated views of these buffers; stream contract.
         let values = unsafe { src.buffer().gather::<E>(src.layout()) };

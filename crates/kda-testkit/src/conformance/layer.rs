@@ -14,8 +14,8 @@ use half::bf16;
 use kda_core::config::{KdaConfig, Tp};
 use kda_core::kda::{CausalConv, KdaChunk, KdaGate};
 use kda_core::layer::{
-    BatchError, BatchMeta, BetaInput, ForgetProjection, KdaLayer, KeepError, KeepState, LayerError,
-    LayerOptions, RequestSlots, StateCache,
+    BatchError, BatchMeta, BetaInput, CoreOperands, ForgetProjection, KdaLayer, KeepError,
+    KeepState, LayerError, LayerOptions, RequestSlots, StateCache,
 };
 use kda_core::sanitize::{Access, ByteRanges, Entry};
 use kda_core::schedule::beta::BETA_SIGMOID;
@@ -169,8 +169,12 @@ fn matches_oracle<B: Backend>(make: &impl Factory<B>, model: Model, options: Lay
     let s = b.new_stream().unwrap();
     let config = tiny_config(model);
     let w = load(&config, Tp::SINGLE, 11);
-    let oracle = LayerOracle::new(&w, options.forget);
     let layer = layer(&b, &s, &w, options);
+    // The oracle of what the layer runs: its core operands may be the backend's choice.
+    let oracle = match layer.core_operands() {
+        CoreOperands::F32 => LayerOracle::new(&w, options.forget),
+        CoreOperands::Bf16 => LayerOracle::new(&w, options.forget).with_bf16_core_operands(),
+    };
     let mut cache = layer.new_cache(&s, 12, 2).unwrap();
     let mut rng = Gen::new(5);
     let mut tracked: Vec<RequestState> = (0..3).map(|_| oracle.fresh()).collect();
@@ -275,6 +279,10 @@ pub fn matches_f64_oracle<B: Backend>(make: &impl Factory<B>) {
         LayerOptions { forget: ForgetProjection::Staged, ..defaults },
     );
     matches_oracle(make, Model::K3, LayerOptions { beta: BetaInput::Raw, ..defaults });
+    // Both core operand dtypes, whichever the backend takes by default.
+    for operands in [CoreOperands::F32, CoreOperands::Bf16] {
+        matches_oracle(make, Model::K3, LayerOptions { core_operands: Some(operands), ..defaults });
+    }
 }
 
 /// Staged F from a loader in staged mode (where a low-rank G, Kimi Linear's, stays as factors
@@ -699,7 +707,7 @@ pub fn beta_paths_and_intermediate_shapes<B: Backend>(make: &impl Factory<B>) {
             assert_eq!(sigmoids, want, "{beta:?}: sigmoids applied by dispatch");
         }
         assert_eq!(trace.beta.shape(), [6, HEADS]);
-        assert_eq!(trace.beta.dtype(), DType::F32);
+        assert_eq!(trace.beta.dtype(), layer.core_operands().dtype());
         for t in [&trace.g1, &trace.gate, &trace.g2, &trace.core_attn_out] {
             assert_eq!(t.shape(), [6, HEADS, HEAD_DIM]);
         }
@@ -756,7 +764,10 @@ pub fn prefill_passes_the_raw_gate_to_the_chunk<B: Backend>(make: &impl Factory<
         let s = b.new_stream().unwrap();
         let checked = b.instrumentation().is_checked();
         let w = load(&tiny_config(model), Tp::SINGLE, 111);
-        let layer = layer(&b, &s, &w, LayerOptions::default());
+        // f32 core operands, as the hand-run pipeline below (the bf16 operands' route through a
+        // vendor op is the backend's own test).
+        let options = LayerOptions { core_operands: Some(CoreOperands::F32), ..Default::default() };
+        let layer = layer(&b, &s, &w, options);
         let (lens, n) = ([5usize, 67], 72);
         let x = tokens(&mut Gen::new(11), n);
         let xt = bf16_tensor(&b, &s, &[n, HIDDEN], &x);

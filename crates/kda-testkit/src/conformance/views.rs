@@ -72,6 +72,86 @@ pub fn copy_and_fill_address_the_right_elements<B: Backend>(make: &impl Factory<
     assert_eq!(got[..3], [expected[0], expected[10], expected[20]]);
 }
 
+/// A copy between two float dtypes converts every element of a strided view: widening exactly,
+/// narrowing to nearest-even, overflow to infinity, subnormals and NaN kept. The expected values
+/// come from `half`'s conversions on the host.
+pub fn copy_converts_between_float_dtypes<B: Backend>(make: &impl Factory<B>) {
+    let b = make();
+    let s = b.new_stream().unwrap();
+    // Ties to even in bf16 and f16, values past f16's range, subnormals of each, and NaN.
+    let values: Vec<f32> = vec![
+        1.0,
+        -2.5,
+        f32::from_bits(0x3f80_8000), // halfway between two bf16: rounds to the even one
+        f32::from_bits(0x3f81_8000), // halfway: rounds up to the even one
+        1.000_488_3,                 // 1 + 2^-11: halfway between two f16
+        65520.0,                     // rounds past f16's largest finite value
+        -1.0e6,
+        5.960_464_5e-8, // f16's smallest subnormal
+        1.0e-40,        // an f32 subnormal
+        f32::NAN,
+        f32::INFINITY,
+        -0.0,
+    ];
+    let n = values.len();
+    let as_f64 = |dtype: DType, v: f32| -> f64 {
+        match dtype {
+            DType::BF16 => f64::from(half::bf16::from_f32(v)),
+            DType::F16 => f64::from(half::f16::from_f32(v)),
+            _ => f64::from(v),
+        }
+    };
+    for from in [DType::F32, DType::BF16, DType::F16] {
+        for to in [DType::F32, DType::BF16, DType::F16] {
+            // The source: the values in `from`, at the odd columns of a [n, 2] tensor.
+            let src = b.alloc(from, &[n, 2]).unwrap();
+            let interleaved: Vec<f32> = values.iter().flat_map(|&v| [7.0, v]).collect();
+            upload_as(&b, &s, &src, &interleaved);
+            let dst = b.alloc(to, &[n]).unwrap();
+            let view =
+                Tensor::new(src.buffer().clone(), Layout::strided(from, &[n], &[2], 1).unwrap())
+                    .unwrap();
+            b.launch(&s, Op::Copy { src: view, dst: dst.clone() }).unwrap();
+            let got = download_f64(&b, &s, &dst);
+            for (i, &v) in values.iter().enumerate() {
+                // What the source holds, then that value narrowed to `to`, both by `half`.
+                let held = as_f64(from, v) as f32;
+                let want = as_f64(to, held);
+                let same = got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan());
+                assert!(
+                    same,
+                    "{from} -> {to}, element {i} ({v:e}): got {:e}, want {want:e}",
+                    got[i]
+                );
+            }
+        }
+    }
+}
+
+/// Upload f32 `values` into the float tensor `t`, rounded to its dtype by `half`.
+fn upload_as<B: Backend>(b: &kda_core::Device<B>, s: &B::Stream, t: &Tensor<B>, values: &[f32]) {
+    match t.dtype() {
+        DType::BF16 => {
+            let v: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            b.upload(s, t, &v).unwrap();
+        }
+        DType::F16 => {
+            let v: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
+            b.upload(s, t, &v).unwrap();
+        }
+        _ => b.upload(s, t, values).unwrap(),
+    }
+}
+
+/// A float tensor's elements, widened exactly to f64.
+fn download_f64<B: Backend>(b: &kda_core::Device<B>, s: &B::Stream, t: &Tensor<B>) -> Vec<f64> {
+    match t.dtype() {
+        DType::BF16 => b.download::<half::bf16>(s, t).unwrap().into_iter().map(f64::from).collect(),
+        DType::F16 => b.download::<half::f16>(s, t).unwrap().into_iter().map(f64::from).collect(),
+        _ => b.download::<f32>(s, t).unwrap().into_iter().map(f64::from).collect(),
+    }
+}
+
 /// Out-of-range views, mismatched transfers and copies, and unrepresentable fill values are
 /// errors, not panics.
 pub fn bad_input_is_an_error<B: Backend>(make: &impl Factory<B>) {
@@ -103,10 +183,11 @@ pub fn bad_input_is_an_error<B: Backend>(make: &impl Factory<B>) {
         Err(Error::DType { op: "upload", actual: DType::I32, .. }) => {}
         other => panic!("upload of the wrong type: {other:?}"),
     }
-    let other = b.alloc(DType::BF16, &[4, 6]).unwrap();
+    // A copy converts between floats only.
+    let other = b.alloc(DType::I32, &[4, 6]).unwrap();
     match b.launch(&s, Op::Copy { src: t.clone(), dst: other }) {
-        Err(Error::DType { op: "copy", param: "dst", actual: DType::BF16, .. }) => {}
-        other => panic!("copy across dtypes: {other:?}"),
+        Err(Error::DType { op: "copy", param: "dst", actual: DType::I32, .. }) => {}
+        other => panic!("copy from f32 to i32: {other:?}"),
     }
     match b.launch(&s, Op::Copy { src: t.clone(), dst: b.alloc(DType::F32, &[6, 4]).unwrap() }) {
         Err(Error::Shape { op: "copy", param: "dst", actual, .. }) => {
@@ -138,6 +219,7 @@ macro_rules! conformance_views {
         $crate::conformance_tests!(@tests
             views_share_the_buffer => views::share_the_buffer(&$plain),
             views_copy_and_fill_address_the_right_elements => views::copy_and_fill_address_the_right_elements(&$plain),
+            views_copy_converts_between_float_dtypes => views::copy_converts_between_float_dtypes(&$plain),
             views_bad_input_is_an_error => views::bad_input_is_an_error(&$plain),
         );
     };

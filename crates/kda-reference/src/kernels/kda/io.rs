@@ -14,7 +14,7 @@ pub(super) type T = Tensor<ReferenceBackend>;
 
 /// The elements of a float view, row-major, as f32: borrowed in place when the view is f32 and
 /// contiguous, widened (exactly) otherwise.
-pub(super) fn read_f32(t: &T) -> Cow<'_, [f32]> {
+pub(in crate::kernels) fn read_f32(t: &T) -> Cow<'_, [f32]> {
     let layout = t.layout();
     match t.dtype() {
         DType::F32 if layout.is_contiguous() => {
@@ -83,7 +83,7 @@ pub(super) fn read_floats(t: &T) -> Floats<'_> {
 }
 
 /// Write row-major f32 `values` into a float view, rounding once (to nearest even) to its dtype.
-pub(super) fn write_f32(t: &T, values: &[f32]) {
+pub(in crate::kernels) fn write_f32(t: &T, values: &[f32]) {
     debug_assert_eq!(values.len(), t.numel());
     let layout = t.layout();
     match t.dtype() {

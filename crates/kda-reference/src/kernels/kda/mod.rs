@@ -8,7 +8,7 @@
 pub(super) mod chunk;
 pub(super) mod conv;
 pub(super) mod gate;
-mod io;
+pub(super) mod io;
 pub(super) mod mask;
 mod matmul;
 pub(super) mod norm;
