@@ -431,7 +431,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                 let a16 = p.temp(DType::BF16, &[dims.m, dims.k])?;
                 let w16 = p.temp(DType::BF16, &[dims.n, dims.k])?;
                 for (d, s, out, rows) in [(a, a_scale, &a16, dims.m), (w, w_scale, &w16, dims.n)] {
-                    let work = tiling::rows(rows, dims.k * (1 + 4 + 2));
+                    let work = tiling::mx_dequant(rows, dims.k, DType::BF16.size_bytes());
                     p.kernel(names::MX_DEQUANT, work, &[Some(d), Some(s), Some(out)], &[])?;
                 }
                 return p.matmul(&a16, &w16, y);
@@ -489,7 +489,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
         }
         Op::CausalConvUpdate(c) => {
             let d = dims_of!(dims, ConvUpdate, op);
-            let work = tiling::conv_update(d.channels, d.width, d.state_len, d.tokens);
+            let work = tiling::conv_update(d.channels, d.width, d.tokens);
             let t = [
                 Some(&c.x),
                 Some(&c.weight),
@@ -531,8 +531,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
         }
         Op::CausalConv(c) => {
             let d = dims_of!(dims, Conv, op);
-            // One unit per channel, streaming 64-token tiles.
-            let work = tiling::rows(d.channels, (d.width + d.state_len + 2 * 64) * 4);
+            let work = tiling::conv_prefill(d.channels, d.width);
             let t = [
                 Some(&c.x),
                 Some(&c.weight),
@@ -584,8 +583,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                     activated
                 }
             };
-            // One unit per (sequence, head) state; the chunk's intermediates stream through.
-            let work = tiling::rows(d.batch * d.heads, d.k * d.v * 4);
+            let work = tiling::chunk(d.batch, d.heads, d.k, d.v);
             let t = [
                 Some(&c.q),
                 Some(&c.k),
