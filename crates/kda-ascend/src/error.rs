@@ -20,6 +20,14 @@ pub enum AscendError {
     /// The kernel binary could not be found or loaded (the path is absolute).
     #[error("kernel binary {path}: {message}")]
     KernelBinary { path: String, message: String },
+    /// A kernel the backend launches is not in the loaded kernel binary (one built from older
+    /// sources, or another project's): named with the HAL op that needed it and the binary's
+    /// absolute path; the op fails before anything is queued and the other kernels still run.
+    #[error(
+        "kernel `{kernel}` (needed by HAL op `{op}`) is not in the kernel binary {path}: rebuild \
+         it from this version's sources with `cargo xtask kernels` ({message})"
+    )]
+    MissingKernel { kernel: &'static str, op: &'static str, path: String, message: String },
     /// A tiling that cannot be built (a row larger than the unified buffer, no cores).
     #[error("tiling of {kernel}: {message}")]
     Tiling { kernel: &'static str, message: String },

@@ -612,58 +612,67 @@ fn capture_end_without_the_final_join_fails_with_the_acl_error() {
     unsafe { assert_eq!(sys::aclmdlRIDestroy(ri), 0) };
 }
 
-/// A2/A3 path: the quant kernel equals `aclnnDynamicMxQuantV3` bit for bit; dequantize + bf16
-/// GEMM stays within bf16 rounding of the exact MX GEMM.
+/// A2/A3 path: `DynamicQuant` has no kernel there (no AscendC source, no aclnn op), so it is a
+/// typed refusal before anything is queued; the MX GEMM's emulation (dequantize + bf16 GEMM) on
+/// the natively quantized operands stays within bf16 rounding of the exact MX GEMM.
 #[test]
-fn mx_emulation_path_matches_the_native_ops() {
+fn mx_emulation_path_refuses_the_quant_and_matches_the_native_gemm() {
     let (native, emulated) = (backend(MxGemmPath::Native), backend(MxGemmPath::Emulated));
     assert!(native.raw().native_mx() && !emulated.raw().native_mx());
     let (m, n, k) = (6, 5, 96);
     let mut rng = Gen::new(3);
     let xs: Vec<bf16> = rng.normal_f32(m * k, 0.0, 2.0).into_iter().map(bf16::from_f32).collect();
     let ws: Vec<bf16> = rng.normal_f32(n * k, 0.0, 0.1).into_iter().map(bf16::from_f32).collect();
-    let run = |b: &Device<AscendBackend>| -> (Vec<u8>, Vec<u8>, Vec<f32>) {
-        let s = b.new_stream().unwrap();
-        let quant = |v: &[bf16], rows: usize| {
-            let x = b.alloc(DType::BF16, &[rows, k]).unwrap();
-            b.upload(&s, &x, v).unwrap();
-            let data = b.alloc(DType::E4M3, &[rows, k]).unwrap();
-            let scale = b.alloc(DType::E8M0, &[rows, num_blocks(k)]).unwrap();
-            b.launch(
-                &s,
-                Op::DynamicQuant {
-                    x,
-                    data: data.clone(),
-                    scale: scale.clone(),
-                    alg: ScaleAlg::RoundUp,
-                },
-            )
-            .unwrap();
-            (data, scale)
+    // The operands, quantized by aclnnDynamicMxQuantV3 on the native backend.
+    let s = native.new_stream().unwrap();
+    let quant = |v: &[bf16], rows: usize| -> (Vec<F8E4M3>, Vec<E8M0>) {
+        let x = native.alloc(DType::BF16, &[rows, k]).unwrap();
+        native.upload(&s, &x, v).unwrap();
+        let data = native.alloc(DType::E4M3, &[rows, k]).unwrap();
+        let scale = native.alloc(DType::E8M0, &[rows, num_blocks(k)]).unwrap();
+        let op = Op::DynamicQuant {
+            x,
+            data: data.clone(),
+            scale: scale.clone(),
+            alg: ScaleAlg::RoundUp,
         };
-        let (a, a_scale) = quant(&xs, m);
-        let (w, w_scale) = quant(&ws, n);
-        let y = b.alloc(DType::F32, &[m, n]).unwrap();
-        b.launch(
-            &s,
-            Op::MxGemm { a: a.clone(), a_scale: a_scale.clone(), w, w_scale, y: y.clone() },
-        )
-        .unwrap();
-        let bytes = |t: &Tensor<AscendBackend>| -> Vec<u8> {
-            match t.dtype() {
-                DType::E4M3 => {
-                    b.download::<F8E4M3>(&s, t).unwrap().into_iter().map(|v| v.0).collect()
-                }
-                _ => b.download::<E8M0>(&s, t).unwrap().into_iter().map(|v| v.0).collect(),
-            }
-        };
-        (bytes(&a), bytes(&a_scale), b.download::<f32>(&s, &y).unwrap())
+        native.launch(&s, op).unwrap();
+        (native.download(&s, &data).unwrap(), native.download(&s, &scale).unwrap())
     };
-    let (data_n, scale_n, y_n) = run(&native);
-    let (data_e, scale_e, y_e) = run(&emulated);
-    assert_eq!((&data_e, &scale_e), (&data_n, &scale_n), "quant kernel = aclnnDynamicMxQuantV3");
+    let (a, w) = (quant(&xs, m), quant(&ws, n));
+    let gemm = |b: &Device<AscendBackend>| -> Vec<f64> {
+        let s = b.new_stream().unwrap();
+        let put = |(data, scale): &(Vec<F8E4M3>, Vec<E8M0>), rows: usize| {
+            let d = b.alloc(DType::E4M3, &[rows, k]).unwrap();
+            b.upload(&s, &d, data).unwrap();
+            let sc = b.alloc(DType::E8M0, &[rows, num_blocks(k)]).unwrap();
+            b.upload(&s, &sc, scale).unwrap();
+            (d, sc)
+        };
+        let ((a, a_scale), (w, w_scale)) = (put(&a, m), put(&w, n));
+        let y = b.alloc(DType::F32, &[m, n]).unwrap();
+        b.launch(&s, Op::MxGemm { a, a_scale, w, w_scale, y: y.clone() }).unwrap();
+        b.download::<f32>(&s, &y).unwrap().into_iter().map(f64::from).collect()
+    };
     // Both operands dequantize exactly into bf16; only the f32 summation order differs.
-    let want: Vec<f64> = y_n.iter().map(|&v| f64::from(v)).collect();
-    let got: Vec<f64> = y_e.iter().map(|&v| f64::from(v)).collect();
+    let (want, got) = (gemm(&native), gemm(&emulated));
     Tolerance::new(1e-5, 1e-5).assert_close(&[m, n], &got, &want);
+
+    // The quant on the emulation path: refused, naming the op, the chip and the capability.
+    let s = emulated.new_stream().unwrap();
+    let x = emulated.alloc(DType::BF16, &[m, k]).unwrap();
+    let data = emulated.alloc(DType::E4M3, &[m, k]).unwrap();
+    let scale = emulated.alloc(DType::E8M0, &[m, num_blocks(k)]).unwrap();
+    let from = kda_acl_emu::calls_of_this_thread().len();
+    let op = Op::DynamicQuant { x, data, scale, alg: ScaleAlg::RoundUp };
+    match emulated.launch(&s, op) {
+        Err(Error::Backend { backend: "ascend", message }) => {
+            assert!(message.starts_with("DynamicQuant: no MXFP8 quantize on "), "{message}");
+            assert!(message.contains(&emulated.raw().chip().soc), "{message}");
+            assert!(message.contains("NativeOps::mx_quant is false"), "{message}");
+        }
+        other => panic!("expected the typed refusal, got {other:?}"),
+    }
+    let calls = kda_acl_emu::calls_of_this_thread().split_off(from);
+    assert_eq!(calls, Vec::new(), "nothing reached the runtime");
 }

@@ -48,7 +48,7 @@ fn sigmoid_kernel() -> sys::aclrtFuncHandle {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let i = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = scratch(&format!("all_{i}.o"));
-    kda_acl_emu::write_stand_in(&path).unwrap();
+    kda_acl_emu::write_stand_in(&path, &names::ALL).unwrap();
     let (code, bin) = load(&path);
     assert_eq!(code, 0, "{}", sys::recent_error());
     let (code, f) = function(bin, names::SIGMOID);

@@ -53,7 +53,8 @@ fn default_binary(_exe: Option<&Path>) -> std::result::Result<PathBuf, AscendErr
         .get_or_init(|| {
             let dir = std::env::temp_dir().join(format!("kda-acl-emu-{}", std::process::id()));
             let path = std::path::absolute(dir.join("kda_kernels.o")).unwrap_or_default();
-            kda_acl_emu::write_stand_in(&path).map_err(|e| AscendError::KernelBinary {
+            let all = crate::kernels::abi::names::ALL;
+            kda_acl_emu::write_stand_in(&path, &all).map_err(|e| AscendError::KernelBinary {
                 path: path.display().to_string(),
                 message: format!("cannot write the emulator's stand-in binary: {e}"),
             })?;
@@ -80,7 +81,15 @@ fn default_binary(exe: Option<&Path>) -> std::result::Result<PathBuf, AscendErro
 pub(crate) struct Kernels {
     /// The binary named by the backend's options (`None`: the default search).
     path: Option<PathBuf>,
-    loaded: Mutex<Option<(usize, HashMap<&'static str, usize>)>>,
+    loaded: Mutex<Option<Loaded>>,
+}
+
+/// A loaded binary: its handle, absolute path (for errors) and the functions resolved so far.
+#[derive(Debug)]
+struct Loaded {
+    bin: usize,
+    path: String,
+    functions: HashMap<&'static str, usize>,
 }
 
 impl Kernels {
@@ -88,7 +97,8 @@ impl Kernels {
         Kernels { path, loaded: Mutex::default() }
     }
 
-    fn function(&self, name: &'static str) -> Result<usize> {
+    /// The function `name` of the binary (loaded on first use), for HAL op `op`.
+    fn function(&self, name: &'static str, op: &'static str) -> Result<usize> {
         let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
         if loaded.is_none() {
             let path = binary_path(self.path.as_deref())?;
@@ -100,11 +110,13 @@ impl Kernels {
             // SAFETY: a NUL-terminated absolute path, no options, a valid out-parameter.
             let code =
                 unsafe { sys::aclrtBinaryLoadFromFile(c.as_ptr(), std::ptr::null_mut(), &mut bin) };
-            check("aclrtBinaryLoadFromFile", code)
-                .map_err(|e| AscendError::KernelBinary { path: shown, message: e.to_string() })?;
-            *loaded = Some((bin as usize, HashMap::new()));
+            check("aclrtBinaryLoadFromFile", code).map_err(|e| AscendError::KernelBinary {
+                path: shown.clone(),
+                message: e.to_string(),
+            })?;
+            *loaded = Some(Loaded { bin: bin as usize, path: shown, functions: HashMap::new() });
         }
-        let (bin, functions) = loaded.as_mut().ok_or(AscendError::Unsupported {
+        let Loaded { bin, path, functions } = loaded.as_mut().ok_or(AscendError::Unsupported {
             op: "aclrtBinaryLoadFromFile",
             message: "the kernel binary is not loaded".into(),
         })?;
@@ -115,24 +127,33 @@ impl Kernels {
             .map_err(|_| AscendError::Unsupported { op: "kernel", message: name.into() })?;
         let mut f: sys::aclrtFuncHandle = std::ptr::null_mut();
         // SAFETY: a loaded binary, a NUL-terminated name, a valid out-parameter.
-        check("aclrtBinaryGetFunction", unsafe {
-            sys::aclrtBinaryGetFunction(*bin as sys::aclrtBinHandle, c.as_ptr(), &mut f)
+        let code =
+            unsafe { sys::aclrtBinaryGetFunction(*bin as sys::aclrtBinHandle, c.as_ptr(), &mut f) };
+        // CANN reports a name the binary lacks as an internal error ("Cannot find kernel by
+        // name"); any failure here means the binary cannot serve this kernel.
+        check("aclrtBinaryGetFunction", code).map_err(|e| AscendError::MissingKernel {
+            kernel: name,
+            op,
+            path: path.clone(),
+            message: e.to_string(),
         })?;
         functions.insert(name, f as usize);
         Ok(f as usize)
     }
 
-    /// A launch, ready to issue: function, `blockDim` and argument block.
+    /// A launch of kernel `name` for HAL op `op`, ready to issue: function, `blockDim` and
+    /// argument block.
     pub(crate) fn prepare(
         &self,
         name: &'static str,
+        op: &'static str,
         tiling: KernelTiling,
         tensors: &[GmTensor],
         scalars: &[f64],
     ) -> Result<Launch> {
         Ok(Launch {
             name,
-            func: self.function(name)?,
+            func: self.function(name, op)?,
             block_dim: tiling.block_dim,
             args: abi::encode(tiling, tensors, scalars),
         })
@@ -141,7 +162,8 @@ impl Kernels {
 
 impl Drop for Kernels {
     fn drop(&mut self) {
-        if let Some((bin, _)) = self.loaded.get_mut().unwrap_or_else(PoisonError::into_inner).take()
+        if let Some(Loaded { bin, .. }) =
+            self.loaded.get_mut().unwrap_or_else(PoisonError::into_inner).take()
         {
             // SAFETY: loaded above, unloaded once, after every launch handle is gone.
             let _ = unsafe { sys::aclrtBinaryUnLoad(bin as sys::aclrtBinHandle) };

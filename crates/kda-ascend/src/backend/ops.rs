@@ -11,11 +11,12 @@
 //! | `Copy`, `Fill` | `aclnnInplaceCopy`, `aclnnInplaceFillScalar` |
 //! | `Upload`, `Download` | `aclrtMemcpyAsync` through pinned staging (+ `aclnnInplaceCopy` for strided views) |
 //! | `Host` | `aclrtLaunchHostFunc` (a failure stops the stream on the host) |
-//! | `DynamicQuant`, `MxGemm` | `aclnnDynamicMxQuantV3`, `aclnnQuantMatmulV5` (Ascend 950); else `kda_mx_quant`, `kda_mx_dequant` + `aclnnMatmul` |
+//! | `DynamicQuant` | `aclnnDynamicMxQuantV3` (Ascend 950); elsewhere unsupported (a typed error before anything is queued: the layer takes bf16 QKV there) |
+//! | `MxGemm` | `aclnnQuantMatmulV5` (Ascend 950); else `kda_mx_dequant` + `aclnnMatmul` |
 //! | `Sigmoid`, `KdaGate`, `ZeroPadding`, `CausalConvUpdate`, `L2Norm`, `GatedRmsNorm`, `MxDequant` | their AscendC kernels |
 //! | `KdaRecurrent` | `aclnnRecurrentGatedDeltaRule` where its contract fits (`vendor.rs`: installed with an f32 state, bf16 operands, within its limits); else the `kda_recurrent_step` kernel |
 //! | `KdaChunk` | `aclnnChunkKdaFwd` where its contract fits (`vendor.rs`: installed, not captured, host offsets, f16/bf16 operands, within its limits); else the `kda_chunk_prefill` kernel (an in-kernel gate runs `kda_gate` into scratch first) |
-//! | `CausalConv` | the `kda_conv_prefill` kernel (no AscendC source yet; see docs/ascend.md) |
+//! | `CausalConv` | the `kda_conv_prefill` kernel |
 
 use std::any::Any;
 use std::ffi::{CStr, c_void};
@@ -140,6 +141,8 @@ impl Drop for AclnnCall {
 /// Builds the steps of one op.
 struct Prep<'a> {
     b: &'a AscendBackend,
+    /// The HAL op being prepared (named when one of its kernels is missing).
+    op: &'static str,
     stream: &'a AscendStream,
     repeatable: bool,
     steps: Vec<Step>,
@@ -216,7 +219,7 @@ impl Prep<'_> {
     ) -> Result<()> {
         let Some(tiling) = tiling::plan(name, &self.b.inner.chip, work)? else { return Ok(()) };
         let gms = tensors.iter().map(|t| gm(name, *t)).collect::<Result<Vec<GmTensor>>>()?;
-        let launch = self.b.inner.kernels.prepare(name, tiling, &gms, scalars)?;
+        let launch = self.b.inner.kernels.prepare(name, self.op, tiling, &gms, scalars)?;
         self.steps.push(Step::Kernel(launch));
         Ok(())
     }
@@ -324,7 +327,7 @@ pub(crate) fn prepare(
     dims: OpDims,
     repeatable: bool,
 ) -> Result<Vec<Step>> {
-    let mut p = Prep { b, stream, repeatable, steps: Vec::new() };
+    let mut p = Prep { b, op: op.name(), stream, repeatable, steps: Vec::new() };
     build(&mut p, op, dims)?;
     Ok(p.steps)
 }
@@ -362,13 +365,19 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                 return Ok(());
             }
             if !p.b.inner.native_mx {
-                let work = tiling::rows(dims.m, dims.k * (x.dtype().size_bytes() + 1 + 4));
-                return p.kernel(
-                    names::MX_QUANT,
-                    work,
-                    &[Some(x), Some(data), Some(scale)],
-                    &[f64::from(alg.code())],
-                );
+                // No MXFP8 quantize on this chip (A2/A3 CANN has no aclnnDynamicMxQuantV3, and
+                // there is no AscendC kernel for it): refused before anything is queued. The
+                // backend reports `NativeOps::mx_quant = false`, so the layer runs bf16 QKV.
+                return Err(AscendError::Unsupported {
+                    op: "DynamicQuant",
+                    message: format!(
+                        "no MXFP8 quantize on {} (capability NativeOps::mx_quant is false: \
+                         aclnnDynamicMxQuantV3 is absent or not selected, and no AscendC kernel \
+                         stands in); the layer's bf16 QKV path does not need it",
+                        p.b.inner.chip.soc
+                    ),
+                }
+                .into());
             }
             const OP: &str = "aclnnDynamicMxQuantV3";
             let (scale_desc, copy_back) = p.ascend_scale(OP, scale, dims.k, false)?;
@@ -422,7 +431,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                 let a16 = p.temp(DType::BF16, &[dims.m, dims.k])?;
                 let w16 = p.temp(DType::BF16, &[dims.n, dims.k])?;
                 for (d, s, out, rows) in [(a, a_scale, &a16, dims.m), (w, w_scale, &w16, dims.n)] {
-                    let work = tiling::rows(rows, dims.k * (1 + 4 + 2));
+                    let work = tiling::mx_dequant(rows, dims.k, DType::BF16.size_bytes());
                     p.kernel(names::MX_DEQUANT, work, &[Some(d), Some(s), Some(out)], &[])?;
                 }
                 return p.matmul(&a16, &w16, y);
@@ -480,7 +489,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
         }
         Op::CausalConvUpdate(c) => {
             let d = dims_of!(dims, ConvUpdate, op);
-            let work = tiling::conv_update(d.channels, d.width, d.state_len, d.tokens);
+            let work = tiling::conv_update(d.channels, d.width, d.tokens);
             let t = [
                 Some(&c.x),
                 Some(&c.weight),
@@ -522,8 +531,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
         }
         Op::CausalConv(c) => {
             let d = dims_of!(dims, Conv, op);
-            // One unit per channel, streaming 64-token tiles.
-            let work = tiling::rows(d.channels, (d.width + d.state_len + 2 * 64) * 4);
+            let work = tiling::conv_prefill(d.channels, d.width);
             let t = [
                 Some(&c.x),
                 Some(&c.weight),
@@ -575,8 +583,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                     activated
                 }
             };
-            // One unit per (sequence, head) state; the chunk's intermediates stream through.
-            let work = tiling::rows(d.batch * d.heads, d.k * d.v * 4);
+            let work = tiling::chunk(d.batch, d.heads, d.k, d.v);
             let t = [
                 Some(&c.q),
                 Some(&c.k),

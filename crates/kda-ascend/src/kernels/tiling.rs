@@ -3,9 +3,12 @@
 //! many units one unified-buffer (UB) tile holds with double buffering.
 //!
 //! A *unit* is the kernel's indivisible piece of work: an element for element-wise kernels, a
-//! `(token, head)` row for the gate, a channel for the conv update, a `(sequence, head)` state
-//! for the recurrent step. Each kernel states the UB bytes one unit needs; the plan keeps a
-//! tile's bytes within half the UB (the other half is the next tile's prefetch).
+//! `(token, head)` row for the gate, a channel for the conv kernels, a `(sequence, head)` state
+//! for the delta-rule kernels. Each kernel states the UB bytes one unit needs and the bytes it
+//! allocates whatever the tile; the plan keeps a tile's bytes within the UB share of one tile
+//! copy: half the UB for kernels that prefetch the next tile into the other half, the whole UB
+//! for the kernels that hold one tile (the conv and delta-rule kernels, whose budgets are the
+//! exact sums of the `InitBuffer` sizes in their sources).
 
 use crate::error::AscendError;
 use crate::kernels::abi::KernelTiling;
@@ -114,12 +117,30 @@ impl Chip {
 }
 
 /// A kernel's work: `units` units of `unit_bytes` UB bytes each; per-core shares are multiples
-/// of `align` units (32-byte UB blocks for element-wise kernels).
+/// of `align` units (32-byte UB blocks for element-wise kernels). A tile of `n` units takes
+/// [`Work::tile_bytes`]`(n)` = `fixed_bytes + n · unit_bytes` of UB, and the kernel holds
+/// `copies` such tiles (2: it prefetches the next one).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Work {
     pub units: usize,
     pub unit_bytes: usize,
     pub align: usize,
+    /// UB bytes the kernel allocates besides `unit_bytes` per unit (block rounding slack).
+    pub fixed_bytes: usize,
+    /// Tiles the kernel holds at once.
+    pub copies: usize,
+}
+
+impl Work {
+    /// Work of a kernel that prefetches: `units` of `unit_bytes`, two tiles in UB.
+    const fn double_buffered(units: usize, unit_bytes: usize, align: usize) -> Work {
+        Work { units, unit_bytes, align, fixed_bytes: 0, copies: 2 }
+    }
+
+    /// UB bytes one tile of `n` units takes.
+    pub fn tile_bytes(&self, n: usize) -> usize {
+        self.fixed_bytes + n * self.unit_bytes
+    }
 }
 
 /// Plan `work` for `kernel` on `chip`. `Ok(None)` when there is no work (the launch is skipped).
@@ -132,16 +153,20 @@ pub fn plan(
     if work.units == 0 {
         return Ok(None);
     }
-    if chip.vector_cores == 0 || work.align == 0 {
-        return Err(err(format!("{} vector cores, alignment {}", chip.vector_cores, work.align)));
+    if chip.vector_cores == 0 || work.align == 0 || work.copies == 0 {
+        return Err(err(format!(
+            "{} vector cores, alignment {}, {} tile copies",
+            chip.vector_cores, work.align, work.copies
+        )));
     }
-    let budget = chip.ub_bytes as usize / 2;
-    let fit = budget / work.unit_bytes.max(1);
+    let budget = chip.ub_bytes as usize / work.copies;
+    let fit = budget.saturating_sub(work.fixed_bytes) / work.unit_bytes.max(1);
     let tile_cap = fit / work.align * work.align;
     if tile_cap == 0 {
         return Err(err(format!(
-            "{} aligned units of {} bytes do not fit half the {}-byte unified buffer",
-            work.align, work.unit_bytes, chip.ub_bytes
+            "{} aligned units of {} bytes (+{} bytes per tile) do not fit 1/{} of the {}-byte \
+             unified buffer",
+            work.align, work.unit_bytes, work.fixed_bytes, work.copies, chip.ub_bytes
         )));
     }
     let chunks = work.units.div_ceil(work.align);
@@ -174,63 +199,90 @@ fn block_elems(bytes: usize) -> usize {
 /// BFG post-process beta: element-wise fp32 sigmoid of `numel` values of `in_bytes` each
 /// (input, f32 output, f32 temporary in UB).
 pub fn sigmoid(numel: usize, in_bytes: usize) -> Work {
-    Work { units: numel, unit_bytes: in_bytes + 2 * F32, align: block_elems(in_bytes) }
+    Work::double_buffered(numel, in_bytes + 2 * F32, block_elems(in_bytes))
 }
 
 /// KDA gate: one unit per `(token, head)` row of `dim` values (raw gate in, `dt_bias` row,
 /// f32 out, f32 temporary).
 pub fn gate(tokens: usize, heads: usize, dim: usize, in_bytes: usize) -> Work {
-    Work { units: tokens * heads, unit_bytes: dim * (in_bytes + 3 * F32), align: 1 }
+    Work::double_buffered(tokens * heads, dim * (in_bytes + 3 * F32), 1)
 }
 
 /// Zero-padding mask: one unit per row of `row_len` values (a row is zeroed in UB and copied
 /// out when it lies past the live count the kernel reads on device).
 pub fn zero_padding(rows: usize, row_len: usize, elem_bytes: usize) -> Work {
-    Work { units: rows, unit_bytes: row_len * elem_bytes, align: 1 }
+    Work::double_buffered(rows, row_len * elem_bytes, 1)
 }
 
-/// Causal conv update: one unit per channel, holding its `width` taps, `state_len` state
-/// values, and `tokens_per_request` inputs and outputs for each of `batch` requests, in fp32.
-pub fn conv_update(
-    channels: usize,
-    width: usize,
-    state_len: usize,
-    tokens_per_request: usize,
-) -> Work {
+/// The channel tiles of the conv kernels: `f32_rows` f32 rows of the tile's channels (a tile is
+/// a multiple of 8 channels, so each row fills whole 32-byte blocks) and one 16-bit stage row,
+/// rounded up to 16 values: up to one half block (16 bytes) over `2 · tile`.
+fn conv_tiles(channels: usize, f32_rows: usize) -> Work {
     Work {
         units: channels,
-        unit_bytes: (width + state_len + 2 * tokens_per_request) * F32,
+        unit_bytes: f32_rows * F32 + 2,
         align: block_elems(F32),
+        fixed_bytes: 16,
+        copies: 1,
     }
 }
 
-/// Recurrent KDA step: one unit per `(sequence, head)`, holding the `[k, v]` fp32 state and one
-/// token's q, k, g (`k` each) and v, o (`v` each) in fp32.
+/// Causal conv update (`kda_conv_update.cpp`): one unit per channel; a tile holds the `width`
+/// taps, the window of `width - 1` history rows and `tokens_per_request` new rows, the
+/// accumulator and a temporary (f32), and a 16-bit stage row.
+pub fn conv_update(channels: usize, width: usize, tokens_per_request: usize) -> Work {
+    conv_tiles(channels, width + (width - 1 + tokens_per_request) + 2)
+}
+
+/// Causal conv prefill (`kda_conv_prefill.cpp`): one unit per channel; a tile holds the
+/// `width` taps, a ring of `width` input rows, the accumulator and a temporary (f32), and a
+/// 16-bit stage row, whatever the request lengths (tokens stream through the ring).
+pub fn conv_prefill(channels: usize, width: usize) -> Work {
+    conv_tiles(channels, 2 * width + 2)
+}
+
+/// UB bytes of the delta rule's buffers for one `(sequence, head)` (`kda_delta_rule.h`,
+/// `kda_delta_init`): the v-first state, `v` rows of `k` f32 padded to 32 bytes; q, k, g and a
+/// temporary (`k` each, padded), v and o (`v` each, padded) and three one-block f32 scratch
+/// tensors; a 16-bit stage row of `max(k, v)` values, padded.
+pub fn delta_rule_bytes(k: usize, v: usize) -> usize {
+    let pad = |n: usize, bytes: usize| n.div_ceil(block_elems(bytes)) * block_elems(bytes);
+    let (kp, vp) = (pad(k, F32), pad(v, F32));
+    v * kp * F32 + (4 * kp + 2 * vp + 3 * block_elems(F32)) * F32 + pad(k.max(v), 2) * 2
+}
+
+/// The delta-rule kernels (`kda_recurrent_step`, `kda_chunk_prefill`): one unit per `(sequence,
+/// head)`, each computed whole in UB ([`delta_rule_bytes`]); the kernels hold one unit at a
+/// time (they do not use the tile), so the plan only checks that one fits.
+fn delta_rule(units: usize, k: usize, v: usize) -> Work {
+    Work { units, unit_bytes: delta_rule_bytes(k, v), align: 1, fixed_bytes: 0, copies: 1 }
+}
+
+/// Recurrent KDA step: one unit per `(sequence, head)` ([`delta_rule_bytes`]).
 pub fn recurrent(batch: usize, heads: usize, k: usize, v: usize) -> Work {
-    Work { units: batch * heads, unit_bytes: (k * v + 3 * k + 2 * v) * F32, align: 1 }
+    delta_rule(batch * heads, k, v)
+}
+
+/// KDA chunked prefill, token by token: one unit per `(request, head)` ([`delta_rule_bytes`]).
+pub fn chunk(requests: usize, heads: usize, k: usize, v: usize) -> Work {
+    delta_rule(requests * heads, k, v)
 }
 
 /// Row-wise L2 norm: one unit per row of `dim` values (input, f32 output and temporary).
 pub fn l2norm(rows: usize, dim: usize, in_bytes: usize) -> Work {
-    Work { units: rows, unit_bytes: dim * (in_bytes + 2 * F32), align: 1 }
+    Work::double_buffered(rows, dim * (in_bytes + 2 * F32), 1)
 }
 
 /// Gated RMSNorm: one unit per row of `dim` values (input and gate, f32 weight, output and
 /// temporary).
 pub fn gated_rms_norm(rows: usize, dim: usize, in_bytes: usize) -> Work {
-    Work { units: rows, unit_bytes: dim * (2 * in_bytes + 3 * F32), align: 1 }
+    Work::double_buffered(rows, dim * (2 * in_bytes + 3 * F32), 1)
 }
 
 /// MXFP8 dequantization: one unit per row of `k` E4M3 bytes, its E8M0 scales (one per 32,
 /// counted per element as an upper bound), f32 temporary and `out_bytes` outputs.
 pub fn mx_dequant(rows: usize, k: usize, out_bytes: usize) -> Work {
-    Work { units: rows, unit_bytes: k * (1 + F32 + out_bytes), align: 1 }
-}
-
-/// Kernels without a designed tiling yet (the fallbacks: conv prefill, chunked prefill, MX
-/// quant on chips without MX GEMMs): `units` independent rows of `unit_bytes` each.
-pub fn rows(units: usize, unit_bytes: usize) -> Work {
-    Work { units, unit_bytes, align: 1 }
+    Work::double_buffered(rows, k * (1 + F32 + out_bytes), 1)
 }
 
 #[cfg(test)]
@@ -259,7 +311,10 @@ mod tests {
         assert!(l >= 1 && l <= p, "the last core has a non-empty tail: {t:?}");
         assert_eq!(p % work.align, 0, "{t:?}");
         assert!(tile >= 1 && tile <= p && tile % work.align == 0, "{t:?}");
-        assert!(tile * work.unit_bytes <= chip.ub_bytes as usize / 2, "tile fits half the UB");
+        assert!(
+            work.tile_bytes(tile) <= chip.ub_bytes as usize / work.copies,
+            "a tile fits its share of the UB: {t:?}"
+        );
     }
 
     fn planned(chip: &Chip, work: Work) -> KernelTiling {
@@ -320,22 +375,22 @@ mod tests {
     #[test]
     fn conv_update_at_k3_tp8_and_tp1() {
         // Channels = 3·lp: 4608 at TP8, 36864 at TP1; one decode token, state of W-1.
-        let t = planned(&a2(), conv_update(3 * 12 * D, W, W - 1, 1));
+        let t = planned(&a2(), conv_update(3 * 12 * D, W, 1));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 96, 96));
-        let t = planned(&a2(), conv_update(3 * HEADS * D, W, W - 1, 1));
+        let t = planned(&a2(), conv_update(3 * HEADS * D, W, 1));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 768, 768));
         // A speculative step of 4 tokens on an odd channel count leaves a tail.
-        let t = planned(&a2(), conv_update(4610, W, W - 1 + 3, 4));
+        let t = planned(&a2(), conv_update(4610, W, 4));
         assert_eq!(t.per_core, 104);
         assert_eq!(t.last_core as usize, 4610 - 104 * (t.block_dim as usize - 1));
     }
 
     #[test]
     fn recurrent_at_k3_tp8_and_tp1() {
-        // One (sequence, head) state of 128×128 fp32 = 64 KiB (+2.5 KiB of vectors) per unit:
-        // one unit per tile on A2 (96 KiB half-UB).
+        // One (sequence, head) state of 128×128 fp32 = 64 KiB, q/k/g/tmp/v/o rows and three
+        // scratch blocks (3168 bytes) and a bf16 stage row (256 bytes) per unit.
         let work = recurrent(1, 12, D, D);
-        assert_eq!(work.unit_bytes, (128 * 128 + 5 * 128) * 4);
+        assert_eq!(work.unit_bytes, 128 * 128 * 4 + (6 * 128 + 24) * 4 + 128 * 2);
         let t = planned(&a2(), work);
         assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (12, 1, 1, 1));
         let t = planned(&a2(), recurrent(5, HEADS, D, D));
@@ -369,6 +424,95 @@ mod tests {
             plan("kda_mx_dequant", &a2(), mx_dequant(1, 16384, 4)),
             Err(AscendError::Tiling { kernel: "kda_mx_dequant", .. })
         ));
+    }
+
+    /// An `InitBuffer` of `bytes`: the pipe hands out whole 32-byte blocks.
+    fn init(bytes: usize) -> usize {
+        bytes.div_ceil(32) * 32
+    }
+
+    /// `kda_pitch`: `n` values of `bytes` each padded to whole 32-byte blocks.
+    fn pitch(n: usize, bytes: usize) -> usize {
+        n.div_ceil(32 / bytes) * (32 / bytes)
+    }
+
+    /// The `InitBuffer` calls of `kda_conv_update.cpp` for a tile of `tile` channels.
+    fn conv_update_source(tile: usize, width: usize, n: usize) -> usize {
+        let tp = pitch(tile, 4);
+        init(width * tp * 4)
+            + init((width - 1 + n) * tp * 4)
+            + 2 * init(tp * 4)
+            + init(pitch(tile, 2) * 2)
+    }
+
+    /// The `InitBuffer` calls of `kda_conv_prefill.cpp`.
+    fn conv_prefill_source(tile: usize, width: usize) -> usize {
+        let tp = pitch(tile, 4);
+        2 * init(width * tp * 4) + 2 * init(tp * 4) + init(pitch(tile, 2) * 2)
+    }
+
+    /// The `InitBuffer` calls of `kda_delta_init` (`kda_delta_rule.h`).
+    fn delta_rule_source(k: usize, v: usize) -> usize {
+        let (kp, vp) = (pitch(k, 4), pitch(v, 4));
+        init(v * kp * 4) + init((4 * kp + 2 * vp + 24) * 4 + pitch(k.max(v), 2) * 2)
+    }
+
+    /// The conv kernels: the planned tile's budget covers what the source allocates (exact up
+    /// to the stage row's half-block rounding) and that fits the chip's UB.
+    #[test]
+    fn conv_budgets_are_the_sources_allocations() {
+        for chip in [a2(), a5(), Chip::from_soc("Ascend910B3").expect("A2")] {
+            // Decode and speculative steps, K3 TP8/TP1 channel counts, odd counts, and counts
+            // large enough that the UB bounds the tile.
+            for channels in [8, 24, 4610, 3 * 12 * D, 3 * HEADS * D, 48 * 9000, 72 * 20_000] {
+                for (width, n) in [(W, 1), (W, 4), (2, 1), (7, 3)] {
+                    let work = conv_update(channels, width, n);
+                    let t = planned(&chip, work).tile as usize;
+                    let source = conv_update_source(t, width, n);
+                    assert!(source <= work.tile_bytes(t), "{channels} {width} {n}: undercount");
+                    assert!(work.tile_bytes(t) <= source + 16, "{channels} {width} {n}");
+                    assert!(source <= chip.ub_bytes as usize, "{channels} {width} {n}: {t}");
+                }
+                for width in [2, W, 7] {
+                    let work = conv_prefill(channels, width);
+                    let t = planned(&chip, work).tile as usize;
+                    let source = conv_prefill_source(t, width);
+                    assert!(source <= work.tile_bytes(t), "{channels} {width}: undercount");
+                    assert!(work.tile_bytes(t) <= source + 16, "{channels} {width}");
+                    assert!(source <= chip.ub_bytes as usize, "{channels} {width}: {t}");
+                }
+            }
+        }
+        // Where the UB bounds the tile, the tile uses it: 9000 channels per core of width 4
+        // take 4680 per tile on A2 (42 bytes each + 16), 196 576 of 196 608 bytes.
+        let t = planned(&a2(), conv_update(48 * 9000, W, 1));
+        assert_eq!(t.tile, 4680);
+        assert_eq!(conv_update_source(4680, W, 1), 196_576);
+    }
+
+    /// The delta-rule kernels: the budget is exactly the source's allocation, it fits the chip's
+    /// UB up to the largest head dim the plan accepts, and one more block of head dim is refused.
+    #[test]
+    fn delta_rule_budgets_are_the_sources_allocations() {
+        for (k, v) in [(1, 1), (8, 8), (17, 33), (64, 128), (128, 128), (128, 64), (200, 72)] {
+            assert_eq!(delta_rule_bytes(k, v), delta_rule_source(k, v), "{k} {v}");
+            assert_eq!(recurrent(2, 3, k, v).unit_bytes, delta_rule_source(k, v));
+            assert_eq!(chunk(2, 3, k, v).unit_bytes, delta_rule_source(k, v));
+        }
+        // The largest square head dim (a multiple of 8) each chip's UB holds.
+        for (chip, largest) in [(a2(), 216), (a5(), 248)] {
+            let ub = chip.ub_bytes as usize;
+            assert!(delta_rule_source(largest, largest) <= ub);
+            assert!(delta_rule_source(largest + 8, largest + 8) > ub);
+            for work in [recurrent(1, 4, largest, largest), chunk(3, 4, largest, largest)] {
+                planned(&chip, work);
+                let bigger = recurrent(1, 4, largest + 8, largest + 8);
+                assert!(matches!(
+                    plan("kda_recurrent_step", &chip, bigger),
+                    Err(AscendError::Tiling { kernel: "kda_recurrent_step", .. })
+                ));
+            }
+        }
     }
 
     #[test]

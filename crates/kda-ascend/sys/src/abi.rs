@@ -226,14 +226,11 @@ pub mod names {
     pub const L2NORM: &str = "kda_l2norm";
     /// `[x, gate, weight, y]`, scalars `[eps]`.
     pub const GATED_RMS_NORM: &str = "kda_gated_rms_norm";
-    /// `[q, k, v, g, beta, cu_seqlens, state_slots, has_initial_state, state, o]`, scalars
-    /// `[scale, qk_l2norm]`.
+    /// `[q, k, v, g, beta, cu_seqlens, state_slots, has_initial_state, state, o,
+    /// chunk_state_slots?]`, scalars `[scale, qk_l2norm]`.
     pub const CHUNK: &str = "kda_chunk_prefill";
     /// `[data, scale, y]`: MXFP8 to bf16/f32 (the A2/A3 MX GEMM emulation).
     pub const MX_DEQUANT: &str = "kda_mx_dequant";
-    /// `[x, data, scale]`, scalars `[scale_alg]`: MXFP8 quantization where aclnnDynamicMxQuantV3
-    /// does not exist (A2/A3), the plain `[M, ceil(K/32)]` scale layout.
-    pub const MX_QUANT: &str = "kda_mx_quant";
 
     /// Each kernel's tensor-parameter count (its pointer parameters before `meta`).
     pub const fn tensors(name: &str) -> Option<usize> {
@@ -248,12 +245,15 @@ pub mod names {
             b"kda_gated_rms_norm" => 4,
             b"kda_chunk_prefill" => 11,
             b"kda_mx_dequant" => 3,
-            b"kda_mx_quant" => 3,
             _ => return None,
         })
     }
 
-    pub const ALL: [&str; 11] = [
+    /// Every kernel the backend launches: each has its AscendC source in
+    /// `crates/kda-ascend/kernels/` (the `kernel_sources` test of kda-ascend checks the set and
+    /// the parameter counts). MXFP8 quantization has no kernel: where `aclnnDynamicMxQuantV3`
+    /// does not exist (A2/A3) `DynamicQuant` is unsupported and the layer takes bf16 QKV.
+    pub const ALL: [&str; 10] = [
         SIGMOID,
         GATE,
         ZERO_PADDING,
@@ -264,7 +264,6 @@ pub mod names {
         GATED_RMS_NORM,
         CHUNK,
         MX_DEQUANT,
-        MX_QUANT,
     ];
 }
 
