@@ -268,8 +268,7 @@ fn cache_bits(
 /// The overlapped K3 layer forward (checked backend) captured through the HAL and launched
 /// three times as one ACL model, each launch after one eager forward of the same batch (a
 /// decode and a prefill) on a twin cache: outputs and every cache byte equal bit for bit each
-/// time, no hazard. With the backend's default core operands (bf16: eager prefills run CANN's
-/// `aclnnChunkKdaFwd`, the captured one the project's chunk kernel) and with f32.
+/// time, no hazard. With the backend's default core operands (bf16) and with f32.
 #[test]
 fn hal_captured_layer_forward_runs_as_one_acl_model_equal_to_eager() {
     captured_layer_forward_equals_eager(None, CoreOperands::Bf16);
@@ -322,7 +321,14 @@ fn captured_layer_forward_equals_eager(operands: Option<CoreOperands>, runs: Cor
     assert!(out_bits(graph_out).iter().all(|&v| f32::from_bits(v).is_nan()), "captured ops ran");
 
     for i in 0..3 {
+        let from = kda_acl_emu::calls_of_this_thread().len();
         layer.forward(&s, &x, &meta, eager_cache, eager_out).unwrap();
+        let vendor = kda_acl_emu::calls_of_this_thread()[from..]
+            .iter()
+            .any(|c| c.api.starts_with("aclnnChunkKdaFwd"));
+        // Head dim 8 is outside aclnnChunkKdaFwd's contract: eager and captured prefills both
+        // run the project's kernel (the vendor op's route is `vendor_layer.rs`'s test).
+        assert!(!vendor, "eager prefill of head dim 8 on CANN's chunk op");
         b.launch(&s, Op::Fill { dst: graph_out.clone(), value: f64::NAN }).unwrap();
         launch_as_acl_model(&b, &s, &graph, i == 0);
         let eager = out_bits(eager_out);

@@ -11,7 +11,7 @@ use std::sync::Once;
 use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions};
 use kda_core::config::Tp;
-use kda_core::layer::{BatchMeta, KdaLayer, LayerError, LayerOptions, QkvPath};
+use kda_core::layer::{BatchMeta, CoreOperands, KdaLayer, LayerError, LayerOptions, QkvPath};
 use kda_core::schedule::{ProjectionSchedule, QkvWeight};
 use kda_core::weights::LayerWeights;
 use kda_core::{Backend, DType, Device, Error, NativeOps};
@@ -30,9 +30,9 @@ fn a2_backend() -> Device<AscendBackend> {
         .unwrap()
 }
 
-/// The runtime calls that would be MXFP8 work: the aclnn MX ops and the emulation kernels.
+/// The runtime calls that would be MXFP8 work: the aclnn MX ops and the dequant kernel.
 fn mx_calls(calls: &[kda_acl_emu::Call]) -> Vec<String> {
-    let mx = ["DynamicMxQuant", "QuantMatmul", "kda_mx_quant", "kda_mx_dequant"];
+    let mx = ["DynamicMxQuant", "QuantMatmul", "kda_mx_dequant"];
     calls.iter().map(|c| c.api.clone()).filter(|api| mx.iter().any(|m| api.contains(m))).collect()
 }
 
@@ -72,14 +72,23 @@ fn without_mx_ops_the_layer_runs_bf16_qkv_and_equals_the_reference() {
     for schedule in [ProjectionSchedule::Serial, ProjectionSchedule::Overlapped] {
         let schedule = Some(schedule);
         let from = kda_acl_emu::calls_of_this_thread().len();
-        // No request: the capabilities choose.
-        let (got, bf16_qkv) = forward(&b, &w, &x, LayerOptions { schedule, ..Default::default() });
+        // No QKV request: the capabilities choose. f32 core operands on both backends, so that
+        // they run the same kernels (bf16 prefills take CANN's aclnnChunkKdaFwd here, compared
+        // within tolerance in vendor_layer.rs).
+        let core_operands = Some(CoreOperands::F32);
+        let (got, bf16_qkv) =
+            forward(&b, &w, &x, LayerOptions { schedule, core_operands, ..Default::default() });
         let calls = kda_acl_emu::calls_of_this_thread().split_off(from);
         assert!(bf16_qkv, "{schedule:?}: the MX ops are absent, so the QKV weight is bf16");
         assert_eq!(mx_calls(&calls), Vec::<String>::new(), "{schedule:?}: no MXFP8 work");
         assert!(calls.iter().any(|c| c.api.contains("Matmul")), "the GEMMs ran on the runtime");
 
-        let options = LayerOptions { schedule, qkv: Some(QkvPath::Bf16), ..Default::default() };
+        let options = LayerOptions {
+            schedule,
+            qkv: Some(QkvPath::Bf16),
+            core_operands,
+            ..Default::default()
+        };
         let (want, _) = forward(&reference, &w, &x, options);
         Tolerance::exact().assert_close(&[n, w.dims.hidden], &got, &want);
     }

@@ -294,3 +294,73 @@ fn speculative_decode_beyond_the_vendor_limit_runs_the_projects_kernel() {
     assert_eq!(made, (0, 0), "no vendor op beyond 8 tokens per request");
     assert_eq!(calls("kda_recurrent_step") - kernel, 1, "the project's kernel ran");
 }
+
+/// Left to the backend, the layer's core operands are bf16 (the emulated CANN has
+/// `aclnnChunkKdaFwd`). A forward captured through the HAL and launched as an ACL model then
+/// takes the same route as an eager one for a decode (`aclnnRecurrentGatedDeltaRule`, bit for
+/// bit), but not for a prefill: the eager one runs `aclnnChunkKdaFwd`, the captured one the
+/// project's chunk kernel (the vendor op's offsets are host data fixed in its executor), and
+/// the two agree within the tolerance of this file, not bit for bit (`docs/ascend.md`).
+#[test]
+fn captured_forwards_take_the_vendor_route_where_a_replay_can() {
+    let b = ascend();
+    let s = b.new_stream().unwrap();
+    let w = weights(true);
+    let layer = KdaLayer::new(&b, &s, &w, LayerOptions::default()).unwrap();
+    assert_eq!(layer.core_operands(), CoreOperands::Bf16, "the backend's choice");
+    let mut rng = Gen::new(31);
+    let run = |cache: &mut StateCache<AscendBackend>,
+               meta: &BatchMeta,
+               x: &[f32],
+               capture: bool| {
+        let rows = x.len() / HIDDEN;
+        let xt = b.alloc(DType::BF16, &[rows, HIDDEN]).unwrap();
+        b.upload(&s, &xt, &x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap();
+        let mut out = b.alloc(DType::F32, &[rows, HIDDEN]).unwrap();
+        b.launch(&s, Op::Fill { dst: out.clone(), value: f64::NAN }).unwrap();
+        let before = (calls(CHUNK_OP), calls(RECURRENT_OP));
+        if capture {
+            b.begin_capture(&s).unwrap();
+            layer.forward(&s, &xt, meta, cache, &mut out).unwrap();
+            let graph = b.end_capture(&s).unwrap();
+            b.launch_graph(&graph, &s).unwrap();
+        } else {
+            layer.forward(&s, &xt, meta, cache, &mut out).unwrap();
+        }
+        let out: Vec<f64> =
+            b.download::<f32>(&s, &out).unwrap().into_iter().map(f64::from).collect();
+        let states: Vec<f64> =
+            b.download::<f32>(&s, cache.recurrent()).unwrap().into_iter().map(f64::from).collect();
+        (out, states, (calls(CHUNK_OP) - before.0, calls(RECURRENT_OP) - before.1))
+    };
+    let mut caches =
+        [layer.new_cache(&s, SLOTS, 0).unwrap(), layer.new_cache(&s, SLOTS, 0).unwrap()];
+    let [eager, captured] = &mut caches;
+
+    // A prefill of 5 and 67 tokens.
+    let x = tokens(&mut rng, 72);
+    let meta = BatchMeta::prefills(&[5, 67], &[2, 5]);
+    let (want, want_states, made) = run(eager, &meta, &x, false);
+    assert_eq!(made, (1, 0), "the eager prefill runs aclnnChunkKdaFwd");
+    let (got, got_states, made) = run(captured, &meta, &x, true);
+    assert_eq!(made, (0, 0), "the captured prefill runs the project's kernel");
+    assert_close("captured prefill: output", &[72, HIDDEN], &got, &want);
+    let shape = [SLOTS, HEADS, HEAD_DIM, HEAD_DIM];
+    assert_close("captured prefill: states", &shape, &got_states, &want_states);
+
+    // A decode step from the same states on both caches: the same route, the same bits.
+    let copy = Op::Copy { src: eager.recurrent().clone(), dst: captured.recurrent().clone() };
+    b.launch(&s, copy).unwrap();
+    let copy = Op::Copy { src: eager.conv().clone(), dst: captured.conv().clone() };
+    b.launch(&s, copy).unwrap();
+    let x = tokens(&mut rng, 2);
+    let mut meta = BatchMeta::empty();
+    meta.push(1, 5, RequestSlots::Single(2)).push(1, 67, RequestSlots::Single(5));
+    let (want, want_states, made) = run(eager, &meta, &x, false);
+    assert_eq!(made, (0, 1), "the eager decode runs aclnnRecurrentGatedDeltaRule");
+    let (got, got_states, made) = run(captured, &meta, &x, true);
+    assert_eq!(made, (0, 1), "so does the captured one");
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want), "captured decode: output bit for bit");
+    assert_eq!(bits(&got_states), bits(&want_states), "captured decode: states bit for bit");
+}

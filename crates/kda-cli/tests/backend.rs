@@ -48,8 +48,22 @@ fn checksum(out: &str) -> f64 {
         .expect("a number")
 }
 
-const RUN_TINY: [&str; 9] =
-    ["run", "--preset", "tiny", "--requests", "2", "--tokens", "40", "--decode-steps", "2"];
+/// f32 core operands on every backend: the reference and the emulated Ascend runtime then run
+/// the same kernels and agree bit for bit (Ascend's default bf16 prefills take CANN's
+/// `aclnnChunkKdaFwd`, compared within tolerance in kda-ascend's `vendor_layer` tests).
+const RUN_TINY: [&str; 11] = [
+    "run",
+    "--preset",
+    "tiny",
+    "--requests",
+    "2",
+    "--tokens",
+    "40",
+    "--decode-steps",
+    "2",
+    "--core-operands",
+    "f32",
+];
 
 fn run_tiny(backend: &str) -> Output {
     let mut args = RUN_TINY.to_vec();
@@ -96,11 +110,32 @@ fn run_on_ascend_equals_the_reference_bit_for_bit() {
     ] {
         assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
     }
+    assert!(out.contains("core operands f32"), "{out}");
     let r = run_tiny("reference");
     assert!(r.status.success(), "{}", stderr(&r));
     let (ascend, reference) = (checksum(&out), checksum(&stdout(&r)));
     // The emulated runtime computes every op with the reference kernels, in the same order.
     assert_eq!(ascend.to_bits(), reference.to_bits(), "ascend {ascend} vs reference {reference}");
+}
+
+/// Without `--core-operands`, `kda run` on Ascend takes the backend's choice, bf16 (the emulated
+/// CANN has `aclnnChunkKdaFwd`), and its own checks hold: overlapped against serial bit for bit
+/// and the captured decode steps against eager ones.
+#[test]
+fn run_on_ascend_defaults_to_bf16_core_operands() {
+    if !ascend_compiled_in() {
+        return;
+    }
+    let o = kda(&RUN_TINY[..9].iter().copied().chain(["--backend", "ascend"]).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "core operands bf16",
+        "identical bit for bit: prefill, 2 decode steps, final states",
+        "capture valid",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
 }
 
 /// Every tensor of a safetensors file, by name: dtype, shape and bytes.
@@ -190,7 +225,8 @@ fn every_device_command_runs_on_ascend_with_the_references_results() {
         ],
     );
     let (ckpt, layer_in) = (ckpt.to_str().unwrap(), layer_in.to_str().unwrap());
-    let layer = ["layer", "--checkpoint", ckpt, "--input", layer_in, "--dump"];
+    let layer =
+        ["layer", "--checkpoint", ckpt, "--input", layer_in, "--dump", "--core-operands", "f32"];
     assert_eq!(same_tensors_on_reference_and_ascend(&dir, &layer), 8, "outputs and the dump");
 
     // The benchmarks: timed on Ascend, the per-op breakdown said to be missing.

@@ -334,8 +334,8 @@ impl Backend for AscendBackend {
                 },
                 threads: chip.vector_cores as usize,
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],
-                // The emulation path's quant kernel (`kda_mx_quant`) has no device source: MXFP8
-                // runs on an NPU only where the aclnn MX ops do.
+                // Without the aclnn MX ops there is no MX quantization (DynamicQuant is refused
+                // with a typed error), so MXFP8 runs on an NPU only where the aclnn MX ops do.
                 native: NativeOps { mx_quant: self.inner.native_mx, mx_gemm: self.inner.native_mx },
             },
         }

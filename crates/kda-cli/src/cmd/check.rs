@@ -6,7 +6,7 @@
 
 use clap::Args;
 use kda_core::layer::LayerError;
-use kda_core::layer::{KdaLayer, LayerOptions};
+use kda_core::layer::{CoreOperands, KdaLayer, LayerOptions};
 use kda_core::schedule::{Mutation, ScheduleEvent};
 use kda_core::{Backend, DType, Device};
 use kda_synth::workload::Workload;
@@ -46,8 +46,16 @@ fn check_on<B: Backend>(args: &CheckArgs, w: Workload, b: Device<B>) -> Result<(
     let loaded = model::load(&args.model)?;
     let mutation =
         if args.break_join { Mutation::DropWait(ScheduleEvent::BfgReady) } else { Mutation::None };
-    let options =
-        LayerOptions { schedule: Some(args.schedule.into()), mutation, ..LayerOptions::default() };
+    // f32 core operands: the replay must equal an eager run bit for bit, and with bf16 ones a
+    // backend may run a prefill on another implementation eagerly than under capture (Ascend:
+    // CANN's aclnnChunkKdaFwd, which a graph cannot replay with new offsets, against kda's
+    // chunk kernel; docs/ascend.md).
+    let options = LayerOptions {
+        schedule: Some(args.schedule.into()),
+        mutation,
+        core_operands: Some(CoreOperands::F32),
+        ..LayerOptions::default()
+    };
     let layer = KdaLayer::new(&b, &main, &loaded.weights, options)?;
     let hidden = layer.dims().hidden;
     let n = w.prefill_tokens();

@@ -20,7 +20,7 @@ use kda_core::weights::{Checkpoint, LoadOptions, load_layer};
 use kda_core::{Backend, DType, Device, Tensor};
 
 use super::backend::{BackendArg, Settings, on_backend};
-use super::model::ScheduleArg;
+use super::model::{CoreArg, ScheduleArg};
 use super::tensor_file::{self, OutTensor, f32_tensor};
 use crate::error::CliError;
 
@@ -50,6 +50,10 @@ pub struct LayerArgs {
     /// and the predicted times behind it in one line.
     #[arg(long, value_name = "CHIP")]
     pub auto: Option<String>,
+    /// The KDA core's operand dtype; default: the backend's choice (bf16 on Ascend where CANN
+    /// has aclnnChunkKdaFwd, f32 elsewhere).
+    #[arg(long, value_enum)]
+    pub core_operands: Option<CoreArg>,
     /// Also write the intermediates: beta, g1, gate, g2, mixed_qkv, core_attn_out.
     #[arg(long)]
     pub dump: bool,
@@ -106,6 +110,7 @@ fn run_on<B: Backend>(
         }
         None => LayerOptions { schedule: Some(args.schedule.into()), ..LayerOptions::default() },
     };
+    let options = LayerOptions { core_operands: args.core_operands.map(Into::into), ..options };
     let layer = KdaLayer::new(&backend, &stream, &weights, options)?;
     let d = *layer.dims();
     let requests = input.meta.num_requests();

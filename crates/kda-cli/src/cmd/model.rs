@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use kda_core::config::{KdaConfig, Tp};
+use kda_core::layer::CoreOperands;
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::weights::{Checkpoint, LayerWeights, LoadOptions, TensorSource, WeightError};
 use kda_synth::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
@@ -62,6 +63,22 @@ impl From<ScheduleArg> for ProjectionSchedule {
         match s {
             ScheduleArg::Serial => ProjectionSchedule::Serial,
             ScheduleArg::Overlapped => ProjectionSchedule::Overlapped,
+        }
+    }
+}
+
+/// `--core-operands`: the dtype of the KDA core's operands (`docs/design/kda.md#core-operand-dtype`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CoreArg {
+    F32,
+    Bf16,
+}
+
+impl From<CoreArg> for CoreOperands {
+    fn from(c: CoreArg) -> Self {
+        match c {
+            CoreArg::F32 => CoreOperands::F32,
+            CoreArg::Bf16 => CoreOperands::Bf16,
         }
     }
 }

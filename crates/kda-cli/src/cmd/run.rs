@@ -23,7 +23,7 @@ use kda_core::{Backend, DType, Device, Tensor};
 use kda_synth::workload::Workload;
 
 use super::backend::{BackendArg, CliBackend, Settings, on_backend};
-use super::model::{self, ModelArgs, ScheduleArg};
+use super::model::{self, CoreArg, ModelArgs, ScheduleArg};
 use super::ms;
 use crate::error::CliError;
 
@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// and the predicted times behind it in one line.
     #[arg(long, value_name = "CHIP")]
     pub auto: Option<String>,
+    /// The KDA core's operand dtype; default: the backend's choice (bf16 on Ascend where CANN
+    /// has aclnnChunkKdaFwd, f32 elsewhere).
+    #[arg(long, value_enum)]
+    pub core_operands: Option<CoreArg>,
 }
 
 /// The op labels of each stage of the layer, for the per-stage report.
@@ -170,14 +174,19 @@ fn run_on<B: CliBackend>(args: &RunArgs, w: Workload, b: Device<B>) -> Result<()
             (LayerOptions { schedule, ..LayerOptions::default() }, None)
         }
     };
+    let options = LayerOptions { core_operands: args.core_operands.map(Into::into), ..options };
     let upload_start = Instant::now();
     let mut path = Path::new(&b, &main, &loaded, options, &w)?;
     // The serial schedule with the same F form, to compare with bit for bit.
     let mut serial = match path.layer.schedule() {
         ProjectionSchedule::Overlapped => {
             let schedule = Some(ProjectionSchedule::Serial);
-            let serial =
-                LayerOptions { schedule, forget: options.forget, ..LayerOptions::default() };
+            let serial = LayerOptions {
+                schedule,
+                forget: options.forget,
+                core_operands: options.core_operands,
+                ..LayerOptions::default()
+            };
             Some(Path::new(&b, &main, &loaded, serial, &w)?)
         }
         ProjectionSchedule::Serial => None,
@@ -252,14 +261,15 @@ fn run_on<B: CliBackend>(args: &RunArgs, w: Workload, b: Device<B>) -> Result<()
         args.model.layer, loaded.origin, tp.rank, tp.size, info.name, info.capabilities.execution
     );
     println!(
-        "  shapes: hidden {hidden}, {} local heads of {}, QKV {}, gate {:?}",
+        "  shapes: hidden {hidden}, {} local heads of {}, QKV {}, gate {:?}, core operands {}",
         dims.local_heads,
         dims.head_dim,
         match loaded.config.qkv_format() {
             QkvFormat::Dense => "bf16".to_string(),
             QkvFormat::Mxfp8 { scale_alg } => format!("MXFP8 (scale_alg {})", scale_alg.code()),
         },
-        loaded.weights.gate
+        loaded.weights.gate,
+        path.layer.core_operands().dtype().name()
     );
     println!(
         "  load: checkpoint read and fused weights composed in {:.3} s; uploaded in {:.3} s",
