@@ -2,7 +2,8 @@
 //! backend reports the MX op families absent, the layer takes the bf16 QKV path
 //! (`docs/design/kda.md#qkv-precision`) with no MX quant or GEMM anywhere in the runtime calls
 //! and equals the reference layer on the same path; asking for MXFP8 there fails when the layer
-//! is built. In its own binary: the emulated SoC is chosen once per process.
+//! is built, and a hand-launched `DynamicQuant` is a typed refusal (the project has no AscendC
+//! MXFP8 quantize kernel). In its own binary: the emulated SoC is chosen once per process.
 #![cfg(feature = "emulated")]
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
 
@@ -12,9 +13,10 @@ use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions};
 use kda_core::config::Tp;
 use kda_core::layer::{BatchMeta, CoreOperands, KdaLayer, LayerError, LayerOptions, QkvPath};
+use kda_core::mx::{ScaleAlg, num_blocks};
 use kda_core::schedule::{ProjectionSchedule, QkvWeight};
 use kda_core::weights::LayerWeights;
-use kda_core::{Backend, DType, Device, Error, NativeOps};
+use kda_core::{Backend, DType, Device, Error, NativeOps, Op};
 use kda_reference::ReferenceBackend;
 use kda_testkit::conformance::gemm::download_f64;
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
@@ -126,4 +128,28 @@ fn asking_for_mxfp8_without_the_mx_ops_fails_when_the_layer_is_built() {
 #[test]
 fn the_bf16_path_is_hazard_free_and_replays_as_a_captured_graph() {
     kda_testkit::conformance::layer::overlapped_forward_is_clean_and_replays(&a2_backend);
+}
+
+#[test]
+fn dynamic_quant_on_a2_is_refused_before_anything_is_queued() {
+    let b = a2_backend();
+    assert_eq!(b.info().capabilities.native, NativeOps { mx_quant: false, mx_gemm: false });
+    let s = b.new_stream().unwrap();
+    let (m, k) = (3, 64);
+    let x = b.alloc(DType::BF16, &[m, k]).unwrap();
+    let data = b.alloc(DType::E4M3, &[m, k]).unwrap();
+    let scale = b.alloc(DType::E8M0, &[m, num_blocks(k)]).unwrap();
+    let from = kda_acl_emu::calls_of_this_thread().len();
+    match b.launch(&s, Op::DynamicQuant { x, data, scale, alg: ScaleAlg::OcpFloor }) {
+        Err(Error::Backend { backend: "ascend", message }) => {
+            assert!(
+                message.starts_with("DynamicQuant: no MXFP8 quantize on Ascend910B3"),
+                "{message}"
+            );
+            assert!(message.contains("NativeOps::mx_quant is false"), "{message}");
+        }
+        other => panic!("expected the typed refusal, got {other:?}"),
+    }
+    let calls = kda_acl_emu::calls_of_this_thread().split_off(from);
+    assert_eq!(calls, Vec::new(), "nothing reached the runtime");
 }
