@@ -15,8 +15,9 @@
 //! `--include` directories that hold them (a CANN toolkit's), the check is complete. Without
 //! them it is *partial*: the missing files are empty placeholders (nothing is declared in their
 //! place), the names the headers then lack are read from the compiler's own diagnostics (and a
-//! name the kernels use undeclared counts as one of them when the devkit's headers use it too),
-//! and only the errors in the kernel sources that do not involve one of those names count. A partial pass
+//! constant-like name the kernels use undeclared counts as one of them when the devkit's headers
+//! use it too), and only the errors in the kernel sources that neither involve one of those
+//! names nor merely follow from one on the same line count. A partial pass
 //! still proves that every AscendC call resolves to a declared overload with the right argument
 //! types and that the sources are valid C++; it cannot see a misused intrinsic-level enum.
 //!
@@ -227,10 +228,25 @@ impl Verdict {
     }
 }
 
+/// Whether `name` looks like an enumerator or macro (`EVENT_ID1`, `PIPE_MTE2`): the only kind of
+/// name the kernels may use undeclared and still be excused because the devkit uses it too.
+fn constant_like(name: &str) -> bool {
+    name.contains('_')
+        && name.starts_with(|c: char| c.is_ascii_uppercase())
+        && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Whether `message` is only the consequence of an unusable name earlier on its line.
+fn consequence(message: &str) -> bool {
+    message.contains("<expression error>")
+        || (message.starts_with("template argument") && message.ends_with("is invalid"))
+}
+
 /// Sort `stderr`'s errors for the sources under `kernels`. In a partial check, an error is set
-/// aside when it names a [`missing_names`] name, or a name the kernels use undeclared that the
-/// devkit's headers use too (`in_devkit`: some CANN header declares it, and none given here
-/// does, as `EVENT_ID1` of `stub_fun.h`'s `event_t`), or shares its line with such an error.
+/// aside when it names a [`missing_names`] name, or a constant-like name the kernels use
+/// undeclared that the devkit's headers use too (`in_devkit`: some CANN header declares it and
+/// none given here does, as `EVENT_ID1` of `stub_fun.h`'s `event_t`), or when it is only the
+/// [`consequence`] of such an error on its line.
 pub(crate) fn judge(
     stderr: &str,
     kernels: &str,
@@ -243,18 +259,20 @@ pub(crate) fn judge(
     if partial {
         missing = missing_names(&errs, kernels);
         for name in ours.iter().filter_map(|e| undeclared(e)) {
-            if !missing.contains(name) && in_devkit(name) {
+            if !missing.contains(name) && constant_like(name) && in_devkit(name) {
                 missing.insert(name.to_string());
             }
         }
     }
-    let excused: BTreeSet<(&str, u32)> = ours
+    let lines: BTreeSet<(&str, u32)> = ours
         .iter()
         .filter(|e| mentions(&e.message, &missing))
         .map(|e| (e.file.as_str(), e.line))
         .collect();
-    let (aside, counted): (Vec<_>, Vec<_>) =
-        ours.into_iter().partition(|e| excused.contains(&(e.file.as_str(), e.line)));
+    let (aside, counted): (Vec<_>, Vec<_>) = ours.into_iter().partition(|e| {
+        mentions(&e.message, &missing)
+            || (consequence(&e.message) && lines.contains(&(e.file.as_str(), e.line)))
+    });
     let names = aside
         .iter()
         .flat_map(|e| quoted(&e.message))
@@ -315,7 +333,8 @@ DEVKIT_DIR  an extracted asc-devkit tree (its include/ and impl/)
 --include   more header directories, searched in order after the devkit's: hicann/asc-tools'
             cpudebug/include (stub_def.h, required), and for a complete check a CANN toolkit's
             tools/tikicpulib/lib/include (stub_fun.h) and include (acl/acl.h, for dav-3510).
-            Without stub_fun.h the check is partial (see docs/ascend.md, \"Building the kernels\").
+            Without stub_fun.h the check is partial (docs/ascend.md, \"Checking the kernel
+            sources against asc-devkit\").
 
 A developer's (or a CI with a devkit) command: `cargo xtask test` does not run it, and it
 downloads nothing.";
@@ -579,13 +598,15 @@ In file included from /k/kda_sigmoid.cpp:5:
 /k/kda_sigmoid.cpp:53:32: error: template argument 1 is invalid
 /k/kda_sigmoid.cpp:55:32: error: no matching function for call to 'PipeBarrier<PIPE_V>()'
 /k/kda_sigmoid.cpp:81:5: error: reference to 'Sigmoid' is ambiguous
+/k/kda_sigmoid.cpp:81:14: error: expected primary-expression before '>' token
+/k/kda_sigmoid.cpp:81:16: error: 'k' was not declared in this scope
 /k/kda_kernel_util.h:91:36: fatal error: 'EVENT_ID9' was not declared in this scope
 ";
 
     #[test]
     fn errors_are_read_with_file_and_line() {
         let e = errors(STDERR);
-        assert_eq!(e.len(), 7);
+        assert_eq!(e.len(), 9);
         assert_eq!(
             e[5],
             Diagnostic {
@@ -594,7 +615,7 @@ In file included from /k/kda_sigmoid.cpp:5:
                 message: "reference to 'Sigmoid' is ambiguous".into()
             }
         );
-        assert_eq!(e[6].line, 91);
+        assert_eq!(e[8].line, 91);
         let names: Vec<String> = missing_names(&e, "/k").into_iter().collect();
         assert_eq!(names, ["PIPE_V", "pipe_t"]);
     }
@@ -608,12 +629,13 @@ In file included from /k/kda_sigmoid.cpp:5:
         };
         let v = judge(STDERR, "/k", true, &mut in_devkit);
         assert_eq!(asked, ["EVENT_ID9"]);
-        // Line 53's invalid template argument goes with its undeclared PIPE_V; the ambiguity and
-        // an undeclared name the headers never lacked still count.
+        // Line 53's invalid template argument goes with its undeclared PIPE_V; the ambiguity, what
+        // follows from it on line 81, and undeclared names the headers never lacked still count
+        // (`k` is not even asked about: only constant-like names can be a toolkit's).
         assert_eq!(v.set_aside, 3);
         assert_eq!(v.in_headers, 2);
         let lines: Vec<u32> = v.errors.iter().map(|e| e.line).collect();
-        assert_eq!(lines, [81, 91]);
+        assert_eq!(lines, [81, 81, 81, 91]);
         assert_eq!(v.set_aside_names.iter().collect::<Vec<_>>(), ["PIPE_V"]);
         assert!(!v.passed(true));
         // A name the devkit itself uses (declared by a toolkit header) is set aside too.
@@ -621,11 +643,13 @@ In file included from /k/kda_sigmoid.cpp:5:
             "{STDERR}/k/kda_recurrent.cpp:149:36: error: 'EVENT_ID1' was not declared in this scope\n"
         );
         let v1 = judge(&with_id1, "/k", true, &mut |n: &str| n == "EVENT_ID1");
-        assert_eq!((v1.errors.len(), v1.set_aside), (2, 4));
+        assert_eq!((v1.errors.len(), v1.set_aside), (4, 4));
         assert!(v1.set_aside_names.contains("EVENT_ID1"));
         // A complete check excuses nothing.
         let full = judge(STDERR, "/k", false, &mut |_: &str| true);
-        assert_eq!((full.errors.len(), full.set_aside), (5, 0));
+        assert_eq!((full.errors.len(), full.set_aside), (7, 0));
+        assert!(constant_like("EVENT_ID1") && constant_like("PIPE_MTE2"));
+        assert!(!constant_like("k") && !constant_like("PIPE") && !constant_like("Event_ID1"));
         // Header errors fail a complete check even when the kernel lines are clean.
         let clean = Verdict {
             errors: vec![],
