@@ -71,8 +71,8 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
             float v = decode_e4m3(dl.GetValue(c)) * decode_e8m0(sl.GetValue(c / 32));
             if constexpr (IsSameType<T, bfloat16_t>::value) {
                 // float -> bf16 on the scalar unit is AscendC's scalar Cast, which rounds to
-                // nearest even (CAST_RINT) as the reference does (asc-devkit
-                // docs/zh/api/SIMD-API/基础API/标量计算/Cast（float转bfloat16_t）.md); a plain
+                // nearest even (CAST_RINT) as the reference does
+                // (asc-devkit/docs/zh/api/SIMD-API/基础API/标量计算/Cast（float转bfloat16_t）.md); a plain
                 // static_cast leaves the rounding to the compiler.
                 yl.SetValue(c, AscendC::Cast(v));
             } else {
