@@ -194,11 +194,16 @@ fn undeclared(e: &Diagnostic) -> Option<&str> {
     name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_').then_some(name)
 }
 
+/// Whether `file` lies in the directory `dir`.
+fn under(file: &str, dir: &str) -> bool {
+    file.strip_prefix(dir).is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// The names the headers lack because a placeholder replaced a toolkit header: those g++ reports
 /// as undeclared outside the kernel sources.
 pub(crate) fn missing_names(errs: &[Diagnostic], kernels: &str) -> BTreeSet<String> {
     errs.iter()
-        .filter(|e| !e.file.starts_with(kernels))
+        .filter(|e| !under(&e.file, kernels))
         .filter_map(undeclared)
         .map(str::to_string)
         .collect()
@@ -254,7 +259,7 @@ pub(crate) fn judge(
     in_devkit: &mut dyn FnMut(&str) -> bool,
 ) -> Verdict {
     let errs = errors(stderr);
-    let (ours, headers): (Vec<_>, Vec<_>) = errs.iter().partition(|e| e.file.starts_with(kernels));
+    let (ours, headers): (Vec<_>, Vec<_>) = errs.iter().partition(|e| under(&e.file, kernels));
     let mut missing = BTreeSet::new();
     if partial {
         missing = missing_names(&errs, kernels);
@@ -616,6 +621,7 @@ In file included from /k/kda_sigmoid.cpp:5:
             }
         );
         assert_eq!(e[8].line, 91);
+        assert!(under("/k/a.h", "/k") && !under("/k2/a.h", "/k") && !under("/k", "/k"));
         let names: Vec<String> = missing_names(&e, "/k").into_iter().collect();
         assert_eq!(names, ["PIPE_V", "pipe_t"]);
     }
