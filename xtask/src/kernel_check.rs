@@ -415,10 +415,11 @@ pub fn check(args: &[String]) -> Result<(), String> {
     }
     let mut search: Vec<PathBuf> = opts.include.clone();
     if find(&search, REQUIRED).is_none() {
+        let given: Vec<String> = search.iter().map(|p| p.display().to_string()).collect();
         return Err(format!(
-            "kernels --check: none of the --include directories [{}] holds {REQUIRED} \
-             (hicann/asc-tools cpudebug/include, or a CANN toolkit's tools/tikicpulib/lib/include)",
-            search.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            "kernels --check: {REQUIRED} is in no --include directory (given: {}); pass \
+             hicann/asc-tools' cpudebug/include or a CANN toolkit's tools/tikicpulib/lib/include",
+            if given.is_empty() { "none".to_string() } else { given.join(", ") }
         ));
     }
     let kernels = text(&opts.kernels);
