@@ -148,28 +148,49 @@ pub(crate) struct Diagnostic {
     pub file: String,
     pub line: u32,
     pub message: String,
+    /// The places of the `required from` notes that lead to it (a template instantiated there).
+    pub required_from: Vec<(String, u32)>,
 }
 
 impl Diagnostic {
     fn shown(&self) -> String {
-        format!("{}:{}: {}", self.file, self.line, self.message)
+        let mut text = format!("{}:{}: {}", self.file, self.line, self.message);
+        if let Some((file, line)) = self.required_from.last() {
+            text.push_str(&format!(" (instantiated from {file}:{line})"));
+        }
+        text
     }
 }
 
-/// The `FILE:LINE:COL: error: MESSAGE` lines of `stderr` (`fatal error` included).
+/// `FILE:LINE:COL` → (file, line).
+fn location(head: &str) -> Option<(String, u32)> {
+    let mut parts = head.rsplitn(3, ':');
+    let _col: u32 = parts.next()?.trim().parse().ok()?;
+    let line: u32 = parts.next()?.parse().ok()?;
+    Some((parts.next()?.to_string(), line))
+}
+
+/// The `FILE:LINE:COL: error: MESSAGE` lines of `stderr` (`fatal error` included), each with the
+/// `required from` notes printed since the previous error.
 pub(crate) fn errors(stderr: &str) -> Vec<Diagnostic> {
-    stderr
-        .lines()
-        .filter_map(|l| {
-            let (head, message) =
-                l.split_once(": error: ").or_else(|| l.split_once(": fatal error: "))?;
-            let mut parts = head.rsplitn(3, ':');
-            let _col: u32 = parts.next()?.parse().ok()?;
-            let line: u32 = parts.next()?.parse().ok()?;
-            let file = parts.next()?.to_string();
-            Some(Diagnostic { file, line, message: message.to_string() })
-        })
-        .collect()
+    let mut found = Vec::new();
+    let mut required_from = Vec::new();
+    for l in stderr.lines() {
+        if let Some((head, _)) = l.split_once(":   required from ") {
+            required_from.extend(location(head));
+            continue;
+        }
+        let Some((head, message)) =
+            l.split_once(": error: ").or_else(|| l.split_once(": fatal error: "))
+        else {
+            continue;
+        };
+        if let Some((file, line)) = location(head) {
+            let required_from = std::mem::take(&mut required_from);
+            found.push(Diagnostic { file, line, message: message.to_string(), required_from });
+        }
+    }
+    found
 }
 
 /// The quoted names of `message` (`'X'`, as g++ quotes them under `LC_ALL=C`).
@@ -274,10 +295,21 @@ pub(crate) fn judge(
         .filter(|e| mentions(&e.message, &missing))
         .map(|e| (e.file.as_str(), e.line))
         .collect();
-    let (aside, counted): (Vec<_>, Vec<_>) = ours.into_iter().partition(|e| {
+    let (aside, mut counted): (Vec<_>, Vec<_>) = ours.into_iter().partition(|e| {
         mentions(&e.message, &missing)
             || (consequence(&e.message) && lines.contains(&(e.file.as_str(), e.line)))
     });
+    // In a partial check, an error inside the headers counts when a kernel instantiated the
+    // template it is in and it is not about a missing name (a failed `static_assert` on an
+    // element type, say).
+    let (headers, instantiated): (Vec<_>, Vec<_>) = headers.into_iter().partition(|e| {
+        !partial
+            || !e.required_from.iter().any(|(f, _)| under(f, kernels))
+            || undeclared(e).is_some()
+            || mentions(&e.message, &missing)
+            || consequence(&e.message)
+    });
+    counted.extend(instantiated);
     let names = aside
         .iter()
         .flat_map(|e| quoted(&e.message))
@@ -618,7 +650,8 @@ In file included from /k/kda_sigmoid.cpp:5:
             Diagnostic {
                 file: "/k/kda_sigmoid.cpp".into(),
                 line: 81,
-                message: "reference to 'Sigmoid' is ambiguous".into()
+                message: "reference to 'Sigmoid' is ambiguous".into(),
+                required_from: vec![],
             }
         );
         assert_eq!(e[8].line, 91);
@@ -665,6 +698,38 @@ In file included from /k/kda_sigmoid.cpp:5:
             in_headers: 1,
         };
         assert!(clean.passed(true) && !clean.passed(false));
+    }
+
+    #[test]
+    fn a_header_error_a_kernel_instantiated_counts_unless_a_name_is_missing() {
+        let stderr = "\
+/dk/x_impl.h: In instantiation of 'void AscendC::ExpIntrinsicsImpl(T*) [with T = bfloat16_t]':
+/dk/x_impl.h:190:9:   required from 'void AscendC::ExpImpl(T*) [with T = bfloat16_t]'
+/k/kda_sigmoid.cpp:56:13:   required from here
+/dk/x_impl.h:45:5: error: static assertion failed: Failed to check dtype in Exp
+/dk/tpipe_impl.h: In instantiation of 'bool AscendC::TPipe::InitBuffer(T&)':
+/k/kda_sigmoid.cpp:28:25:   required from here
+/dk/tpipe_impl.h:301:19: error: 'AscendCBufInit' was not declared in this scope
+/dk/y.h:10:1: error: expected ')' before 'memT'
+";
+        let e = errors(stderr);
+        assert_eq!(
+            e[0].required_from,
+            [("/dk/x_impl.h".to_string(), 190), ("/k/kda_sigmoid.cpp".to_string(), 56)]
+        );
+        assert!(e[2].required_from.is_empty());
+        assert_eq!(
+            e[0].shown(),
+            "/dk/x_impl.h:45: static assertion failed: Failed to check dtype in Exp \
+             (instantiated from /k/kda_sigmoid.cpp:56)"
+        );
+        let v = judge(stderr, "/k", true, &mut |_: &str| false);
+        assert_eq!(v.errors, [e[0].clone()]);
+        assert_eq!((v.in_headers, v.set_aside), (2, 0));
+        assert!(!v.passed(true));
+        // A complete check counts every header error as a header error.
+        let full = judge(stderr, "/k", false, &mut |_: &str| false);
+        assert_eq!((full.errors.len(), full.in_headers), (0, 3));
     }
 
     #[test]
