@@ -153,9 +153,11 @@ pub(crate) struct Diagnostic {
 }
 
 impl Diagnostic {
-    fn shown(&self) -> String {
+    /// As printed: where, what, and the innermost instantiating line under `kernels`.
+    fn shown(&self, kernels: &str) -> String {
         let mut text = format!("{}:{}: {}", self.file, self.line, self.message);
-        if let Some((file, line)) = self.required_from.last() {
+        let from = self.required_from.iter().find(|(f, _)| under(f, kernels));
+        if let Some((file, line)) = from.or(self.required_from.last()) {
             text.push_str(&format!(" (instantiated from {file}:{line})"));
         }
         text
@@ -230,9 +232,12 @@ pub(crate) fn missing_names(errs: &[Diagnostic], kernels: &str) -> BTreeSet<Stri
         .collect()
 }
 
-/// Whether `message` names one of `names` as a whole identifier.
+/// Whether the code `message` quotes names one of `names` as a whole identifier (only the quoted
+/// code: a `static_assert`'s text may say "src" and "dst" in prose).
 fn mentions(message: &str, names: &BTreeSet<String>) -> bool {
-    message.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| names.contains(w))
+    quoted(message).into_iter().any(|code| {
+        code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| names.contains(w))
+    })
 }
 
 /// What one kernel's check found.
@@ -534,15 +539,15 @@ pub fn check(args: &[String]) -> Result<(), String> {
             let name = src.file_name().map_or_else(String::new, |n| n.to_string_lossy().into());
             let verdict = if v.passed(partial) { "pass" } else { "FAIL" };
             println!(
-                "  {verdict} {} {name}: {} error(s) in the kernel sources, {} set aside, {} in \
-                 the headers",
+                "  {verdict} {} {name}: {} error(s) counted, {} set aside, {} other(s) in the \
+                 headers",
                 arch.name,
                 v.errors.len(),
                 v.set_aside,
                 v.in_headers
             );
             for e in v.errors.iter().take(FIRST_ERRORS) {
-                println!("      {}", e.shown());
+                println!("      {}", e.shown(&kernels));
             }
             if !v.set_aside_names.is_empty() {
                 let names: Vec<&str> = v.set_aside_names.iter().map(String::as_str).collect();
@@ -550,7 +555,7 @@ pub fn check(args: &[String]) -> Result<(), String> {
             }
             if !partial && v.errors.is_empty() {
                 for e in errors(&stderr).iter().take(FIRST_ERRORS) {
-                    println!("      {}", e.shown());
+                    println!("      {}", e.shown(&kernels));
                 }
             }
             if !v.passed(partial) {
@@ -706,11 +711,12 @@ In file included from /k/kda_sigmoid.cpp:5:
 /dk/x_impl.h: In instantiation of 'void AscendC::ExpIntrinsicsImpl(T*) [with T = bfloat16_t]':
 /dk/x_impl.h:190:9:   required from 'void AscendC::ExpImpl(T*) [with T = bfloat16_t]'
 /k/kda_sigmoid.cpp:56:13:   required from here
-/dk/x_impl.h:45:5: error: static assertion failed: Failed to check dtype in Exp
+/dk/x_impl.h:45:5: error: static assertion failed: Failed to check dtype in Exp, src and dst
 /dk/tpipe_impl.h: In instantiation of 'bool AscendC::TPipe::InitBuffer(T&)':
 /k/kda_sigmoid.cpp:28:25:   required from here
 /dk/tpipe_impl.h:301:19: error: 'AscendCBufInit' was not declared in this scope
 /dk/y.h:10:1: error: expected ')' before 'memT'
+/dk/z.h:3:1: error: 'dst' was not declared in this scope
 ";
         let e = errors(stderr);
         assert_eq!(
@@ -719,17 +725,17 @@ In file included from /k/kda_sigmoid.cpp:5:
         );
         assert!(e[2].required_from.is_empty());
         assert_eq!(
-            e[0].shown(),
-            "/dk/x_impl.h:45: static assertion failed: Failed to check dtype in Exp \
-             (instantiated from /k/kda_sigmoid.cpp:56)"
+            e[0].shown("/k"),
+            "/dk/x_impl.h:45: static assertion failed: Failed to check dtype in Exp, src and \
+             dst (instantiated from /k/kda_sigmoid.cpp:56)"
         );
         let v = judge(stderr, "/k", true, &mut |_: &str| false);
         assert_eq!(v.errors, [e[0].clone()]);
-        assert_eq!((v.in_headers, v.set_aside), (2, 0));
+        assert_eq!((v.in_headers, v.set_aside), (3, 0));
         assert!(!v.passed(true));
         // A complete check counts every header error as a header error.
         let full = judge(stderr, "/k", false, &mut |_: &str| false);
-        assert_eq!((full.errors.len(), full.in_headers), (0, 3));
+        assert_eq!((full.errors.len(), full.in_headers), (0, 4));
     }
 
     #[test]
