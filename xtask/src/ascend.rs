@@ -9,6 +9,8 @@
 //!   the default; `dav-3510`: 950); `KDA_ASCEND_KERNEL_STYLE=cce` uses the flags of CANN 8.x's
 //!   `bisheng_intf.cmake` instead (`-xcce --cce-aicore-arch=dav-c220-vec --cce-aicore-only
 //!   --cce-auto-sync`). Without a toolkit it says exactly what it skipped and why, and succeeds.
+//! - `cargo xtask kernels --check DEVKIT_DIR`: the sources' syntax and type check against
+//!   asc-devkit's headers with the host compiler, no toolkit needed (see `kernel_check.rs`).
 //! - `cargo xtask test --backend ascend`: on a machine with CANN and an NPU, compile the kernels
 //!   and run kda-ascend's conformance suite, layer and schedule tests with feature `acl`.
 //! - `cargo xtask npu-check --bundle DIR`: see `npu_check.rs`.

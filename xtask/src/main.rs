@@ -4,7 +4,9 @@
 //!   the whole test suite (release), the Python package's pytest suite (see `python.rs`), docs
 //!   with warnings denied. What CI runs.
 //! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports.
-//! - `kernels`, `test --backend ascend`: the AscendC kernels and the NPU run (see `ascend.rs`).
+//! - `kernels`, `test --backend ascend`: the AscendC kernels and the NPU run (see `ascend.rs`);
+//!   `kernels --check DEVKIT_DIR`: their syntax check against asc-devkit's headers
+//!   (see `kernel_check.rs`).
 //! - `gpu-check`: the CUDA backend on a real GPU: build, conformance, capture, benchmarks,
 //!   one JSON report (see `gpu_check.rs`).
 
@@ -15,6 +17,7 @@ use std::time::Instant;
 mod ascend;
 mod doc_refs;
 mod gpu_check;
+mod kernel_check;
 mod npu_check;
 mod python;
 
@@ -26,13 +29,14 @@ fn main() -> ExitCode {
         }
         Some("test") => test(),
         Some("doc-refs") => doc_refs::check(&doc_refs::repo_root()),
+        Some("kernels") if args.len() > 1 => kernel_check::check(&args[1..]),
         Some("kernels") => ascend::kernels().map(|_| ()),
         Some("bench") => bench(),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         Some("npu-check") => npu_check::npu_check(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR>"
+                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels [--check DEVKIT_DIR …|--help]|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR>"
             );
             return ExitCode::from(2);
         }

@@ -16,6 +16,18 @@
 
 #include "kda_kernel_abi.h"
 
+// The f32 with bits `bits`: through a union, not a pointer cast, which breaks C++'s aliasing
+// rule and lets an optimising compiler drop the store.
+__aicore__ inline float kda_f32_from_bits(uint32_t bits)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = bits;
+    return v.f;
+}
+
 // The f32 nearest to the f64 with bits `x` (round to nearest even; results below the f32 normal
 // range flush to zero), with integer operations only.
 __aicore__ inline float kda_f64_bits_to_f32(uint64_t x)
@@ -46,12 +58,7 @@ __aicore__ inline float kda_f64_bits_to_f32(uint64_t x)
             bits = sign | (static_cast<uint32_t>(e32) << 23) | m32;
         }
     }
-    union {
-        uint32_t u;
-        float f;
-    } v;
-    v.u = bits;
-    return v.f;
+    return kda_f32_from_bits(bits);
 }
 
 // Whether the f64 with bits `x` is nonzero (either sign).

@@ -19,17 +19,14 @@ __aicore__ inline float decode_e4m3(uint8_t q)
     const uint32_t e = (q >> 3) & 0xf, m = q & 0x7;
     if (e == 0xf && m == 0x7) return sign * __builtin_nanf("");
     if (e == 0) return sign * static_cast<float>(m) * 0.001953125f;  // m * 2^-9
-    uint32_t bits = ((e + 120u) << 23) | (m << 20);                   // rebias 7 → 127
-    float v = *reinterpret_cast<float *>(&bits);
-    return sign * v;
+    return sign * kda_f32_from_bits(((e + 120u) << 23) | (m << 20));  // rebias 7 → 127
 }
 
 __aicore__ inline float decode_e8m0(uint8_t s)
 {
     if (s == 0xff) return __builtin_nanf("");
     if (s == 0) return 5.877471754111438e-39f;  // 2^-127, an f32 subnormal
-    uint32_t bits = static_cast<uint32_t>(s) << 23;
-    return *reinterpret_cast<float *>(&bits);
+    return kda_f32_from_bits(static_cast<uint32_t>(s) << 23);
 }
 
 template <typename T>
@@ -72,7 +69,15 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
         WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
         for (int64_t c = 0; c < k; ++c) {
             float v = decode_e4m3(dl.GetValue(c)) * decode_e8m0(sl.GetValue(c / 32));
-            yl.SetValue(c, static_cast<T>(v));
+            if constexpr (IsSameType<T, bfloat16_t>::value) {
+                // float -> bf16 on the scalar unit is AscendC's scalar Cast, which rounds to
+                // nearest even (CAST_RINT) as the reference does
+                // (asc-devkit/docs/zh/api/SIMD-API/基础API/标量计算/Cast（float转bfloat16_t）.md); a plain
+                // static_cast leaves the rounding to the compiler.
+                yl.SetValue(c, AscendC::Cast(v));
+            } else {
+                yl.SetValue(c, v);
+            }
         }
         SetFlag<HardEvent::S_MTE3>(EVENT_ID0);
         WaitFlag<HardEvent::S_MTE3>(EVENT_ID0);

@@ -11,8 +11,10 @@ struct SigmoidArgs {
     GmTensor y;  // [T, lh] f32, dense
 };
 
+// Not `Sigmoid`: with `using namespace AscendC` that name is ambiguous with the advanced API's
+// `AscendC::Sigmoid` (asc-devkit include/adv_api/activation/sigmoid.h).
 template <typename T>
-class Sigmoid {
+class SigmoidKernel {
 public:
     __aicore__ inline void Run(const SigmoidArgs &a)
     {
@@ -78,7 +80,7 @@ private:
 template <typename T>
 __aicore__ inline void sigmoid(const SigmoidArgs &args)
 {
-    Sigmoid<T> k;
+    SigmoidKernel<T> k;
     k.Run(args);
 }
 
