@@ -51,9 +51,9 @@ fn canonical(bytes: &[u8]) -> Vec<u8> {
     bytes.iter().map(|&b| if mx::is_nan_e4m3(b) { mx::E4M3_NAN } else { b }).collect()
 }
 
-/// Upload `values` as `dtype` (rounded to bf16 if need be); returns the tensor and the values
-/// as they are stored.
-fn upload_floats<B: Backend>(
+/// Upload `values` as `dtype` (rounded to bf16 or f16 if need be); returns the tensor and the
+/// values as they are stored.
+pub(super) fn upload_floats<B: Backend>(
     b: &Device<B>,
     s: &B::Stream,
     dtype: DType,
@@ -64,6 +64,11 @@ fn upload_floats<B: Backend>(
     match dtype {
         DType::BF16 => {
             let v: Vec<bf16> = values.iter().map(|&x| bf16::from_f32(x)).collect();
+            b.upload(s, &t, &v).unwrap();
+            (t, v.iter().map(|x| x.to_f32()).collect())
+        }
+        DType::F16 => {
+            let v: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
             b.upload(s, &t, &v).unwrap();
             (t, v.iter().map(|x| x.to_f32()).collect())
         }

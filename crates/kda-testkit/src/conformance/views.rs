@@ -4,6 +4,8 @@
 use kda_core::{Backend, BufferHandle, DType, Error, Layout, Op, Tensor, ViewError};
 
 use super::Factory;
+use super::gemm::download_f64;
+use super::mx::upload_floats;
 
 /// Views keep the buffer (same id) and describe it with the expected strides and offsets.
 pub fn share_the_buffer<B: Backend>(make: &impl Factory<B>) {
@@ -104,9 +106,8 @@ pub fn copy_converts_between_float_dtypes<B: Backend>(make: &impl Factory<B>) {
     for from in [DType::F32, DType::BF16, DType::F16] {
         for to in [DType::F32, DType::BF16, DType::F16] {
             // The source: the values in `from`, at the odd columns of a [n, 2] tensor.
-            let src = b.alloc(from, &[n, 2]).unwrap();
             let interleaved: Vec<f32> = values.iter().flat_map(|&v| [7.0, v]).collect();
-            upload_as(&b, &s, &src, &interleaved);
+            let (src, _) = upload_floats(&b, &s, from, &[n, 2], &interleaved);
             let dst = b.alloc(to, &[n]).unwrap();
             let view =
                 Tensor::new(src.buffer().clone(), Layout::strided(from, &[n], &[2], 1).unwrap())
@@ -125,30 +126,6 @@ pub fn copy_converts_between_float_dtypes<B: Backend>(make: &impl Factory<B>) {
                 );
             }
         }
-    }
-}
-
-/// Upload f32 `values` into the float tensor `t`, rounded to its dtype by `half`.
-fn upload_as<B: Backend>(b: &kda_core::Device<B>, s: &B::Stream, t: &Tensor<B>, values: &[f32]) {
-    match t.dtype() {
-        DType::BF16 => {
-            let v: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
-            b.upload(s, t, &v).unwrap();
-        }
-        DType::F16 => {
-            let v: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
-            b.upload(s, t, &v).unwrap();
-        }
-        _ => b.upload(s, t, values).unwrap(),
-    }
-}
-
-/// A float tensor's elements, widened exactly to f64.
-fn download_f64<B: Backend>(b: &kda_core::Device<B>, s: &B::Stream, t: &Tensor<B>) -> Vec<f64> {
-    match t.dtype() {
-        DType::BF16 => b.download::<half::bf16>(s, t).unwrap().into_iter().map(f64::from).collect(),
-        DType::F16 => b.download::<half::f16>(s, t).unwrap().into_iter().map(f64::from).collect(),
-        _ => b.download::<f32>(s, t).unwrap().into_iter().map(f64::from).collect(),
     }
 }
 
