@@ -292,14 +292,14 @@ impl KdaConfig {
                 actual: attn.head_dim.to_string(),
             });
         }
-        if let Some(lb) = attn.gate_lower_bound {
-            if !(lb.is_finite() && lb < 0.0 && lb >= f64::from(f32::MIN)) {
-                return Err(ConfigError::Invalid {
-                    key: "linear_attn_config.gate_lower_bound",
-                    expected: "a finite negative number".into(),
-                    actual: lb.to_string(),
-                });
-            }
+        if let Some(lb) = attn.gate_lower_bound
+            && !(lb.is_finite() && lb < 0.0 && lb >= f64::from(f32::MIN))
+        {
+            return Err(ConfigError::Invalid {
+                key: "linear_attn_config.gate_lower_bound",
+                expected: "a finite negative number".into(),
+                actual: lb.to_string(),
+            });
         }
         if let Some(q) = self.qkv_quantization.as_ref().filter(|q| q.method != QuantMethod::None) {
             if q.group_size != mx::BLOCK_SIZE {
@@ -372,7 +372,7 @@ impl KdaConfig {
         self.validate()?;
         let tp = Tp::new(tp.size, tp.rank)?;
         let attn = &self.linear_attn_config;
-        if attn.num_heads % tp.size != 0 {
+        if !attn.num_heads.is_multiple_of(tp.size) {
             return Err(ConfigError::HeadsNotDivisible { heads: attn.num_heads, tp_size: tp.size });
         }
         let local_heads = attn.num_heads / tp.size;

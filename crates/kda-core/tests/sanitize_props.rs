@@ -90,13 +90,12 @@ fn oracle(steps: &[Step]) -> BTreeSet<(usize, usize)> {
             edge[i][j] = true;
         }
         // A wait binds to the most recent record of its event.
-        if let Step::Wait { event, .. } = steps[j] {
-            if let Some(i) = (0..j)
+        if let Step::Wait { event, .. } = steps[j]
+            && let Some(i) = (0..j)
                 .rev()
                 .find(|&i| matches!(steps[i], Step::Record { event: e, .. } if e == event))
-            {
-                edge[i][j] = true;
-            }
+        {
+            edge[i][j] = true;
         }
         // Everything the host issues after a synchronize comes after it.
         for i in 0..j {

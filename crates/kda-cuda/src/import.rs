@@ -59,7 +59,7 @@ pub fn check_pointer(ptr: u64, len: usize) -> Result<(), Error> {
         let expected = "a CUdeviceptr (not null) for a non-empty buffer".into();
         return Err(bad("ptr", expected, "null".into()));
     }
-    if ptr % IMPORT_ALIGN != 0 {
+    if !ptr.is_multiple_of(IMPORT_ALIGN) {
         let expected = format!("a CUdeviceptr aligned to {IMPORT_ALIGN} bytes");
         return Err(bad("ptr", expected, format!("{ptr:#x}")));
     }

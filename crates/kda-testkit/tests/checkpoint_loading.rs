@@ -597,12 +597,11 @@ proptest! {
             text[at] = if v % 3 == 0 { v } else { b'0' + v % 10 };
         }
         let text = String::from_utf8_lossy(&text);
-        if let Ok(config) = KdaConfig::from_json_str(&text, "fuzz.json") {
-            if let Ok(dims) = config.dims(Tp { size: tp, rank }) {
+        if let Ok(config) = KdaConfig::from_json_str(&text, "fuzz.json")
+            && let Ok(dims) = config.dims(Tp { size: tp, rank }) {
                 prop_assert!(dims.local_heads * tp == dims.heads);
                 let _ = LayerLoader::new(&config, Tp { size: tp, rank }, 0, LoadOptions::default());
             }
-        }
     }
 
     #[test]

@@ -174,7 +174,7 @@ fn expand_heads(emu: &Emu, x: &T, hv: usize, ops: &mut Vec<Op<Ref>>) -> Res<T> {
 /// The document's dimension limits: `0 < H <= HV <= 128`, `HV % H == 0`, `K` and `V` multiples
 /// of 16 in `[16, 256]`.
 fn check_chunk_dims(api: &str, h: usize, hv: usize, k: usize, v: usize) -> Res<()> {
-    if h == 0 || hv < h || hv > 128 || hv % h != 0 {
+    if h == 0 || hv < h || hv > 128 || !hv.is_multiple_of(h) {
         return param_invalid(
             api,
             format!("H = {h}, HV = {hv}: need 0 < H <= HV <= 128, HV % H == 0"),

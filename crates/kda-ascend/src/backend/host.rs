@@ -207,13 +207,13 @@ fn issue(inner: &Arc<StreamInner>, item: Held) -> Result<()> {
                 fail(inner, Failure::Upstream { upstream, message });
                 return Ok(());
             }
-            if let Some(up) = event.held_stream() {
-                if !Arc::ptr_eq(&up, inner) {
-                    let mut state = inner.state();
-                    state.gate = Some(Gate::Stream(up));
-                    state.held.push_front(Held::Wait(event));
-                    return Ok(());
-                }
+            if let Some(up) = event.held_stream()
+                && !Arc::ptr_eq(&up, inner)
+            {
+                let mut state = inner.state();
+                state.gate = Some(Gate::Stream(up));
+                state.held.push_front(Held::Wait(event));
+                return Ok(());
             }
             acl::wait(&inner.raw, &event.raw)?;
             inner.keep(event);

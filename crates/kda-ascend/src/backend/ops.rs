@@ -299,7 +299,7 @@ impl Prep<'_> {
         let blocks = num_blocks(k);
         let pairs = blocks.div_ceil(2);
         let row_stride = scale.layout().strides()[0];
-        if blocks % 2 == 0 && (blocks <= 1 || scale.layout().strides()[1] == 1) {
+        if blocks.is_multiple_of(2) && (blocks <= 1 || scale.layout().strides()[1] == 1) {
             return Ok((AclTensor::view(op, scale, &[rows, pairs, 2], &[row_stride, 2, 1])?, None));
         }
         let padded = self.temp(DType::E8M0, &[rows, pairs, 2])?;

@@ -211,7 +211,7 @@ pub(crate) fn rank_weights(tp: usize) -> Result<LayerWeights, CliError> {
         seed: 0,
     };
     let heads = model.preset.config().linear_attn_config.num_heads;
-    if tp == 0 || heads % tp != 0 {
+    if tp == 0 || !heads.is_multiple_of(tp) {
         return Err(CliError::Argument {
             arg: "--tp",
             reason: format!("must divide the {heads} heads of Kimi K3, got {tp}"),

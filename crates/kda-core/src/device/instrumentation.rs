@@ -156,11 +156,11 @@ impl<B: Resources> Instrumentation<B> {
         raw: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         let mut state = self.lock();
-        if let Some(capture) = state.capture.as_mut() {
-            if capture.is_captured(stream) || capture.is_captured_event(event) {
-                capture.wait(stream, event);
-                return Ok(());
-            }
+        if let Some(capture) = state.capture.as_mut()
+            && (capture.is_captured(stream) || capture.is_captured_event(event))
+        {
+            capture.wait(stream, event);
+            return Ok(());
         }
         raw()?;
         self.note(&mut state, Entry::Wait { stream, event })

@@ -193,24 +193,19 @@ impl Analyzer {
                     self.remember(region, past);
                 }
                 let named = writes.first().map(|a| (a, true)).or(reads.first().map(|a| (a, false)));
-                if let (Some(unit), Some((access, writes))) = (*unit, named) {
-                    if self.exclusive.covers(unit) {
-                        let side =
-                            HazardSide { op, param: access.param, buffer: access.buffer, writes };
-                        self.check_unit(&mut hazards, s, unit, &side);
-                        let past = Past {
-                            side,
-                            stream: s,
-                            pos,
-                            bytes: ByteRanges::default(),
-                            free: false,
-                        };
-                        let streams = self.unit_past.entry(unit).or_default();
-                        if streams.len() <= s {
-                            streams.resize_with(s + 1, Vec::new);
-                        }
-                        streams[s].push(past);
+                if let (Some(unit), Some((access, writes))) = (*unit, named)
+                    && self.exclusive.covers(unit)
+                {
+                    let side =
+                        HazardSide { op, param: access.param, buffer: access.buffer, writes };
+                    self.check_unit(&mut hazards, s, unit, &side);
+                    let past =
+                        Past { side, stream: s, pos, bytes: ByteRanges::default(), free: false };
+                    let streams = self.unit_past.entry(unit).or_default();
+                    if streams.len() <= s {
+                        streams.resize_with(s + 1, Vec::new);
                     }
+                    streams[s].push(past);
                 }
                 hazards
             }

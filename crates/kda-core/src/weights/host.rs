@@ -314,7 +314,10 @@ impl HostTensor {
         };
         let start = row0.saturating_mul(cols);
         let end = start.checked_add(values.len());
-        if row0 > rows || end.is_none_or(|e| e > rows * cols) || values.len() % cols.max(1) != 0 {
+        if row0 > rows
+            || end.is_none_or(|e| e > rows * cols)
+            || !values.len().is_multiple_of(cols.max(1))
+        {
             return Err(WeightError::shape(
                 PARAM,
                 format!("whole rows fitting [{rows}, {cols}] from row {row0}"),

@@ -75,10 +75,10 @@ impl CudaBackend {
         let shape = [t.shape()[0], t.shape()[1]];
         let strides = [t.layout().strides()[0], t.layout().strides()[1]];
         let here = KernelView::new("gemm", param, t.layout(), t.buffer().device_ptr())?;
-        if t.dtype() == dtype {
-            if let Some(operand) = matrix_operand(shape, strides) {
-                return Ok(Ready { ptr: here.ptr, dtype, operand });
-            }
+        if t.dtype() == dtype
+            && let Some(operand) = matrix_operand(shape, strides)
+        {
+            return Ok(Ready { ptr: here.ptr, dtype, operand });
         }
         let s = self.scratch(stream, t.numel() * dtype.size_bytes())?;
         let dense = KernelView::new("gemm", param, &Layout::contiguous(dtype, &shape), s.ptr)?;

@@ -40,8 +40,8 @@ pub(super) fn effective(
 fn aligned_rows(v: &KernelView, elsize: usize, align: u64) -> bool {
     v.rank == 2
         && v.strides[1] == 1
-        && v.ptr % align == 0
-        && (v.shape[0] <= 1 || (v.strides[0] as u64 * elsize as u64) % align == 0)
+        && v.ptr.is_multiple_of(align)
+        && (v.shape[0] <= 1 || (v.strides[0] as u64 * elsize as u64).is_multiple_of(align))
 }
 
 fn view(op: &'static str, param: &'static str, t: &T) -> Result<KernelView> {
@@ -67,7 +67,7 @@ impl CudaBackend {
         let (xv, dv, sv) = (view(OP, "x", x)?, view(OP, "data", data)?, view(OP, "scale", scale)?);
         let (m, k, alg) = (dims.m as i64, dims.k as i64, i32::from(alg.code()));
         let status = stream.inner.status;
-        let rows = dims.k % 32 == 0
+        let rows = dims.k.is_multiple_of(32)
             && matches!(x.dtype(), DType::BF16 | DType::F32)
             && aligned_rows(&xv, x.dtype().size_bytes(), 16)
             && aligned_rows(&dv, 1, 8);
@@ -125,7 +125,7 @@ impl CudaBackend {
             into,
         )?;
         let (m, k64, status) = (rows as i64, k as i64, stream.inner.status);
-        let vector = k % 32 == 0 && aligned_rows(&dv, 1, 8) && aligned_rows(&yv, 2, 16);
+        let vector = k.is_multiple_of(32) && aligned_rows(&dv, 1, 8) && aligned_rows(&yv, 2, 16);
         let (name, work) = if vector {
             ("kda_mx_dequant_bf16", rows * k / 8)
         } else {

@@ -234,10 +234,10 @@ impl OwnedPinned {
 
 impl Drop for OwnedPinned {
     fn drop(&mut self) {
-        if let Some(p) = self.pinned.take() {
-            if self.ctx.bind_to_thread().is_ok() {
-                p.free();
-            }
+        if let Some(p) = self.pinned.take()
+            && self.ctx.bind_to_thread().is_ok()
+        {
+            p.free();
         }
     }
 }

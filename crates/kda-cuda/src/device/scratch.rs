@@ -144,10 +144,10 @@ impl ScratchAllocator {
                     .map_err(driver("cuEventRecord"))?;
                 let mut cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
                 cached.push((event, memory));
-                if cached.len() > MAX_CACHED {
-                    if let Some(i) = cached.iter().position(|(e, _)| e.is_complete()) {
-                        cached.remove(i);
-                    }
+                if cached.len() > MAX_CACHED
+                    && let Some(i) = cached.iter().position(|(e, _)| e.is_complete())
+                {
+                    cached.remove(i);
                 }
                 Ok(())
             }

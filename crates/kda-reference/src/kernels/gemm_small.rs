@@ -236,7 +236,7 @@ unsafe fn micro_kernel_avx2(
     acc: &mut [[f32; LANES]; NR * MR],
 ) {
     use std::arch::x86_64::*;
-    const { assert!(MR == 3 && NR == 3 && KC % LANES == 0) };
+    const { assert!(MR == 3 && NR == 3 && KC.is_multiple_of(LANES)) };
     assert!(xs.len() >= (MR - 1) * kp + k0 + KC);
     let mut a = [_mm256_setzero_ps(); MR * NR];
     for (v, s) in a.iter_mut().zip(acc.iter()) {

@@ -5,37 +5,44 @@
 //! scaled by the two block factors and rounded once to f32, the block terms added in f32 in
 //! block order from `+0`. Every E4M3 value is exact in f64, so is every product and every sum of
 //! up to 32 of them (41 bits, see the core module), in any order: a block sum accumulated with
-//! f64 fused multiply-adds, however the lanes are arranged, is the exact sum. What is left is
-//! arranging the work.
+//! f64 fused multiply-adds, however the lanes are arranged, is the exact sum. The factors are
+//! powers of two (or NaN), so each value can carry its block's factor from the start: `qa · fa`
+//! and `qw · fw` are exact, so is each product of them (at least `2^-272`, far above f64's
+//! smallest normal), and a block's sum of them is its exact sum times `fa · fw`, the very number
+//! the definition rounds once to f32. What is left is arranging the work.
 //!
 //! The structure is a packed GEMM. The output is cut into panels of [`NC`] columns (tasks,
 //! across the pool when there is one); per panel, the K blocks are taken [`KCB`] at a time: the
-//! weight rows of the panel are decoded (a 256-entry table) into a packed panel, `[NR]` columns
-//! interleaved per K step, and so are the activation rows, [`MC`] at a time, `[MR]` rows
-//! interleaved. A micro-kernel then computes an `MR × NR` tile's block sums in registers, one
-//! block after the other, and folds each block's scaled, rounded term into the tile's f32
-//! accumulators (in memory, in block order). Every weight byte is decoded once per call and per
-//! [`MC`] rows of activations: at decode (a few rows) the weights stream from memory once.
+//! weight rows of the panel are decoded into a packed panel, and so are the activation rows, [`MC`] at a time, `[MR]` rows interleaved per K step. A micro-kernel
+//! then computes an `MR × NR` tile's block sums in registers, one block after the other, and
+//! folds each block's scaled, rounded term into the tile's f32 accumulators (kept tile by tile,
+//! in block order). Every weight byte is decoded once per call and per [`MC`] rows of
+//! activations: at decode (a few rows) the weights stream from memory once.
+//!
+//! Three micro-kernels compute the same sums: AVX-512 (24 accumulators of 8 rows), AVX2/FMA
+//! (the tile as four `8 × 6` sub-tiles), and a portable one, the oracle the others are tested
+//! against. [`Isa::detect`] picks the widest the CPU has; the bits do not depend on the choice.
 //!
 //! A partial last block is zero-padded on both sides (the padded products are `0 · 0`).
 
 use rayon::prelude::*;
 
-use kda_core::mx::gemm::scale_block_sum;
 use kda_core::mx::{self, BLOCK_SIZE};
 
-/// Activation rows per micro-kernel tile.
+/// Activation rows per micro-kernel tile: one 512-bit vector of f64.
 pub(super) const MR: usize = 8;
 /// Weight rows (output columns) per micro-kernel tile.
-pub(super) const NR: usize = 6;
+pub(super) const NR: usize = 24;
 /// Output columns per task: the weight panel decoded at once (each activation row decoded for
 /// a panel serves this many columns).
-const NC: usize = 64 * NR;
+const NC: usize = 16 * NR;
 /// K blocks per packed weight panel: `KCB · 32` K elements (a 384-column panel is 768 KB of f64,
 /// within the second-level cache).
 const KCB: usize = 8;
 /// Activation rows packed at once; with at most this many rows, they are packed once per call.
 const MC: usize = 16 * MR;
+/// Columns of the AVX2 kernel's sub-tiles (`MR × 6`: twelve 4-lane accumulators).
+const NR_AVX2: usize = 6;
 
 /// The operands as plain-layout bytes: `a` `[m, k]`, `a_scale` `[m, blocks]`, `w` `[n, k]`,
 /// `w_scale` `[n, blocks]`.
@@ -56,15 +63,77 @@ impl Operands<'_> {
     }
 }
 
+/// The instructions a micro-kernel runs on. Every choice computes the same exact block sums, so
+/// the result does not depend on it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Isa {
+    /// Plain Rust: the oracle of the vector kernels.
+    Portable,
+    /// AVX2 with fused multiply-adds (and F16C to decode): the tile as four `8 × 6` sub-tiles.
+    Avx2,
+    /// AVX-512 (F and BW): the tile's 24 columns in 24 registers of 8 rows.
+    Avx512,
+}
+
+impl Isa {
+    /// The widest kernel this CPU runs.
+    pub(super) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::sync::OnceLock;
+            static ISA: OnceLock<Isa> = OnceLock::new();
+            *ISA.get_or_init(|| {
+                let has = |avx512| {
+                    if avx512 {
+                        std::arch::is_x86_feature_detected!("avx512f")
+                            && std::arch::is_x86_feature_detected!("avx512bw")
+                    } else {
+                        super::has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c")
+                    }
+                };
+                if has(true) {
+                    Isa::Avx512
+                } else if has(false) {
+                    Isa::Avx2
+                } else {
+                    Isa::Portable
+                }
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Portable
+    }
+
+    /// Every kernel this CPU runs, the portable one first.
+    #[cfg(test)]
+    fn available() -> Vec<Self> {
+        [Isa::Portable, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&isa| isa == Isa::Portable || isa <= Isa::detect())
+            .collect()
+    }
+}
+
 /// Every E4M3 byte's value in f64 (exact).
 fn decode_table() -> [f64; 256] {
     std::array::from_fn(|b| f64::from(mx::decode_e4m3(b as u8)))
 }
 
-/// The GEMM, `[m, n]` f32 row-major: `threads > 1` splits the column panels across the current
-/// rayon pool; `progress` is told of each finished panel when it runs serially. The result does
-/// not depend on the split: every entry is computed by the same sequence of operations.
+/// The GEMM, `[m, n]` f32 row-major, on the widest kernel this CPU runs (see [`gemm_on`]).
 pub(super) fn gemm(
+    ops: &Operands<'_>,
+    threads: usize,
+    progress: impl Fn(usize, usize),
+) -> Vec<f32> {
+    gemm_on(Isa::detect(), ops, threads, progress)
+}
+
+/// The GEMM on the micro-kernel `isa`: `threads > 1` splits the column panels across the
+/// current rayon pool; `progress` is told of each finished panel when it runs serially. The
+/// result does not depend on the split or the kernel: every entry is the same exact block sums,
+/// rounded and added in the same order.
+fn gemm_on(
+    isa: Isa,
     ops: &Operands<'_>,
     threads: usize,
     progress: impl Fn(usize, usize),
@@ -85,7 +154,11 @@ pub(super) fn gemm(
     let panels = n.div_ceil(NC);
     let panel = |p: usize| {
         let cols = p * NC..(p * NC + NC).min(n);
-        (cols.clone(), gemm_panel(ops, &decode, whole_a.as_ref(), cols))
+        let part = match &whole_a {
+            Some(a) => gemm_panel_few_rows(isa, ops, &decode, a, cols.clone()),
+            None => gemm_panel(isa, ops, &decode, cols.clone()),
+        };
+        (cols, part)
     };
     let copy = |out: &mut [f32], (cols, part): (std::ops::Range<usize>, Vec<f32>)| {
         let width = cols.len();
@@ -107,83 +180,136 @@ pub(super) fn gemm(
     out
 }
 
-/// Columns `cols` of the output, `[m, cols.len()]` row-major.
+/// One tile's f32 accumulators, `[NR][MR]` (by column: a column's rows side by side, as the
+/// vector kernels hold them).
+type Tile = [f32; MR * NR];
+
+/// Columns `cols` of the output, `[m, cols.len()]` row-major, for many rows: per [`KCB`] K
+/// blocks the panel's weights are decoded once into a packed panel (in the second-level cache),
+/// and every [`MC`] rows of activations, packed in turn, take their products from it.
 fn gemm_panel(
+    isa: Isa,
     ops: &Operands<'_>,
     decode: &[f64; 256],
-    whole_a: Option<&Packed>,
     cols: std::ops::Range<usize>,
 ) -> Vec<f32> {
     let (m, k, blocks) = (ops.m, ops.k, ops.blocks());
     let width = cols.len();
     let col_groups = width.div_ceil(NR);
-    let mut acc = vec![0.0f32; m * width];
+    // The accumulators tile by tile: row group `g`, column group `h` at `g · col_groups + h`.
+    let mut tiles = vec![[0.0f32; MR * NR]; m.div_ceil(MR) * col_groups];
     let mut wp = Packed::new::<NR>(col_groups, KCB);
-    let simd = vector_decode();
-    let mut panel_a = Packed::new::<MR>(if whole_a.is_some() { 0 } else { MC / MR }, KCB);
-    let mut tile = [0.0f32; MR * NR];
+    let mut ap = Packed::new::<MR>(MC / MR, KCB);
     for b0 in (0..blocks).step_by(KCB) {
         let nb = KCB.min(blocks - b0);
-        wp.pack_rows::<NR>(decode, simd, ops.w, ops.w_scale, k, cols.clone(), b0..b0 + nb);
+        // The panel's next blocks stream in while these are used.
+        prefetch_rows(ops.w, k, cols.clone(), (b0 + nb) * BLOCK_SIZE..(b0 + 2 * nb) * BLOCK_SIZE);
+        wp.pack_rows::<NR>(decode, isa, ops.w, ops.w_scale, k, cols.clone(), b0..b0 + nb);
         for r0 in (0..m).step_by(MC) {
             let rows = r0..(r0 + MC).min(m);
-            let (ap, g0, at) = match whole_a {
-                Some(a) => (a, r0 / MR, b0),
-                None => {
-                    panel_a.pack::<MR>(decode, ops.a, ops.a_scale, k, rows.clone(), b0..b0 + nb);
-                    (&panel_a, 0, 0)
-                }
-            };
+            ap.pack::<MR>(decode, ops.a, ops.a_scale, k, rows.clone(), b0..b0 + nb);
             for g in 0..rows.len().div_ceil(MR) {
-                let (i0, mr) = (r0 + g * MR, MR.min(rows.end - r0 - g * MR));
-                for h in 0..col_groups {
-                    let (j0, nr) = (h * NR, NR.min(width - h * NR));
-                    // The tile's accumulators (`[NR][MR]`, by column), loaded from and stored
-                    // back to the panel's.
-                    for i in 0..mr {
-                        for j in 0..nr {
-                            tile[j * MR + i] = acc[(i0 + i) * width + j0 + j];
-                        }
-                    }
-                    let (a, w) = (ap.group::<MR>(g0 + g, at, nb), wp.group::<NR>(h, 0, nb));
-                    micro_kernel(nb, a, w, &mut tile);
-                    for i in 0..mr {
-                        for j in 0..nr {
-                            acc[(i0 + i) * width + j0 + j] = tile[j * MR + i];
-                        }
-                    }
+                let a = ap.group::<MR>(g, 0, nb);
+                let row_tiles = &mut tiles[(r0 / MR + g) * col_groups..][..col_groups];
+                for (h, tile) in row_tiles.iter_mut().enumerate() {
+                    micro_kernel(isa, nb, a, wp.group::<NR>(h, 0, nb), tile);
                 }
             }
         }
     }
-    acc
+    tiles_to_rows(&tiles, m, width)
 }
 
-/// Rows decoded into f64 for the micro-kernel, per group of `R` rows and per block: the
-/// activations interleaved, `[32][R]` values (`R` rows' elements of one K step side by side;
-/// [`Packed::pack`]), the weights row by row, `[R][32]` ([`Packed::pack_rows`]); and `[R]`
-/// factors.
+/// K blocks per step of [`gemm_panel_few_rows`]: the step's activations (`16 · 32 · 8` bytes
+/// per row) stay in the second-level cache while the panel's weights stream through.
+const KCB_FEW: usize = 16;
+
+/// Columns `cols` of the output, `[m, cols.len()]` row-major, for at most [`MC`] rows `a`
+/// (decoded once for the whole call): the weights are read once, each block of `[NR]` weight
+/// rows decoded into a buffer that stays in the first-level cache and used there by every row
+/// group, so that no decoded panel travels through the caches.
+fn gemm_panel_few_rows(
+    isa: Isa,
+    ops: &Operands<'_>,
+    decode: &[f64; 256],
+    a: &Packed,
+    cols: std::ops::Range<usize>,
+) -> Vec<f32> {
+    let (m, k, blocks) = (ops.m, ops.k, ops.blocks());
+    let width = cols.len();
+    let (row_groups, col_groups) = (m.div_ceil(MR), width.div_ceil(NR));
+    let mut tiles = vec![[0.0f32; MR * NR]; row_groups * col_groups];
+    let mut wp = Packed::new::<NR>(1, 1);
+    let group_rows = |h: usize| cols.start + h * NR..(cols.start + (h + 1) * NR).min(cols.end);
+    for b0 in (0..blocks).step_by(KCB_FEW) {
+        let step = b0..(b0 + KCB_FEW).min(blocks);
+        for h in 0..col_groups {
+            // The next column group's weights of this step (or the first group's of the next)
+            // stream in while these are used.
+            let (next_rows, next_step) = if h + 1 < col_groups {
+                (group_rows(h + 1), step.clone())
+            } else {
+                (group_rows(0), step.end..(step.end + KCB_FEW).min(blocks))
+            };
+            let next_k = next_step.start * BLOCK_SIZE..next_step.end * BLOCK_SIZE;
+            prefetch_rows(ops.w, k, next_rows, next_k);
+            for b in step.clone() {
+                wp.pack_rows::<NR>(decode, isa, ops.w, ops.w_scale, k, group_rows(h), b..b + 1);
+                let w = wp.group::<NR>(0, 0, 1);
+                for g in 0..row_groups {
+                    micro_kernel(isa, 1, a.group::<MR>(g, b, 1), w, &mut tiles[g * col_groups + h]);
+                }
+            }
+        }
+    }
+    tiles_to_rows(&tiles, m, width)
+}
+
+/// Ask for elements `range` (clamped to `k`) of every row `rows` of `[_, k]` bytes `data`.
+fn prefetch_rows(
+    data: &[u8],
+    k: usize,
+    rows: std::ops::Range<usize>,
+    range: std::ops::Range<usize>,
+) {
+    let range = range.start.min(k)..range.end.min(k);
+    if range.is_empty() {
+        return;
+    }
+    for row in rows {
+        super::prefetch(&data[row * k..][range.clone()]);
+    }
+}
+
+/// The tiles of a panel (row group `g`, column group `h` at `g · col_groups + h`) as its
+/// `[m, width]` row-major output.
+fn tiles_to_rows(tiles: &[Tile], m: usize, width: usize) -> Vec<f32> {
+    let col_groups = width.div_ceil(NR);
+    let mut out = vec![0.0f32; m * width];
+    for (t, tile) in tiles.iter().enumerate() {
+        let (i0, j0) = (t / col_groups * MR, t % col_groups * NR);
+        for (j, column) in tile.chunks_exact(MR).enumerate().take(width - j0) {
+            for (i, &v) in column.iter().enumerate().take(m - i0) {
+                out[(i0 + i) * width + j0 + j] = v;
+            }
+        }
+    }
+    out
+}
+
+/// Rows decoded into f64 for the micro-kernel, each value times its block's factor (exact: a
+/// power of two, or NaN), per group of `R` rows and per block: the activations interleaved,
+/// `[32][R]` (`R` rows' elements of one K step side by side; [`Packed::pack`]), the weights row
+/// by row, `[R][32]` ([`Packed::pack_rows`]).
 struct Packed {
     values: Vec<f64>,
-    factors: Vec<f64>,
     /// Blocks held per group.
     nb: usize,
 }
 
-/// One group's packed blocks: `values` `[nb][32][R]` (or `[nb][R][32]`), `factors` `[nb][R]`.
-#[derive(Copy, Clone)]
-struct Group<'a> {
-    values: &'a [f64],
-    factors: &'a [f64],
-}
-
 impl Packed {
     fn new<const R: usize>(groups: usize, nb: usize) -> Self {
-        Self {
-            values: vec![0.0; groups * nb * BLOCK_SIZE * R],
-            factors: vec![0.0; groups * nb * R],
-            nb,
-        }
+        Self { values: vec![0.0; groups * nb * BLOCK_SIZE * R], nb }
     }
 
     /// Decode rows `rows` (of `[_, k]` bytes `data` with scales `scale`, `[_, blocks]`), blocks
@@ -201,134 +327,178 @@ impl Packed {
         self.nb = nb;
         for (g, r0) in rows.clone().step_by(R).enumerate() {
             let values = &mut self.values[g * nb * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R];
-            let factors = &mut self.factors[g * nb * R..][..nb * R];
             for r in 0..R {
                 let row = r0 + r;
-                if row >= rows.end {
-                    for bb in 0..nb {
-                        factors[bb * R + r] = 0.0;
-                        for kk in 0..BLOCK_SIZE {
-                            values[(bb * BLOCK_SIZE + kk) * R + r] = 0.0;
-                        }
-                    }
-                    continue;
-                }
                 // The row's next blocks stream in while these are used.
-                let next = (blks.end * BLOCK_SIZE).min(k);
-                super::prefetch(&data[row * k + next..][..(nb * BLOCK_SIZE).min(k - next)]);
+                if row < rows.end {
+                    prefetch_rows(
+                        data,
+                        k,
+                        row..row + 1,
+                        blks.end * BLOCK_SIZE..(blks.end + nb) * BLOCK_SIZE,
+                    );
+                }
                 for (bb, b) in blks.clone().enumerate() {
-                    factors[bb * R + r] = mx::decode_e8m0_f64(scale[row * blocks + b]);
+                    let dst = values[bb * BLOCK_SIZE * R..][..BLOCK_SIZE * R].chunks_exact_mut(R);
+                    if row >= rows.end {
+                        dst.for_each(|d| d[r] = 0.0);
+                        continue;
+                    }
+                    let factor = mx::decode_e8m0_f64(scale[row * blocks + b]);
                     let k0 = b * BLOCK_SIZE;
-                    let kb = BLOCK_SIZE.min(k - k0);
-                    let src = &data[row * k + k0..][..kb];
-                    let dst = &mut values[bb * BLOCK_SIZE * R..][..BLOCK_SIZE * R];
-                    if kb == BLOCK_SIZE {
-                        let src: &[u8; BLOCK_SIZE] = src.try_into().unwrap_or(&[0; BLOCK_SIZE]);
-                        for (d, &q) in dst.chunks_exact_mut(R).zip(src) {
-                            d[r] = decode[usize::from(q)];
-                        }
-                    } else {
-                        for (kk, d) in dst.chunks_exact_mut(R).enumerate() {
-                            d[r] = src.get(kk).map_or(0.0, |&q| decode[usize::from(q)]);
-                        }
+                    let src = &data[row * k + k0..][..BLOCK_SIZE.min(k - k0)];
+                    let src = src.iter().map(Some).chain(std::iter::repeat(None));
+                    for (d, q) in dst.zip(src) {
+                        d[r] = q.map_or(0.0, |&q| decode[usize::from(q)] * factor);
                     }
                 }
             }
         }
     }
 
-    /// Decode rows `rows` as [`Packed::pack`] does, each block of each row contiguous
-    /// (`[R][32]`); with `simd`, full blocks without NaN are decoded eight bytes at a time.
+    /// Decode rows `rows` each block contiguous (`[R][32]`); full blocks without NaN with the
+    /// vector instructions of `isa`.
     #[allow(clippy::too_many_arguments)]
     fn pack_rows<const R: usize>(
         &mut self,
         decode: &[f64; 256],
-        simd: bool,
+        isa: Isa,
         data: &[u8],
         scale: &[u8],
         k: usize,
         rows: std::ops::Range<usize>,
         blks: std::ops::Range<usize>,
     ) {
+        let decode_with = |isa| {
+            move |src: &[u8], factor, dst: &mut [f64]| decode_block(decode, isa, src, factor, dst)
+        };
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only chosen where the CPU has AVX-512F and BW.
+            Isa::Avx512 => unsafe {
+                self.pack_rows_avx512::<R>(data, scale, k, rows, blks, decode_with(isa))
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only chosen where the CPU has AVX2, FMA and F16C.
+            Isa::Avx2 => unsafe {
+                self.pack_rows_avx2::<R>(data, scale, k, rows, blks, decode_with(isa))
+            },
+            _ => self.pack_rows_with::<R>(data, scale, k, rows, blks, decode_with(isa)),
+        }
+    }
+
+    /// [`Packed::pack_rows_with`] compiled for AVX-512, the vector decoding inlined.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and AVX-512BW.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn pack_rows_avx512<const R: usize>(
+        &mut self,
+        data: &[u8],
+        scale: &[u8],
+        k: usize,
+        rows: std::ops::Range<usize>,
+        blks: std::ops::Range<usize>,
+        decode_block: impl Fn(&[u8], f64, &mut [f64]),
+    ) {
+        self.pack_rows_with::<R>(data, scale, k, rows, blks, decode_block);
+    }
+
+    /// [`Packed::pack_rows_with`] compiled for AVX2 and F16C, the vector decoding inlined.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn pack_rows_avx2<const R: usize>(
+        &mut self,
+        data: &[u8],
+        scale: &[u8],
+        k: usize,
+        rows: std::ops::Range<usize>,
+        blks: std::ops::Range<usize>,
+        decode_block: impl Fn(&[u8], f64, &mut [f64]),
+    ) {
+        self.pack_rows_with::<R>(data, scale, k, rows, blks, decode_block);
+    }
+
+    /// The loop of [`Packed::pack_rows`], each block of each row decoded by `decode_block`
+    /// (bytes, factor, 32 values out).
+    #[inline(always)]
+    fn pack_rows_with<const R: usize>(
+        &mut self,
+        data: &[u8],
+        scale: &[u8],
+        k: usize,
+        rows: std::ops::Range<usize>,
+        blks: std::ops::Range<usize>,
+        decode_block: impl Fn(&[u8], f64, &mut [f64]),
+    ) {
         let (blocks, nb) = (mx::num_blocks(k), blks.len());
         self.nb = nb;
         for (g, r0) in rows.clone().step_by(R).enumerate() {
             let values = &mut self.values[g * nb * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R];
-            let factors = &mut self.factors[g * nb * R..][..nb * R];
             for r in 0..R {
                 let row = r0 + r;
-                if row >= rows.end {
-                    for bb in 0..nb {
-                        factors[bb * R + r] = 0.0;
-                        values[(bb * R + r) * BLOCK_SIZE..][..BLOCK_SIZE].fill(0.0);
-                    }
-                    continue;
-                }
-                // The row's next blocks stream in while these are used.
-                let next = (blks.end * BLOCK_SIZE).min(k);
-                super::prefetch(&data[row * k + next..][..(nb * BLOCK_SIZE).min(k - next)]);
                 for (bb, b) in blks.clone().enumerate() {
-                    factors[bb * R + r] = mx::decode_e8m0_f64(scale[row * blocks + b]);
-                    let k0 = b * BLOCK_SIZE;
-                    let src = &data[row * k + k0..][..BLOCK_SIZE.min(k - k0)];
                     let dst = &mut values[(bb * R + r) * BLOCK_SIZE..][..BLOCK_SIZE];
-                    decode_block(decode, simd, src, dst);
+                    if row >= rows.end {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let factor = mx::decode_e8m0_f64(scale[row * blocks + b]);
+                    let k0 = b * BLOCK_SIZE;
+                    decode_block(&data[row * k + k0..][..BLOCK_SIZE.min(k - k0)], factor, dst);
                 }
             }
         }
     }
 
     /// Group `g`'s blocks `from .. from + nb` (of those packed).
-    fn group<const R: usize>(&self, g: usize, from: usize, nb: usize) -> Group<'_> {
+    fn group<const R: usize>(&self, g: usize, from: usize, nb: usize) -> &[f64] {
         let first = g * self.nb + from;
-        Group {
-            values: &self.values[first * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R],
-            factors: &self.factors[first * R..][..nb * R],
-        }
+        &self.values[first * BLOCK_SIZE * R..][..nb * BLOCK_SIZE * R]
     }
 }
 
-/// Whether the weight rows are decoded with AVX2 and F16C.
-fn vector_decode() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// One block row of E4M3 bytes (at most 32) into 32 f64 values, zero-padded.
+/// One block row of E4M3 bytes (at most 32) into 32 f64 values times `factor`, zero-padded; a
+/// full block without NaN with the vector instructions of `isa`.
 #[inline(always)]
-fn decode_block(decode: &[f64; 256], simd: bool, src: &[u8], dst: &mut [f64]) {
+fn decode_block(decode: &[f64; 256], isa: Isa, src: &[u8], factor: f64, dst: &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
-    if simd {
-        if let (Ok(bytes), Ok(out)) =
-            (<&[u8; 32]>::try_from(src), <&mut [f64; 32]>::try_from(&mut *dst))
-        {
-            // SAFETY: the CPU has AVX2 and F16C (`vector_decode`).
-            if unsafe { decode_block_f16c(bytes, out) } {
-                return;
-            }
+    if let (Ok(bytes), Ok(out)) =
+        (<&[u8; 32]>::try_from(src), <&mut [f64; 32]>::try_from(&mut *dst))
+    {
+        let done = match isa {
+            // SAFETY: `Isa::Avx512` is only chosen where the CPU has AVX-512F and BW.
+            Isa::Avx512 => unsafe { decode_block_avx512(bytes, factor, out) },
+            // SAFETY: `Isa::Avx2` is only chosen where the CPU has AVX2, FMA and F16C.
+            Isa::Avx2 => unsafe { decode_block_f16c(bytes, factor, out) },
+            Isa::Portable => false,
+        };
+        if done {
+            return;
         }
     }
-    let _ = simd;
+    let _ = isa;
     for (d, q) in dst.iter_mut().zip(src.iter().map(Some).chain(std::iter::repeat(None))) {
-        *d = q.map_or(0.0, |&q| decode[usize::from(q)]);
+        *d = q.map_or(0.0, |&q| decode[usize::from(q)] * factor);
     }
 }
 
-/// A full block of E4M3 bytes into f64, 16 at a time: each byte's sign, exponent and mantissa
-/// moved into the fields of an f16 (same mantissa width, exponent bias 15 instead of 7, so the
-/// f16 is the value times `2^-8`, subnormals included), converted by the hardware, scaled back
-/// by `2^8` (exact). Returns false, having written nothing, when the block holds a NaN byte (the
-/// f16 fields would make it a number), for the table to decode.
+/// A full block of E4M3 bytes into f64 times `factor`, 16 at a time: each byte's sign, exponent
+/// and mantissa moved into the fields of an f16 (same mantissa width, exponent bias 15 instead
+/// of 7, so the f16 is the value times `2^-8`, subnormals included), converted by the hardware,
+/// widened, and multiplied by `2^8 · factor` (a power of two or NaN: exact). Returns false,
+/// having written nothing, when the block holds a NaN byte (the f16 fields would make it a
+/// number), for the table to decode.
 ///
 /// # Safety
 /// The CPU must support AVX2 and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn decode_block_f16c(src: &[u8; 32], dst: &mut [f64; 32]) -> bool {
+unsafe fn decode_block_f16c(src: &[u8; 32], factor: f64, dst: &mut [f64; 32]) -> bool {
     use std::arch::x86_64::*;
     // SAFETY: `src` is 32 bytes, one unaligned 256-bit load.
     let bytes = unsafe { _mm256_loadu_si256(src.as_ptr().cast()) };
@@ -336,7 +506,7 @@ unsafe fn decode_block_f16c(src: &[u8; 32], dst: &mut [f64; 32]) -> bool {
     if _mm256_movemask_epi8(_mm256_cmpeq_epi8(low7, _mm256_set1_epi8(0x7F))) != 0 {
         return false;
     }
-    let scale_back = _mm256_set1_ps(256.0);
+    let scale_back = _mm256_set1_pd(256.0 * factor);
     for half in 0..2 {
         let part = if half == 0 {
             _mm256_castsi256_si128(bytes)
@@ -350,9 +520,9 @@ unsafe fn decode_block_f16c(src: &[u8; 32], dst: &mut [f64; 32]) -> bool {
         for (q, lanes) in
             [_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h)].into_iter().enumerate()
         {
-            let f = _mm256_mul_ps(_mm256_cvtph_ps(lanes), scale_back);
-            let lo = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
-            let hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(f));
+            let f = _mm256_cvtph_ps(lanes);
+            let lo = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f)), scale_back);
+            let hi = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(f)), scale_back);
             let at = half * 16 + q * 8;
             // SAFETY: `at + 8 <= 32`: two unaligned stores of 4 f64 within `dst`.
             unsafe {
@@ -364,84 +534,151 @@ unsafe fn decode_block_f16c(src: &[u8; 32], dst: &mut [f64; 32]) -> bool {
     true
 }
 
-/// `nb` blocks of an `MR × NR` tile: each block's exact sums, scaled and rounded, added to
-/// `tile` (`[MR][NR]` f32) in block order.
-fn micro_kernel(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32; MR * NR]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-        unsafe { micro_kernel_avx2(nb, a, w, tile) };
-        return;
+/// [`decode_block_f16c`] on AVX-512: the 32 bytes as 32 f16 in one register, converted 16 and
+/// widened 8 at a time.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn decode_block_avx512(src: &[u8; 32], factor: f64, dst: &mut [f64; 32]) -> bool {
+    use std::arch::x86_64::*;
+    // SAFETY: `src` is 32 bytes, one unaligned 256-bit load.
+    let bytes = unsafe { _mm256_loadu_si256(src.as_ptr().cast()) };
+    let low7 = _mm256_and_si256(bytes, _mm256_set1_epi8(0x7F));
+    if _mm256_movemask_epi8(_mm256_cmpeq_epi8(low7, _mm256_set1_epi8(0x7F))) != 0 {
+        return false;
     }
-    micro_kernel_portable(nb, a, w, tile);
+    let x = _mm512_cvtepu8_epi16(bytes);
+    let sign = _mm512_and_si512(_mm512_slli_epi16::<8>(x), _mm512_set1_epi16(0x8000u16 as i16));
+    let rest = _mm512_and_si512(_mm512_slli_epi16::<7>(x), _mm512_set1_epi16(0x3F80));
+    let h = _mm512_or_si512(sign, rest);
+    let scale_back = _mm512_set1_pd(256.0 * factor);
+    for (q, lanes) in
+        [_mm512_castsi512_si256(h), _mm512_extracti64x4_epi64::<1>(h)].into_iter().enumerate()
+    {
+        let f = _mm512_castps_pd(_mm512_cvtph_ps(lanes));
+        let lo = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_castpd512_pd256(f)));
+        let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(f)));
+        // SAFETY: `q < 2`: two unaligned stores of 8 f64 at `16q` and `16q + 8` within `dst`.
+        unsafe {
+            _mm512_storeu_pd(dst.as_mut_ptr().add(16 * q), _mm512_mul_pd(lo, scale_back));
+            _mm512_storeu_pd(dst.as_mut_ptr().add(16 * q + 8), _mm512_mul_pd(hi, scale_back));
+        }
+    }
+    true
 }
 
-/// The definition, lane by lane: the oracle the vector kernel is tested against, and the
-/// kernel on CPUs without AVX2/FMA. `tile` is `[NR][MR]` (by column).
-fn micro_kernel_portable(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32; MR * NR]) {
+/// `nb` blocks of an `MR × NR` tile: each block's exact sums, scaled and rounded, added to
+/// `tile` in block order, on the kernel `isa`.
+fn micro_kernel(isa: Isa, nb: usize, a: &[f64], w: &[f64], tile: &mut Tile) {
+    assert!(a.len() >= nb * BLOCK_SIZE * MR && w.len() >= nb * BLOCK_SIZE * NR);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only chosen where the CPU has AVX-512F (`Isa::detect`); the
+        // slices hold `nb` blocks (asserted above).
+        Isa::Avx512 => unsafe { micro_kernel_avx512(nb, a, w, tile) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only chosen where the CPU has AVX2 and FMA; sizes as above.
+        Isa::Avx2 => unsafe { micro_kernel_avx2(nb, a, w, tile) },
+        _ => micro_kernel_portable(nb, a, w, tile),
+    }
+}
+
+/// The definition, lane by lane: the oracle the vector kernels are tested against, and the
+/// kernel on CPUs without AVX2/FMA.
+fn micro_kernel_portable(nb: usize, a: &[f64], w: &[f64], tile: &mut Tile) {
     for b in 0..nb {
         let mut sums = [[0.0f64; MR]; NR];
         for (j, col) in sums.iter_mut().enumerate() {
-            let wv = &w.values[(b * NR + j) * BLOCK_SIZE..][..BLOCK_SIZE];
+            let wv = &w[(b * NR + j) * BLOCK_SIZE..][..BLOCK_SIZE];
             for (kk, &y) in wv.iter().enumerate() {
-                let av = &a.values[(b * BLOCK_SIZE + kk) * MR..][..MR];
+                let av = &a[(b * BLOCK_SIZE + kk) * MR..][..MR];
                 for (s, &x) in col.iter_mut().zip(av) {
                     *s += x * y;
                 }
             }
         }
-        let (fa, fw) = (&a.factors[b * MR..][..MR], &w.factors[b * NR..][..NR]);
         for (j, col) in sums.iter().enumerate() {
             for (i, &s) in col.iter().enumerate() {
-                tile[j * MR + i] += scale_block_sum(s, fa[i], fw[j]);
+                // The scaled block sum, exact: one rounding to f32.
+                tile[j * MR + i] += s as f32;
             }
         }
     }
 }
 
-/// [`micro_kernel_portable`] with the 48 block sums of an `8 × 6` tile in twelve AVX registers
-/// (two 4-lane f64 vectors of rows per column) and fused multiply-adds, exact like the plain
-/// sums.
+/// [`micro_kernel_portable`] with a column's 8 rows of block sums in one 512-bit register (24
+/// of them) and fused multiply-adds, exact like the plain sums.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX-512F; `a` and `w` hold `nb` blocks ([`micro_kernel`] asserts it).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn micro_kernel_avx2(nb: usize, a: Group<'_>, w: Group<'_>, tile: &mut [f32; MR * NR]) {
+#[target_feature(enable = "avx512f")]
+unsafe fn micro_kernel_avx512(nb: usize, a: &[f64], w: &[f64], tile: &mut Tile) {
     use std::arch::x86_64::*;
-    const { assert!(MR == 8 && NR == 6) };
-    assert!(a.values.len() >= nb * BLOCK_SIZE * MR && w.values.len() >= nb * BLOCK_SIZE * NR);
-    assert!(a.factors.len() >= nb * MR && w.factors.len() >= nb * NR);
-    let (ap, wp) = (a.values.as_ptr(), w.values.as_ptr());
+    const { assert!(MR == 8) };
+    let (ap, wp, tp) = (a.as_ptr(), w.as_ptr(), tile.as_mut_ptr());
     for b in 0..nb {
-        let mut s = [[_mm256_setzero_pd(); 2]; NR];
-        let wb = b * NR * BLOCK_SIZE;
+        let mut s = [_mm512_setzero_pd(); NR];
         for kk in 0..BLOCK_SIZE {
             // SAFETY: `b < nb` and `kk < 32`: the 8 activation values at `(b·32 + kk)·8` and
-            // the weight value at `(b·6 + j)·32 + kk` lie within their slices (asserted above).
+            // the weight values at `(b·24 + j)·32 + kk` lie within their slices.
             unsafe {
-                let arow = ap.add((b * BLOCK_SIZE + kk) * MR);
-                let (a0, a1) = (_mm256_loadu_pd(arow), _mm256_loadu_pd(arow.add(4)));
+                let x = _mm512_loadu_pd(ap.add((b * BLOCK_SIZE + kk) * MR));
+                let wk = wp.add(b * NR * BLOCK_SIZE + kk);
                 for (j, sj) in s.iter_mut().enumerate() {
-                    let y = _mm256_broadcast_sd(&*wp.add(wb + j * BLOCK_SIZE + kk));
-                    sj[0] = _mm256_fmadd_pd(a0, y, sj[0]);
-                    sj[1] = _mm256_fmadd_pd(a1, y, sj[1]);
+                    *sj = _mm512_fmadd_pd(x, _mm512_set1_pd(*wk.add(j * BLOCK_SIZE)), *sj);
                 }
             }
         }
-        let fa = &a.factors[b * MR..][..MR];
-        let fav =
-            [_mm256_set_pd(fa[3], fa[2], fa[1], fa[0]), _mm256_set_pd(fa[7], fa[6], fa[5], fa[4])];
-        for (j, sj) in s.iter().enumerate() {
-            let fw = _mm256_set1_pd(w.factors[b * NR + j]);
-            for (q, (&sij, &fai)) in sj.iter().zip(&fav).enumerate() {
-                // (sum · a_factor) · w_factor, both exact, then one rounding to f32.
-                let term = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_mul_pd(sij, fai), fw));
-                let at = &mut tile[j * MR + 4 * q..][..4];
-                // SAFETY: `at` holds 4 f32, the width of the unaligned load and store.
+        for (j, &sj) in s.iter().enumerate() {
+            // SAFETY: `j < 24`: column `j`'s 8 f32 at `j · 8` lie within the tile.
+            unsafe {
+                let at = tp.add(j * MR);
+                _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), _mm512_cvtpd_ps(sj)));
+            }
+        }
+    }
+}
+
+/// [`micro_kernel_portable`] on AVX2: the tile as four `8 × 6` sub-tiles, each with its 48
+/// block sums in twelve 4-lane registers (two per column) and fused multiply-adds.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA; `a` and `w` hold `nb` blocks ([`micro_kernel`] asserts
+/// it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn micro_kernel_avx2(nb: usize, a: &[f64], w: &[f64], tile: &mut Tile) {
+    use std::arch::x86_64::*;
+    const { assert!(MR == 8 && NR.is_multiple_of(NR_AVX2)) };
+    let (ap, wp, tp) = (a.as_ptr(), w.as_ptr(), tile.as_mut_ptr());
+    for b in 0..nb {
+        for c0 in (0..NR).step_by(NR_AVX2) {
+            let mut s = [[_mm256_setzero_pd(); 2]; NR_AVX2];
+            for kk in 0..BLOCK_SIZE {
+                // SAFETY: `b < nb`, `kk < 32`, `c0 + j < 24`: the 8 activation values at
+                // `(b·32 + kk)·8` and the weight value at `(b·24 + c0 + j)·32 + kk` lie within
+                // their slices.
                 unsafe {
-                    let sum = _mm_add_ps(_mm_loadu_ps(at.as_ptr()), term);
-                    _mm_storeu_ps(at.as_mut_ptr(), sum);
+                    let arow = ap.add((b * BLOCK_SIZE + kk) * MR);
+                    let (a0, a1) = (_mm256_loadu_pd(arow), _mm256_loadu_pd(arow.add(4)));
+                    let wk = wp.add((b * NR + c0) * BLOCK_SIZE + kk);
+                    for (j, sj) in s.iter_mut().enumerate() {
+                        let y = _mm256_broadcast_sd(&*wk.add(j * BLOCK_SIZE));
+                        sj[0] = _mm256_fmadd_pd(a0, y, sj[0]);
+                        sj[1] = _mm256_fmadd_pd(a1, y, sj[1]);
+                    }
+                }
+            }
+            for (j, sj) in s.iter().enumerate() {
+                for (q, &sij) in sj.iter().enumerate() {
+                    // SAFETY: `c0 + j < 24`, `q < 2`: 4 f32 at `(c0 + j)·8 + 4q` in the tile.
+                    unsafe {
+                        let at = tp.add((c0 + j) * MR + 4 * q);
+                        _mm_storeu_ps(at, _mm_add_ps(_mm_loadu_ps(at), _mm256_cvtpd_ps(sij)));
+                    }
                 }
             }
         }
@@ -479,7 +716,8 @@ mod tests {
     }
 
     /// Every code (extreme ranges inside blocks, NaN), shapes with partial tiles, panels and
-    /// blocks, serial and split: bit for bit with the core's definition.
+    /// blocks, every kernel this CPU runs, serial and split: bit for bit with the core's
+    /// definition.
     #[test]
     fn equals_the_definition_bit_for_bit() {
         let mut rng = Gen::new(0x3141);
@@ -490,8 +728,9 @@ mod tests {
             (9, 25, 300),
             (70, 400, 290),
             (150, 20, 200),
-            (8, 6, 256),
+            (8, 24, 256),
             (40, 7, 1000),
+            (17, 401, 64),
         ];
         for (i, &(m, n, k)) in shapes.iter().enumerate() {
             let nan = i % 2 == 1;
@@ -500,39 +739,78 @@ mod tests {
             let (sa, sw) = (scales(&mut rng, m * blocks, nan), scales(&mut rng, n * blocks, nan));
             let want = mx::gemm::gemm(&a, &sa, &w, &sw, (m, n, k)).unwrap();
             let ops = Operands { a: &a, a_scale: &sa, w: &w, w_scale: &sw, m, n, k };
-            for threads in [1, 2] {
-                let got = gemm(&ops, threads, |_, _| {});
-                assert_eq!(bits(&got), bits(&want), "[{m}, {n}, {k}] threads {threads}");
+            for isa in Isa::available() {
+                for threads in [1, 2] {
+                    let got = gemm_on(isa, &ops, threads, |_, _| {});
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "[{m}, {n}, {k}] {isa:?} threads {threads}"
+                    );
+                }
             }
         }
     }
 
-    /// The vector decoding of weight blocks against the table, on every byte value.
+    /// The extreme scale pairs: block terms that overflow to infinity, that round to f32
+    /// subnormals or to zero, and NaN scales, on every kernel.
+    #[test]
+    fn extreme_scales_equal_the_definition() {
+        let mut rng = Gen::new(0x2718);
+        let (m, n, k) = (9, 30, 96);
+        let blocks = mx::num_blocks(k);
+        let (a, w) = (random_bytes(&mut rng, m * k, false), random_bytes(&mut rng, n * k, false));
+        let pick = [0u8, 1, 2, 20, 100, 127, 200, 253, 254, 0xFF];
+        let mut pick_scales = |len: usize| -> Vec<u8> {
+            (0..len).map(|_| pick[rng.uniform_usize(0, pick.len())]).collect()
+        };
+        let (sa, sw) = (pick_scales(m * blocks), pick_scales(n * blocks));
+        let want = mx::gemm::gemm(&a, &sa, &w, &sw, (m, n, k)).unwrap();
+        assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| v.is_nan()));
+        assert!(want.iter().any(|v| v.is_subnormal()));
+        let ops = Operands { a: &a, a_scale: &sa, w: &w, w_scale: &sw, m, n, k };
+        for isa in Isa::available() {
+            assert_eq!(bits(&gemm_on(isa, &ops, 1, |_, _| {})), bits(&want), "{isa:?}");
+        }
+    }
+
+    /// The vector decoding of weight blocks against the table, on every byte value and on
+    /// factors from the smallest to the largest scale, and NaN.
     #[test]
     fn vector_decode_equals_the_table() {
         let decode = decode_table();
-        for first in (0..=255u8).step_by(32) {
-            let mut block: [u8; 32] = std::array::from_fn(|i| first.wrapping_add(i as u8));
-            for nan in [false, true] {
-                if !nan {
-                    block.iter_mut().for_each(|b| {
-                        if mx::is_nan_e4m3(*b) {
-                            *b = 0x80
-                        }
-                    });
+        for scale in [0u8, 1, 100, 127, 200, 254, 0xFF] {
+            let factor = mx::decode_e8m0_f64(scale);
+            for first in (0..=255u8).step_by(32) {
+                let mut block: [u8; 32] = std::array::from_fn(|i| first.wrapping_add(i as u8));
+                for nan in [false, true] {
+                    if !nan {
+                        block.iter_mut().for_each(|b| {
+                            if mx::is_nan_e4m3(*b) {
+                                *b = 0x80
+                            }
+                        });
+                    }
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    let want: Vec<f64> =
+                        block.iter().map(|&q| f64::from(mx::decode_e4m3(q)) * factor).collect();
+                    for isa in Isa::available() {
+                        let mut got = [1.0f64; 32];
+                        decode_block(&decode, isa, &block, factor, &mut got);
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{first:#04x}.., scale {scale}, {isa:?}"
+                        );
+                    }
                 }
-                let (mut fast, mut plain) = ([1.0f64; 32], [2.0f64; 32]);
-                decode_block(&decode, vector_decode(), &block, &mut fast);
-                decode_block(&decode, false, &block, &mut plain);
-                let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fast), bits(&plain), "bytes from {first:#04x}");
             }
         }
     }
 
-    /// The vector micro-kernel against the plain one on one packed tile.
+    /// Each vector micro-kernel against the plain one on one packed tile.
     #[test]
-    fn vector_kernel_equals_the_plain_one() {
+    fn vector_kernels_equal_the_plain_one() {
         let mut rng = Gen::new(7);
         let nb = 3;
         let decode = decode_table();
@@ -541,11 +819,14 @@ mod tests {
         let (sa, sw) = (scales(&mut rng, MR * nb, true), scales(&mut rng, NR * nb, true));
         let (mut ap, mut wp) = (Packed::new::<MR>(1, nb), Packed::new::<NR>(1, nb));
         ap.pack::<MR>(&decode, &a, &sa, k, 0..MR, 0..nb);
-        wp.pack_rows::<NR>(&decode, false, &w, &sw, k, 0..NR, 0..nb);
-        let (mut plain, mut fast) = ([0.5f32; MR * NR], [0.5f32; MR * NR]);
+        wp.pack_rows::<NR>(&decode, Isa::Portable, &w, &sw, k, 0..NR, 0..nb);
         let (ag, wg) = (ap.group::<MR>(0, 0, nb), wp.group::<NR>(0, 0, nb));
+        let mut plain = [0.5f32; MR * NR];
         micro_kernel_portable(nb, ag, wg, &mut plain);
-        micro_kernel(nb, ag, wg, &mut fast);
-        assert_eq!(bits(&plain), bits(&fast));
+        for isa in Isa::available() {
+            let mut fast = [0.5f32; MR * NR];
+            micro_kernel(isa, nb, ag, wg, &mut fast);
+            assert_eq!(bits(&plain), bits(&fast), "{isa:?}");
+        }
     }
 }
