@@ -20,6 +20,7 @@ mod buffer;
 mod exclusion;
 mod forecast;
 mod kernels;
+pub mod peak;
 mod progress;
 pub mod stream;
 mod timeline;

@@ -2,18 +2,24 @@
 //! (synthetic rank-0 weights): prefill tokens/s (4 fresh requests of 1024 tokens) and decode
 //! latency (32 single-token requests), serial against overlapped, with the ops that took longest
 //! where the backend times them; and the decode step time as a multiple of the time to read the
-//! layer's weights once, with the host's memory bandwidth measured in the same run.
+//! layer's weights once, with the host's memory bandwidth measured in the same run, and (on the
+//! reference) of its compute floor: the step's GEMM multiply-adds at the host's peak rates.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use half::bf16;
 use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots, StateCache};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::timeline::Timeline;
+use kda_core::weights::LayerWeights;
 use kda_core::{DType, Device, Tensor};
 
-use super::backend::{BackendArg, CliBackend, Settings, on_backend};
+use kda_reference::ReferenceBackend;
+use kda_reference::peak::fma_rates;
+
+use super::backend::{BackendArg, BackendKind, CliBackend, Settings, on_backend};
 use super::model::{ModelArgs, load};
 use super::perf_table::{Paired, Target, timed};
 use super::{median_time, ms};
@@ -174,9 +180,22 @@ fn bench_on<B: CliBackend>(args: &LayerBenchArgs, b: Device<B>) -> Result<(), Cl
         state_bytes as f64 / 1e6,
         ms(floor),
     );
+    let compute = if B::KIND == BackendKind::Reference {
+        let options = LayerOptions {
+            schedule: Some(ProjectionSchedule::Overlapped),
+            ..LayerOptions::default()
+        };
+        let slots = requests.max(decodes);
+        Some(compute_floor(&loaded.weights, options, (&decode, decodes), slots, read_once)?)
+    } else {
+        None
+    };
     for (name, f) in &figures {
+        let of_compute = compute.map_or(String::new(), |c| {
+            format!(", {:.1} x the compute floor", f.decode.as_secs_f64() / c.as_secs_f64())
+        });
         println!(
-            "{name:>10}: decode step = {:.1} x the weight read time ({:.1} x weights + states)",
+            "{name:>10}: decode step = {:.1} x the weight read time ({:.1} x weights + states{of_compute})",
             f.decode.as_secs_f64() / read_once.as_secs_f64(),
             f.decode.as_secs_f64() / floor.as_secs_f64(),
         );
@@ -200,6 +219,53 @@ fn bench_on<B: CliBackend>(args: &LayerBenchArgs, b: Device<B>) -> Result<(), Cl
         super::write_json(path, &value)?;
     }
     Ok(())
+}
+
+/// The decode step's compute floor on this host, printed with how it is made up: its GEMM
+/// multiply-adds (from the op log of one forward of `decode`, `tokens` rows, with `options` on a checked
+/// reference device), the exact MXFP8 ones at the host's peak f64 fused multiply-add rate and
+/// the dense ones at its f32 rate, spread over every core. The other ops are left out: it is a
+/// floor.
+fn compute_floor(
+    weights: &LayerWeights,
+    options: LayerOptions,
+    (decode, tokens): (&BatchMeta, usize),
+    slots: usize,
+    read_once: Duration,
+) -> Result<Duration, CliError> {
+    let checked = Settings { checked: Some(true), timeline: false, threads: 1 };
+    let b = <ReferenceBackend as CliBackend>::open(&checked)?;
+    let s = b.new_stream()?;
+    let layer = KdaLayer::new(&b, &s, weights, options)?;
+    let hidden = weights.dims.hidden;
+    let x = b.alloc(DType::BF16, &[tokens, hidden])?;
+    b.upload(&s, &x, &vec![bf16::ZERO; tokens * hidden])?;
+    let mut out = b.alloc(DType::F32, &[tokens, hidden])?;
+    let mut cache = layer.new_cache(&s, slots, 0)?;
+    b.synchronize(&s)?;
+    let start = b.instrumentation().log().len();
+    layer.forward(&s, &x, decode, &mut cache, &mut out)?;
+    b.synchronize(&s)?;
+    let (mut exact, mut dense) = (0.0, 0.0);
+    for entry in &b.instrumentation().log()[start..] {
+        let work = kda_core::plan::work(entry);
+        *(if work.mx { &mut exact } else { &mut dense }) += work.flops / 2.0;
+    }
+    let rates = fma_rates(Duration::from_millis(300));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let seconds = (exact / rates.f64_per_s + dense / rates.f32_per_s) / cores as f64;
+    println!(
+        "decode compute floor: {:.2} G exact MXFP8 multiply-adds (f64) and {:.2} G dense ones \
+         (f32) at {:.1} and {:.1} G/s per core (measured) on {cores} core(s): {:.2} ms, {:.1} x \
+         the weight read time",
+        exact / 1e9,
+        dense / 1e9,
+        rates.f64_per_s / 1e9,
+        rates.f32_per_s / 1e9,
+        seconds * 1e3,
+        seconds / read_once.as_secs_f64(),
+    );
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 /// The five op labels that took longest in `timeline` (summed over streams), with their share
