@@ -62,6 +62,36 @@ fn bench_schedule_reports_every_figure() {
     }
 }
 
+/// The decode step's compute floor counts the MXFP8 QKV GEMM's multiply-adds from the op log:
+/// on the tiny preset, 4 tokens × hidden 256 × (q, k, v: 3 × 4 heads × 32) = 393 216.
+#[test]
+fn bench_layer_reports_the_decode_compute_floor() {
+    let o = kda(&[
+        "bench",
+        "layer",
+        "--preset",
+        "tiny",
+        "--prefill-len",
+        "8",
+        "--decode-batch",
+        "4",
+        "--repeats",
+        "1",
+        "--decode-repeats",
+        "1",
+        "--rounds",
+        "1",
+        "--no-kernels",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let expected = format!("decode compute floor: {:.3e} exact MXFP8 multiply-adds", 4 * 256 * 384);
+    assert!(out.contains(&expected), "missing {expected:?} in:\n{out}");
+    for needle in ["G/s per core (measured)", "x the compute floor)", "decode step (4 x 1 token)"] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+}
+
 #[test]
 fn bench_without_a_subcommand_runs_the_matrix_and_writes_json() {
     let dir = common::TempDir::new("bench-json");

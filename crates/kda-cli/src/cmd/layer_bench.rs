@@ -255,11 +255,11 @@ fn compute_floor(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let seconds = (exact / rates.f64_per_s + dense / rates.f32_per_s) / cores as f64;
     println!(
-        "decode compute floor: {:.2} G exact MXFP8 multiply-adds (f64) and {:.2} G dense ones \
+        "decode compute floor: {:.3e} exact MXFP8 multiply-adds (f64) and {:.3e} dense ones \
          (f32) at {:.1} and {:.1} G/s per core (measured) on {cores} core(s): {:.2} ms, {:.1} x \
          the weight read time",
-        exact / 1e9,
-        dense / 1e9,
+        exact,
+        dense,
         rates.f64_per_s / 1e9,
         rates.f32_per_s / 1e9,
         seconds * 1e3,
