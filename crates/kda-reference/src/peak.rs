@@ -1,8 +1,9 @@
 //! The host's peak multiply-add rates: the compute floor the reference's kernels are measured
 //! against (`kda bench layer`). The MXFP8 GEMM's exact block sums run as f64 fused
-//! multiply-adds, the dense GEMMs as f32 ones; each rate is what one core sustains on twelve
-//! independent chains of the widest vectors this CPU has (enough to cover the latency of its
-//! fused multiply-add units), so no kernel of that precision can beat it.
+//! multiply-adds (`docs/design/mxfp8.md#the-reference-engine-and-what-exactness-costs`), the
+//! dense GEMMs as f32 ones; each rate is what one core sustains on twelve independent chains of
+//! the widest vectors this CPU has (enough to cover the latency of its fused multiply-add
+//! units), so no kernel of that precision can beat it.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -9,7 +9,8 @@
 //! powers of two (or NaN), so each value can carry its block's factor from the start: `qa · fa`
 //! and `qw · fw` are exact, so is each product of them (at least `2^-272`, far above f64's
 //! smallest normal), and a block's sum of them is its exact sum times `fa · fw`, the very number
-//! the definition rounds once to f32. What is left is arranging the work.
+//! the definition rounds once to f32. What is left is arranging the work
+//! (`docs/design/mxfp8.md#the-reference-engine-and-what-exactness-costs`).
 //!
 //! The structure is a packed GEMM. The output is cut into panels of [`NC`] columns (tasks,
 //! across the pool when there is one); per panel, the K blocks are taken [`KCB`] at a time: the
