@@ -13,12 +13,15 @@
 //! (`docs/design/mxfp8.md#the-reference-engine-and-what-exactness-costs`).
 //!
 //! The structure is a packed GEMM. The output is cut into panels of [`NC`] columns (tasks,
-//! across the pool when there is one); per panel, the K blocks are taken [`KCB`] at a time: the
-//! weight rows of the panel are decoded into a packed panel, and so are the activation rows, [`MC`] at a time, `[MR]` rows interleaved per K step. A micro-kernel
-//! then computes an `MR × NR` tile's block sums in registers, one block after the other, and
-//! folds each block's scaled, rounded term into the tile's f32 accumulators (kept tile by tile,
-//! in block order). Every weight byte is decoded once per call and per [`MC`] rows of
-//! activations: at decode (a few rows) the weights stream from memory once.
+//! across the pool when there is one). With many rows ([`gemm_panel`]), the K blocks are taken
+//! [`KCB`] at a time: the panel's weight rows are decoded into a packed panel, and the
+//! activation rows, [`MC`] at a time, `[MR]` rows interleaved per K step, each take their
+//! products from it. With at most [`MC`] rows (decode, [`gemm_panel_few_rows`]), the
+//! activations are decoded once per call and each block of `[NR]` weight rows is decoded just
+//! before every row group uses it, so the weights stream from memory once. A micro-kernel
+//! computes an `MR × NR` tile's block sums in registers, one block after the other, and folds
+//! each block's rounded term into the tile's f32 accumulators (kept tile by tile, in block
+//! order).
 //!
 //! Three micro-kernels compute the same sums: AVX-512 (24 accumulators of 8 rows), AVX2/FMA
 //! (the tile as four `8 × 6` sub-tiles), and a portable one, the oracle the others are tested
