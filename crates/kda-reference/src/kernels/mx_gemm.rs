@@ -40,9 +40,9 @@ pub(super) const NR: usize = 24;
 /// Output columns per task: the weight panel decoded at once (each activation row decoded for
 /// a panel serves this many columns).
 const NC: usize = 16 * NR;
-/// K blocks per packed weight panel: `KCB · 32` K elements (a 384-column panel is 768 KB of f64,
-/// within the second-level cache).
-const KCB: usize = 8;
+/// K blocks per packed weight panel: `KCB · 32` K elements (a 384-column panel is 384 KB of f64,
+/// in the second-level cache with [`MC`] rows of activations, 128 KB).
+const KCB: usize = 4;
 /// Activation rows packed at once; with at most this many rows, they are packed once per call.
 const MC: usize = 16 * MR;
 /// Columns of the AVX2 kernel's sub-tiles (`MR × 6`: twelve 4-lane accumulators).
@@ -152,7 +152,7 @@ fn gemm_on(
     let whole_a = (m <= MC).then(|| {
         let blocks = ops.blocks();
         let mut packed = Packed::new::<MR>(m.div_ceil(MR), blocks);
-        packed.pack::<MR>(&decode, ops.a, ops.a_scale, ops.k, 0..m, 0..blocks);
+        packed.pack::<MR>(&decode, isa, ops.a, ops.a_scale, ops.k, 0..m, 0..blocks);
         packed
     });
     let panels = n.div_ceil(NC);
@@ -211,7 +211,7 @@ fn gemm_panel(
         wp.pack_rows::<NR>(decode, isa, ops.w, ops.w_scale, k, cols.clone(), b0..b0 + nb);
         for r0 in (0..m).step_by(MC) {
             let rows = r0..(r0 + MC).min(m);
-            ap.pack::<MR>(decode, ops.a, ops.a_scale, k, rows.clone(), b0..b0 + nb);
+            ap.pack::<MR>(decode, isa, ops.a, ops.a_scale, k, rows.clone(), b0..b0 + nb);
             for g in 0..rows.len().div_ceil(MR) {
                 let a = ap.group::<MR>(g, 0, nb);
                 let row_tiles = &mut tiles[(r0 / MR + g) * col_groups..][..col_groups];
@@ -318,9 +318,11 @@ impl Packed {
 
     /// Decode rows `rows` (of `[_, k]` bytes `data` with scales `scale`, `[_, blocks]`), blocks
     /// `blks`; rows past the range and K past `k` are zeros.
+    #[allow(clippy::too_many_arguments)]
     fn pack<const R: usize>(
         &mut self,
         decode: &[f64; 256],
+        isa: Isa,
         data: &[u8],
         scale: &[u8],
         k: usize,
@@ -350,10 +352,11 @@ impl Packed {
                     }
                     let factor = mx::decode_e8m0_f64(scale[row * blocks + b]);
                     let k0 = b * BLOCK_SIZE;
+                    let mut block = [0.0f64; BLOCK_SIZE];
                     let src = &data[row * k + k0..][..BLOCK_SIZE.min(k - k0)];
-                    let src = src.iter().map(Some).chain(std::iter::repeat(None));
-                    for (d, q) in dst.zip(src) {
-                        d[r] = q.map_or(0.0, |&q| decode[usize::from(q)] * factor);
+                    decode_block(decode, isa, src, factor, &mut block);
+                    for (d, v) in dst.zip(block) {
+                        d[r] = v;
                     }
                 }
             }
@@ -822,7 +825,7 @@ mod tests {
         let (a, w) = (random_bytes(&mut rng, MR * k, true), random_bytes(&mut rng, NR * k, true));
         let (sa, sw) = (scales(&mut rng, MR * nb, true), scales(&mut rng, NR * nb, true));
         let (mut ap, mut wp) = (Packed::new::<MR>(1, nb), Packed::new::<NR>(1, nb));
-        ap.pack::<MR>(&decode, &a, &sa, k, 0..MR, 0..nb);
+        ap.pack::<MR>(&decode, Isa::Portable, &a, &sa, k, 0..MR, 0..nb);
         wp.pack_rows::<NR>(&decode, Isa::Portable, &w, &sw, k, 0..NR, 0..nb);
         let (ag, wg) = (ap.group::<MR>(0, 0, nb), wp.group::<NR>(0, 0, nb));
         let mut plain = [0.5f32; MR * NR];
