@@ -3,6 +3,9 @@
 
 use gemm::Parallelism;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 /// A read-only matrix in a slice: element `(i, j)` at `i·row_stride + j·col_stride`.
 #[derive(Copy, Clone, Debug)]
 pub(super) struct Mat<'a> {
@@ -99,6 +102,28 @@ pub(super) fn matmul(dst: MatMut<'_>, a: Mat<'_>, b: Mat<'_>, into: Update) {
                 dst.data[i * dst.row_stride..i * dst.row_stride + n].fill(0.0);
             }
         }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::has_avx2_fma() && gemm_order_is_sequential(m, n, k, &a, &b) {
+        let parts = avx2::Parts {
+            m,
+            n,
+            k,
+            dst: dst.data.as_mut_ptr(),
+            dst_rs: dst.row_stride,
+            a: a.data.as_ptr(),
+            a_rs: a.row_stride,
+            a_cs: a.col_stride,
+            b: b.data.as_ptr(),
+            b_rs: b.row_stride,
+            b_cs: b.col_stride,
+            into,
+        };
+        // SAFETY: the CPU has AVX2 and FMA (just detected); `3 <= k <= MAX_DEPTH` (the order
+        // check); every element lies inside its slice (checked above); `dst` is a unique
+        // borrow, so it overlaps neither operand.
+        unsafe { avx2::product(parts) };
         return;
     }
     // SAFETY: every element the kernel touches lies inside its slice (checked above, with the
