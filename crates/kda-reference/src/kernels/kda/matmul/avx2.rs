@@ -13,6 +13,8 @@ use std::arch::x86_64::{
     _mm256_storeu_ps, _mm256_sub_ps,
 };
 
+use std::mem::MaybeUninit;
+
 use super::{MAX_DEPTH, Update};
 
 /// Rows of a tile.
@@ -49,7 +51,8 @@ pub(super) struct Parts {
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn product(p: Parts) {
     // A panel of `b`, `k` rows of `NR` contiguous columns, for `b` without unit column stride.
-    let mut panel = [0.0f32; MAX_DEPTH * NR];
+    // (Left uninitialised: only what is packed is read, and zeroing it cost every call.)
+    let mut panel = [MaybeUninit::<f32>::uninit(); MAX_DEPTH * NR];
     let mut j0 = 0;
     while j0 < p.n {
         let width = NR.min(p.n - j0);
@@ -67,14 +70,18 @@ pub(super) unsafe fn product(p: Parts) {
             for (row, out) in panel.chunks_exact_mut(NR).take(p.k).enumerate() {
                 for (c, x) in out.iter_mut().take(width).enumerate() {
                     // SAFETY: element `(row, j0 + c)` of `b`, `row < k`, `j0 + c < n`.
-                    *x = unsafe { *b_col.add(row * p.b_rs + c * p.b_cs) };
+                    x.write(unsafe { *b_col.add(row * p.b_rs + c * p.b_cs) });
                 }
             }
-            (panel.as_ptr(), NR)
+            // The tiles read rows `0..k`, columns `0..width` of the panel: all written above.
+            (panel.as_ptr().cast::<f32>(), NR)
         };
         let mut i0 = 0;
         while i0 < p.m {
-            let rows = MR.min(p.m - i0);
+            // A last tile of one or two rows would leave the FMA units waiting on their
+            // latency: the last 7 to 11 rows go as two tiles of 3 to 6.
+            let left = p.m - i0;
+            let rows = if (MR + 1..2 * MR).contains(&left) { left / 2 } else { MR.min(left) };
             // SAFETY: rows `i0..i0 + rows` and columns `j0..j0 + width` of `a`, `b` (or its
             // panel) and `dst` are inside them.
             unsafe {
