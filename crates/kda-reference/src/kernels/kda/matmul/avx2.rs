@@ -7,7 +7,6 @@
 //! dispatch and packing. Tiles are 6 rows × 16 columns: 12 accumulators, two loads of `b` and
 //! one broadcast of `a` fill the 16 vector registers.
 
-#[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::{
     __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps,
     _mm256_storeu_ps, _mm256_sub_ps,
@@ -47,7 +46,6 @@ pub(super) struct Parts {
 /// # Safety
 /// The CPU has AVX2 and FMA; `1 <= k <= MAX_DEPTH`; every element the parts name lies inside
 /// one live allocation; `dst` overlaps neither operand and nothing else accesses it meanwhile.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn product(p: Parts) {
     // A panel of `b`, `k` rows of `NR` contiguous columns, for `b` without unit column stride.
@@ -127,7 +125,6 @@ struct Tile {
 /// # Safety
 /// AVX2 and FMA; rows `0..R` of `a` over `0..k`, rows `0..k` of `b` over `V·LANES` columns and
 /// rows `0..R` of `dst` over as many columns are inside their allocations.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn tile<const R: usize, const V: usize>(t: Tile, k: usize, into: Update) {
@@ -168,7 +165,6 @@ unsafe fn tile<const R: usize, const V: usize>(t: Tile, k: usize, into: Update) 
 ///
 /// # Safety
 /// As [`product`].
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn scalar_columns(p: Parts, j0: usize) {
     for i in 0..p.m {
