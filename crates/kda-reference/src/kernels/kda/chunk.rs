@@ -928,6 +928,143 @@ mod tests {
         check(&case, Some(g), false, 7);
     }
 
+    /// One run of the kernel for [`bits_of`]: `T` tokens of `H` heads of `D`, of which heads
+    /// `group` run over tokens `tokens`.
+    struct Pin {
+        t: usize,
+        h: usize,
+        d: usize,
+        group: Range<usize>,
+        tokens: Range<usize>,
+        g: (f32, f32),
+        bf16: bool,
+        gate: bool,
+        l2norm: bool,
+        nan: bool,
+        direct: bool,
+    }
+
+    /// FNV-1a over the bits of the outputs and final states of one [`Pin`] run, with the
+    /// kernel `run` (the dispatching entry point or one of its builds).
+    fn bits_of(pin: &Pin, seed: u64, run: KernelFn) -> u64 {
+        let Pin { t, h, d, .. } = *pin;
+        let mut rng = Gen::new(seed);
+        let n = t * h * d;
+        let q = rng.uniform_f32(n, -1.0, 1.0);
+        let mut k = rng.uniform_f32(n, -1.0, 1.0);
+        let v = rng.uniform_f32(n, -1.0, 1.0);
+        let g = rng.uniform_f32(n, pin.g.0, pin.g.1);
+        let beta = rng.uniform_f32(t * h, 0.0, 1.0);
+        if pin.nan {
+            k[(t / 2 * h + pin.group.start) * d + d / 3] = f32::NAN;
+        }
+        let wide = |x: &[f32]| {
+            if pin.bf16 {
+                Floats::BF16(std::borrow::Cow::Owned(
+                    x.iter().map(|&v| half::bf16::from_f32(v)).collect(),
+                ))
+            } else {
+                Floats::F32(std::borrow::Cow::Owned(x.to_vec()))
+            }
+        };
+        let (fq, fk, fv, fg, fb) = (wide(&q), wide(&k), wide(&v), floats(&g), floats(&beta));
+        let a_log = rng.uniform_f32(h, -1.0, 1.0);
+        let dt_bias = rng.uniform_f32(h * d, -2.0, 1.0);
+        let gate = GateParams {
+            form: kda_core::kda::GateForm::LowerBound { lower_bound: -5.0 },
+            a_log: std::borrow::Cow::Owned(a_log),
+            dt_bias: std::borrow::Cow::Owned(dt_bias),
+            dim: d,
+        };
+        let p = Problem {
+            q: &fq,
+            k: &fk,
+            v: &fv,
+            g: &fg,
+            gate: pin.gate.then_some(&gate),
+            beta: &fb,
+            heads: h,
+            kd: d,
+            vd: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            qk_l2norm: pin.l2norm,
+        };
+        let mut states: Vec<Vec<f32>> =
+            pin.group.clone().map(|_| rng.uniform_f32(d * d, -1.0, 1.0)).collect();
+        let mut o = vec![0.0f32; pin.tokens.len() * pin.group.len() * d];
+        run(&p, pin.group.clone(), pin.tokens.clone(), &mut states, &mut o, pin.direct);
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        for x in o.iter().chain(states.iter().flatten()) {
+            for byte in x.to_bits().to_le_bytes() {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        hash
+    }
+
+    type KernelFn = fn(&Problem<'_>, Range<usize>, Range<usize>, &mut [Vec<f32>], &mut [f32], bool);
+
+    /// The runs [`bits_of`] pins: tails of every length class, a group of heads inside more,
+    /// bf16 operands, the in-kernel gate, no L2 norm, a NaN, fast decays that take the direct
+    /// diagonal path, and the forced direct path.
+    fn pins() -> Vec<Pin> {
+        let base = || Pin {
+            t: 150,
+            h: 2,
+            d: 128,
+            group: 0..2,
+            tokens: 0..150,
+            g: (-0.3, 0.0),
+            bf16: false,
+            gate: false,
+            l2norm: true,
+            nan: false,
+            direct: false,
+        };
+        vec![
+            Pin { t: 1, tokens: 0..1, ..base() },
+            Pin { t: 7, tokens: 0..7, d: 20, ..base() },
+            Pin { t: 64, tokens: 0..64, ..base() },
+            Pin { t: 150, h: 4, group: 1..3, tokens: 5..150, d: 32, ..base() },
+            Pin { bf16: true, gate: true, g: (-3.0, 3.0), ..base() },
+            Pin { l2norm: false, g: (-3.0, 0.0), ..base() },
+            Pin { nan: true, ..base() },
+            Pin { g: (-5.0, -4.5), d: 48, ..base() },
+            Pin { direct: true, t: 97, tokens: 0..97, ..base() },
+        ]
+    }
+
+    /// The bits `main`'s kernel gave for [`pins`] on x86-64 with AVX2 and FMA (the reference
+    /// is the numerical oracle: its results may not drift with its speed).
+    const PINNED: [u64; 9] = [
+        0x67de_37b0_2315_4a53,
+        0x1f43_d940_3f26_1df4,
+        0x0590_541b_de3c_4ba2,
+        0xa7c8_b86d_0140_698d,
+        0xb406_345c_53ba_be0a,
+        0x2ff6_8b33_ea36_1101,
+        0x37cc_a82c_a416_e345,
+        0x1a3a_d807_705c_6495,
+        0xd5e9_a7c5_1f6d_5c61,
+    ];
+
+    /// The pinned bits on the CPUs they were taken on; everywhere, the baseline build and the
+    /// AVX2/FMA build of the element-wise work agree bit for bit.
+    #[test]
+    fn results_keep_their_bits_in_either_build() {
+        let pins = pins();
+        let seeds = 40..;
+        let got: Vec<u64> =
+            pins.iter().zip(seeds.clone()).map(|(pin, s)| bits_of(pin, s, chunked_heads)).collect();
+        #[cfg(target_arch = "x86_64")]
+        if simd::has_avx2_fma() {
+            assert_eq!(got, PINNED, "the kernel's output bits changed");
+        }
+        let baseline: Vec<u64> =
+            pins.iter().zip(seeds).map(|(pin, s)| bits_of(pin, s, chunked_heads_impl)).collect();
+        assert_eq!(baseline, got, "the baseline build differs from the dispatched one");
+    }
+
     #[test]
     fn zero_sized_heads_give_zero_outputs() {
         let (none, beta) = (floats(&[]), floats(&[0.5; 3]));
