@@ -66,7 +66,7 @@
 
 use std::ops::Range;
 
-use kda_core::kda::{CHUNK_SIZE, KdaChunk, RecurrenceDims, chunks_of};
+use kda_core::kda::{CHUNK_SIZE, KdaChunk, L2NORM_EPS, RecurrenceDims, chunks_of};
 
 use super::super::Exec;
 use super::gate::GateParams;
@@ -74,9 +74,8 @@ use super::io::{
     Floats, par_map, read_f32, read_floats, read_i32, request_ranges, slot, with_f32_out,
 };
 use super::matmul::{Mat, MatMut, Update, matmul};
-use super::norm::l2norm_row;
 use super::recurrent::head_state;
-use super::simd::{self, axpy, dot, dot3, exp};
+use super::simd::{self, dot, dot3, exp, sub_terms};
 use crate::ReferenceBackend;
 
 /// Sub-block length for the factored `A` products.
@@ -236,8 +235,6 @@ struct Work {
     e1: Vec<f32>,
     eg: Vec<f32>,
     fac: Vec<f32>,
-    /// `[C, V]`.
-    v: Vec<f32>,
     beta: Vec<f32>,
     /// `[C, 2C]`: row `t` is `A_kk[t, ..]` then `A_qk[t, ..]`. Interleaving makes the rows of
     /// both an evenly strided matrix, so one GEMM fills a column block of each.
@@ -271,6 +268,15 @@ fn mul_flush(a: &[f32], b: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out = src / sqrt(Σ src² + eps) · scale`: [`super::norm::l2norm_row`]'s arithmetic, into another row.
+#[inline(always)]
+fn l2norm_into(src: &[f32], scale: f32, out: &mut [f32]) {
+    let inv = 1.0 / (dot(src, src) + L2NORM_EPS).sqrt();
+    for (o, &x) in out.iter_mut().zip(src) {
+        *o = x * inv * scale;
+    }
+}
+
 /// `out = a ⊙ b`.
 #[inline(always)]
 fn mul_into(a: &[f32], b: &[f32], out: &mut [f32]) {
@@ -291,7 +297,6 @@ impl Work {
             e1: z(c * kd),
             eg: z(c * kd),
             fac: z(c * kd),
-            v: z(c * vd),
             beta: z(c),
             aa: z(c * 2 * c),
             z: z(2 * c * (kd + vd)),
@@ -307,34 +312,54 @@ impl Work {
         &x[t * d..(t + 1) * d]
     }
 
-    /// Take head `i`'s rows from the stage, normalise and scale q and k, and form the decays
-    /// `e^{g_t}` and `e^{gc_t}` (a running product).
+    /// Take head `i`'s rows from the stage, normalise and scale q and k, form the decays
+    /// `e^{g_t}` and `e^{gc_t}` (a running product), and the right-hand sides of the solve in
+    /// `z`: each row in one visit, while the stage's rows are in cache.
     #[inline(always)]
     fn load(&mut self, stage: &Stage, i: usize, len: usize, scale: f32, qk_l2norm: bool) {
         let (kd, vd, heads) = (self.kd, self.vd, stage.heads);
+        let width = kd + vd;
         for t in 0..len {
             let at = t * heads + i;
             let (q, k) = (&mut self.q[t * kd..(t + 1) * kd], &mut self.k[t * kd..(t + 1) * kd]);
-            q.copy_from_slice(Self::row(&stage.q, at, kd));
-            k.copy_from_slice(Self::row(&stage.k, at, kd));
+            let (sq, sk) = (Self::row(&stage.q, at, kd), Self::row(&stage.k, at, kd));
             if qk_l2norm {
-                l2norm_row(q, scale);
-                l2norm_row(k, 1.0);
+                l2norm_into(sq, scale, q);
+                l2norm_into(sk, 1.0, k);
             } else {
-                q.iter_mut().for_each(|x| *x *= scale);
+                for (x, &s) in q.iter_mut().zip(sq) {
+                    *x = s * scale;
+                }
+                k.copy_from_slice(sk);
             }
-            self.v[t * vd..(t + 1) * vd].copy_from_slice(Self::row(&stage.v, at, vd));
-            self.beta[t] = stage.beta[at];
-            for (e, &g) in self.e1[t * kd..(t + 1) * kd].iter_mut().zip(Self::row(&stage.g, at, kd))
-            {
-                *e = flush(exp(g));
-            }
-            let (before, row) = self.eg.split_at_mut(t * kd);
+            let beta = stage.beta[at];
+            self.beta[t] = beta;
+            let (before, eg) = self.eg.split_at_mut(t * kd);
+            let eg = &mut eg[..kd];
+            let e1 = &mut self.e1[t * kd..(t + 1) * kd];
+            let g = Self::row(&stage.g, at, kd);
             if t == 0 {
-                row[..kd].copy_from_slice(&self.e1[..kd]);
+                for ((e, x), &g) in e1.iter_mut().zip(eg.iter_mut()).zip(g) {
+                    *e = flush(exp(g));
+                    *x = *e;
+                }
             } else {
-                mul_flush(&before[(t - 1) * kd..], &self.e1[t * kd..(t + 1) * kd], &mut row[..kd]);
+                let prev = &before[(t - 1) * kd..];
+                for (((e, x), &g), &p) in e1.iter_mut().zip(eg.iter_mut()).zip(g).zip(prev) {
+                    *e = flush(exp(g));
+                    *x = flush(p * *e);
+                }
             }
+            // [beta ⊙ e^{gc} ⊙ K | beta ⊙ V] in row t of `z`, e^{gc} ⊙ Q in row len + t.
+            let (top, bottom) = self.z.split_at_mut(len * width);
+            let (rk, rv) = top[t * width..(t + 1) * width].split_at_mut(kd);
+            for ((x, &k), &e) in rk.iter_mut().zip(&*k).zip(&*eg) {
+                *x = beta * (k * e);
+            }
+            for (x, &v) in rv.iter_mut().zip(Self::row(&stage.v, at, vd)) {
+                *x = beta * v;
+            }
+            mul_into(q, eg, &mut bottom[t * width..t * width + kd]);
         }
     }
 
@@ -456,25 +481,12 @@ impl Work {
         }
     }
 
-    /// `[W | U] = (I + A_kk)^{-1} [beta ⊙ e^{gc} ⊙ K | beta ⊙ V]`, solved in place in `z` by
-    /// blocks of 16 rows, and `e^{gc} ⊙ Q` below it.
+    /// `[W | U] = (I + A_kk)^{-1} [beta ⊙ e^{gc} ⊙ K | beta ⊙ V]`, solved in place in `z` (where
+    /// [`Work::load`] put the right-hand sides) by blocks of 16 rows.
     #[inline(always)]
     fn solve(&mut self, len: usize) {
         let (kd, vd, c2) = (self.kd, self.vd, 2 * CHUNK_SIZE);
         let width = kd + vd;
-        for t in 0..len {
-            let beta = self.beta[t];
-            let row = &mut self.z[t * width..(t + 1) * width];
-            let (rk, rv) = row.split_at_mut(kd);
-            for ((x, &k), &e) in
-                rk.iter_mut().zip(Self::row(&self.k, t, kd)).zip(Self::row(&self.eg, t, kd))
-            {
-                *x = beta * (k * e);
-            }
-            for (x, &v) in rv.iter_mut().zip(Self::row(&self.v, t, vd)) {
-                *x = beta * v;
-            }
-        }
         for r0 in (0..len).step_by(BLOCK) {
             let r1 = (r0 + BLOCK).min(len);
             let (done, rest) = self.z.split_at_mut(r0 * width);
@@ -488,25 +500,8 @@ impl Work {
             }
             for t in r0..r1 {
                 let (solved, row) = rest.split_at_mut((t - r0) * width);
-                for i in r0..t {
-                    let a = self.aa[t * c2 + i];
-                    if a != 0.0 {
-                        axpy(
-                            -a,
-                            &solved[(i - r0) * width..(i - r0 + 1) * width],
-                            &mut row[..width],
-                        );
-                    }
-                }
+                sub_terms(&mut row[..width], &self.aa[t * c2 + r0..t * c2 + t], solved, width);
             }
-        }
-        for t in 0..len {
-            let at = (len + t) * width;
-            mul_into(
-                Self::row(&self.q, t, kd),
-                Self::row(&self.eg, t, kd),
-                &mut self.z[at..at + kd],
-            );
         }
     }
 

@@ -87,6 +87,40 @@ pub(super) fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y -= a[0]·x_0`, then `y -= a[1]·x_1`, and so on (`x_n` is `rows[n·stride..]`, as long as
+/// `y`), each step rounded as [`axpy`] with `-a[n]` rounds it and terms with `a[n] == 0` left
+/// out: the same bits as that sequence of axpys, with `y` held in registers across the terms,
+/// a strip of it at a time, instead of read and written once per term.
+#[inline(always)]
+pub(super) fn sub_terms(y: &mut [f32], a: &[f32], rows: &[f32], stride: usize) {
+    /// Eight AVX2 vectors.
+    const STRIP: usize = 64;
+    let n = y.len();
+    let mut j = 0;
+    while j + STRIP <= n {
+        let mut acc = [0.0f32; STRIP];
+        acc.copy_from_slice(&y[j..j + STRIP]);
+        for (t, &a) in a.iter().enumerate() {
+            if a != 0.0 {
+                let alpha = -a;
+                let at = t * stride + j;
+                for (acc, &x) in acc.iter_mut().zip(&rows[at..at + STRIP]) {
+                    *acc += alpha * x;
+                }
+            }
+        }
+        y[j..j + STRIP].copy_from_slice(&acc);
+        j += STRIP;
+    }
+    if j < n {
+        for (t, &a) in a.iter().enumerate() {
+            if a != 0.0 {
+                axpy(-a, &rows[t * stride + j..t * stride + n], &mut y[j..]);
+            }
+        }
+    }
+}
+
 pub(super) use crate::kernels::has_avx2_fma;
 
 #[cfg(test)]
