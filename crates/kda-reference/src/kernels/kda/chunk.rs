@@ -260,20 +260,34 @@ fn flush(x: f32) -> f32 {
     if x < TINY { 0.0 } else { x }
 }
 
-/// `out = flush(a ⊙ b)`.
-#[inline(always)]
-fn mul_flush(a: &[f32], b: &[f32], out: &mut [f32]) {
-    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-        *o = flush(a * b);
-    }
-}
-
 /// `out = src / sqrt(Σ src² + eps) · scale`: [`super::norm::l2norm_row`]'s arithmetic, into another row.
 #[inline(always)]
 fn l2norm_into(src: &[f32], scale: f32, out: &mut [f32]) {
     let inv = 1.0 / (dot(src, src) + L2NORM_EPS).sqrt();
     for (o, &x) in out.iter_mut().zip(src) {
         *o = x * inv * scale;
+    }
+}
+
+/// Rows `k_i ⊙ r_i` into `out`, for the rows `k_i` of `keys`, last to first, with `r_i` the
+/// running product of decays `e^{g}` after row `i` (`r_last = 1`, `r_i = flush(r_{i+1} ⊙
+/// decays_i)` where `decays` holds the rows `1 ..` of the keys' own decay rows), kept in `run`.
+#[inline(always)]
+fn backward_factors(keys: &[f32], decays: &[f32], run: &mut [f32], out: &mut [f32]) {
+    let kd = run.len();
+    let rows = keys.len() / kd;
+    run.fill(1.0);
+    for i in (0..rows).rev() {
+        let (k, o) = (&keys[i * kd..(i + 1) * kd], &mut out[i * kd..(i + 1) * kd]);
+        if i + 1 == rows {
+            mul_into(k, run, o);
+        } else {
+            let e = &decays[i * kd..(i + 1) * kd];
+            for (((r, o), &k), &e) in run.iter_mut().zip(o).zip(k).zip(e) {
+                *r = flush(*r * e);
+                *o = k * *r;
+            }
+        }
     }
 }
 
@@ -374,36 +388,42 @@ impl Work {
             // block's own rows for the first, whose reference is the chunk start).
             let rows = if r0 == 0 { r0..r1 } else { r0..len };
             for t in rows.clone() {
-                if r0 == 0 {
-                    self.fac[t * kd..(t + 1) * kd].copy_from_slice(Self::row(&self.eg, t, kd));
-                } else if t == r0 {
-                    self.fac[t * kd..(t + 1) * kd].copy_from_slice(Self::row(&self.e1, t, kd));
-                } else {
-                    let (before, row) = self.fac.split_at_mut(t * kd);
-                    mul_flush(&before[(t - 1) * kd..], Self::row(&self.e1, t, kd), &mut row[..kd]);
-                }
+                let (before, fac) = self.fac.split_at_mut(t * kd);
+                let fac = &mut fac[..kd];
                 let j = 2 * (t - r0);
-                let f = Self::row(&self.fac, t, kd);
-                mul_into(Self::row(&self.k, t, kd), f, &mut self.left[j * kd..(j + 1) * kd]);
-                mul_into(Self::row(&self.q, t, kd), f, &mut self.left[(j + 1) * kd..(j + 2) * kd]);
+                let (lk, lq) = self.left[j * kd..(j + 2) * kd].split_at_mut(kd);
+                let (k, q, e1) = (
+                    Self::row(&self.k, t, kd),
+                    Self::row(&self.q, t, kd),
+                    Self::row(&self.e1, t, kd),
+                );
+                // One visit per row: the factor, then both left operands from it.
+                let rows = fac.iter_mut().zip(lk.iter_mut().zip(lq)).zip(k.iter().zip(q));
+                if r0 == 0 || t == r0 {
+                    let from = if r0 == 0 { Self::row(&self.eg, t, kd) } else { e1 };
+                    for (((f, (lk, lq)), (&k, &q)), &x) in rows.zip(from) {
+                        *f = x;
+                        (*lk, *lq) = (k * x, q * x);
+                    }
+                } else {
+                    let prev = &before[(t - 1) * kd..];
+                    for (((f, (lk, lq)), (&k, &q)), (&p, &e)) in rows.zip(prev.iter().zip(e1)) {
+                        let x = flush(p * e);
+                        *f = x;
+                        (*lk, *lq) = (k * x, q * x);
+                    }
+                }
             }
             if r0 > 0 {
                 // The previous block against every later row: right factors
                 // e^{gc_{r0-1} - gc_i} <= 1, a running product backwards from r0 - 1.
                 let p0 = r0 - BLOCK;
-                self.run.fill(1.0);
-                for i in (p0..r0).rev() {
-                    if i + 1 < r0 {
-                        for (x, &e) in self.run.iter_mut().zip(Self::row(&self.e1, i + 1, kd)) {
-                            *x = flush(*x * e);
-                        }
-                    }
-                    mul_into(
-                        Self::row(&self.k, i, kd),
-                        &self.run,
-                        &mut self.right[(i - p0) * kd..(i - p0 + 1) * kd],
-                    );
-                }
+                backward_factors(
+                    &self.k[p0 * kd..r0 * kd],
+                    &self.e1[(p0 + 1) * kd..r0 * kd],
+                    &mut self.run,
+                    &mut self.right[..BLOCK * kd],
+                );
                 let n_rows = 2 * (len - r0);
                 matmul(
                     MatMut::new(&mut self.aa[r0 * c2 + p0..], n_rows, BLOCK, c),
@@ -545,15 +565,12 @@ impl Work {
             Update::Add,
         );
         // Key factors e^{gc_last - gc_i} <= 1, a running product backwards, into `left`.
-        self.run.fill(1.0);
-        for i in (0..len).rev() {
-            if i + 1 < len {
-                for (x, &e) in self.run.iter_mut().zip(Self::row(&self.e1, i + 1, kd)) {
-                    *x = flush(*x * e);
-                }
-            }
-            mul_into(Self::row(&self.k, i, kd), &self.run, &mut self.left[i * kd..(i + 1) * kd]);
-        }
+        backward_factors(
+            &self.k[..len * kd],
+            &self.e1[kd..len * kd],
+            &mut self.run,
+            &mut self.left[..len * kd],
+        );
         for (row, &d) in s.chunks_exact_mut(vd).zip(Self::row(&self.eg, len - 1, kd)) {
             row.iter_mut().for_each(|x| *x *= d);
         }
