@@ -282,10 +282,10 @@ fn backward_factors(keys: &[f32], decays: &[f32], run: &mut [f32], out: &mut [f3
         if i + 1 == rows {
             mul_into(k, run, o);
         } else {
-            let e = &decays[i * kd..(i + 1) * kd];
-            for (((r, o), &k), &e) in run.iter_mut().zip(o).zip(k).zip(e) {
-                *r = flush(*r * e);
-                *o = k * *r;
+            let (run, e) = (&mut run[..kd], &decays[i * kd..(i + 1) * kd]);
+            for c in 0..kd {
+                run[c] = flush(run[c] * e[c]);
+                o[c] = k[c] * run[c];
             }
         }
     }
@@ -398,19 +398,19 @@ impl Work {
                     Self::row(&self.e1, t, kd),
                 );
                 // One visit per row: the factor, then both left operands from it.
-                let rows = fac.iter_mut().zip(lk.iter_mut().zip(lq)).zip(k.iter().zip(q));
                 if r0 == 0 || t == r0 {
                     let from = if r0 == 0 { Self::row(&self.eg, t, kd) } else { e1 };
-                    for (((f, (lk, lq)), (&k, &q)), &x) in rows.zip(from) {
-                        *f = x;
-                        (*lk, *lq) = (k * x, q * x);
+                    for c in 0..kd {
+                        fac[c] = from[c];
+                        lk[c] = k[c] * fac[c];
+                        lq[c] = q[c] * fac[c];
                     }
                 } else {
-                    let prev = &before[(t - 1) * kd..];
-                    for (((f, (lk, lq)), (&k, &q)), (&p, &e)) in rows.zip(prev.iter().zip(e1)) {
-                        let x = flush(p * e);
-                        *f = x;
-                        (*lk, *lq) = (k * x, q * x);
+                    let prev = &before[(t - 1) * kd..t * kd];
+                    for c in 0..kd {
+                        fac[c] = flush(prev[c] * e1[c]);
+                        lk[c] = k[c] * fac[c];
+                        lq[c] = q[c] * fac[c];
                     }
                 }
             }
