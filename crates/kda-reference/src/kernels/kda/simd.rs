@@ -155,6 +155,33 @@ mod tests {
         assert!(exp(-87.0) >= f32::MIN_POSITIVE, "no subnormal results");
     }
 
+    /// `sub_terms` against the axpys it stands for, bit for bit: strips and a tail, zero
+    /// coefficients skipped (their row holds an infinity, which a product would turn into NaN).
+    #[test]
+    fn sub_terms_is_its_sequence_of_axpys() {
+        for width in [3, 64, 100, 256] {
+            let stride = width + 5;
+            let terms = 7;
+            let mut rows: Vec<f32> =
+                (0..terms * stride).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let a: Vec<f32> =
+                (0..terms).map(|t| if t % 3 == 1 { 0.0 } else { 0.1 + t as f32 * 0.37 }).collect();
+            rows[stride + 2] = f32::INFINITY;
+            let y0: Vec<f32> = (0..width).map(|i| (i as f32 * 0.73).sin() * 1e3).collect();
+            let mut want = y0.clone();
+            for (t, &a) in a.iter().enumerate() {
+                if a != 0.0 {
+                    axpy(-a, &rows[t * stride..t * stride + width], &mut want);
+                }
+            }
+            let mut got = y0;
+            sub_terms(&mut got, &a, &rows, stride);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "width {width}");
+            assert!(got.iter().all(|v| v.is_finite()), "width {width}: a skipped term leaked");
+        }
+    }
+
     #[test]
     fn dots_match_plain_sums() {
         let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
