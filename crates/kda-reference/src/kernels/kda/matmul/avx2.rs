@@ -8,8 +8,9 @@
 //! one broadcast of `a` fill the 16 vector registers.
 
 use std::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps,
-    _mm256_storeu_ps, _mm256_sub_ps,
+    __m256, _mm256_add_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_permute2f128_ps,
+    _mm256_set1_ps, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps, _mm256_sub_ps,
+    _mm256_unpackhi_ps, _mm256_unpacklo_ps,
 };
 
 use std::mem::MaybeUninit;
@@ -48,7 +49,8 @@ pub(super) struct Parts {
 /// one live allocation; `dst` overlaps neither operand and nothing else accesses it meanwhile.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn product(p: Parts) {
-    // A panel of `b`, `k` rows of `NR` contiguous columns, for `b` without unit column stride.
+    // A panel of `b`, `k` rows of `NR` contiguous columns, for `b` without unit column stride
+    // (the chunk kernel's transposed operands: packed by 8 × 8 transposes).
     // (Left uninitialised: only what is packed is read, and zeroing it cost every call.)
     let mut panel = [MaybeUninit::<f32>::uninit(); MAX_DEPTH * NR];
     let mut j0 = 0;
@@ -62,16 +64,15 @@ pub(super) unsafe fn product(p: Parts) {
         }
         // SAFETY: column `j0` is inside `b` (the caller's contract).
         let b_col = unsafe { p.b.add(j0 * p.b_cs) };
+        // The columns the tiles read: two vectors or one.
+        let cols = if width >= NR { NR } else { LANES };
         let (b_panel, b_rs) = if p.b_cs == 1 {
             (b_col, p.b_rs)
         } else {
-            for (row, out) in panel.chunks_exact_mut(NR).take(p.k).enumerate() {
-                for (c, x) in out.iter_mut().take(width).enumerate() {
-                    // SAFETY: element `(row, j0 + c)` of `b`, `row < k`, `j0 + c < n`.
-                    x.write(unsafe { *b_col.add(row * p.b_rs + c * p.b_cs) });
-                }
-            }
-            // The tiles read rows `0..k`, columns `0..width` of the panel: all written above.
+            // SAFETY: rows `0..k`, columns `0..cols` from `b_col` are inside `b` (`j0 + cols
+            // <= n`), and the panel holds `k <= MAX_DEPTH` rows of `NR >= cols`.
+            unsafe { pack(b_col, p.b_rs, p.b_cs, p.k, cols, &mut panel) };
+            // The tiles read rows `0..k`, columns `0..cols` of the panel: all written by `pack`.
             (panel.as_ptr().cast::<f32>(), NR)
         };
         let mut i0 = 0;
@@ -106,6 +107,94 @@ pub(super) unsafe fn product(p: Parts) {
         }
         j0 += if width >= NR { NR } else { LANES };
     }
+}
+
+/// Rows `0..k`, columns `0..cols` (`LANES` or `NR`) of the matrix at `b` (element `(r, c)` at
+/// `b[r·rs + c·cs]`) into rows of `NR` of `panel`: copied by vectors when the columns are
+/// contiguous, transposed by 8 × 8 blocks when the rows are, element by element otherwise.
+///
+/// # Safety
+/// AVX2; every element named is inside one live allocation; `k <= MAX_DEPTH`, `cols <= NR`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack(
+    b: *const f32,
+    rs: usize,
+    cs: usize,
+    k: usize,
+    cols: usize,
+    panel: &mut [MaybeUninit<f32>],
+) {
+    let out = panel.as_mut_ptr().cast::<f32>();
+    let whole = if cs != 1 && rs == 1 { k - k % LANES } else { 0 };
+    if cs == 1 {
+        for r in 0..k {
+            for v in (0..cols).step_by(LANES) {
+                // SAFETY: row `r < k`, columns `v..v + LANES <= cols` of `b` and of the panel
+                // row (`r < MAX_DEPTH`, `cols <= NR`).
+                unsafe {
+                    _mm256_storeu_ps(out.add(r * NR + v), _mm256_loadu_ps(b.add(r * rs + v)))
+                };
+            }
+        }
+        return;
+    }
+    for c0 in (0..cols).step_by(LANES) {
+        for r0 in (0..whole).step_by(LANES) {
+            // SAFETY: rows `r0..r0 + 8 <= k` (contiguous, `rs == 1`) of columns `c0..c0 + 8 <=
+            // cols`, and the same block of the panel.
+            unsafe {
+                let col = |c: usize| _mm256_loadu_ps(b.add((c0 + c) * cs + r0));
+                let t =
+                    transpose8([col(0), col(1), col(2), col(3), col(4), col(5), col(6), col(7)]);
+                for (r, x) in t.into_iter().enumerate() {
+                    _mm256_storeu_ps(out.add((r0 + r) * NR + c0), x);
+                }
+            }
+        }
+        for r in whole..k {
+            for c in c0..c0 + LANES {
+                // SAFETY: `r < k`, `c < cols`: inside `b` and the panel.
+                unsafe { *out.add(r * NR + c) = *b.add(r * rs + c * cs) };
+            }
+        }
+    }
+}
+
+/// The 8 × 8 transpose: lane `c` of vector `r` of the result is lane `r` of vector `c`.
+#[target_feature(enable = "avx2,fma")]
+fn transpose8(x: [__m256; 8]) -> [__m256; 8] {
+    let lo = |a, b| _mm256_unpacklo_ps(a, b);
+    let hi = |a, b| _mm256_unpackhi_ps(a, b);
+    let t = [
+        lo(x[0], x[1]),
+        hi(x[0], x[1]),
+        lo(x[2], x[3]),
+        hi(x[2], x[3]),
+        lo(x[4], x[5]),
+        hi(x[4], x[5]),
+        lo(x[6], x[7]),
+        hi(x[6], x[7]),
+    ];
+    let u = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+    ];
+    [
+        _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
+        _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
+        _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
+        _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
+        _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
+        _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
+        _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
+        _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
+    ]
 }
 
 /// One tile's corner in `a`, its panel of `b`, and its corner in `dst`.
