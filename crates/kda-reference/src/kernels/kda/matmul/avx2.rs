@@ -110,8 +110,8 @@ pub(super) unsafe fn product(p: Parts) {
 }
 
 /// Rows `0..k`, columns `0..cols` (`LANES` or `NR`) of the matrix at `b` (element `(r, c)` at
-/// `b[r·rs + c·cs]`) into rows of `NR` of `panel`: copied by vectors when the columns are
-/// contiguous, transposed by 8 × 8 blocks when the rows are, element by element otherwise.
+/// `b[r·rs + c·cs]`) into rows of `NR` of `panel`: transposed by 8 × 8 blocks when the rows are
+/// contiguous (`rs == 1`), element by element otherwise.
 ///
 /// # Safety
 /// AVX2; every element named is inside one live allocation; `k <= MAX_DEPTH`, `cols <= NR`.
@@ -125,19 +125,7 @@ unsafe fn pack(
     panel: &mut [MaybeUninit<f32>],
 ) {
     let out = panel.as_mut_ptr().cast::<f32>();
-    let whole = if cs != 1 && rs == 1 { k - k % LANES } else { 0 };
-    if cs == 1 {
-        for r in 0..k {
-            for v in (0..cols).step_by(LANES) {
-                // SAFETY: row `r < k`, columns `v..v + LANES <= cols` of `b` and of the panel
-                // row (`r < MAX_DEPTH`, `cols <= NR`).
-                unsafe {
-                    _mm256_storeu_ps(out.add(r * NR + v), _mm256_loadu_ps(b.add(r * rs + v)))
-                };
-            }
-        }
-        return;
-    }
+    let whole = if rs == 1 { k - k % LANES } else { 0 };
     for c0 in (0..cols).step_by(LANES) {
         for r0 in (0..whole).step_by(LANES) {
             // SAFETY: rows `r0..r0 + 8 <= k` (contiguous, `rs == 1`) of columns `c0..c0 + 8 <=
