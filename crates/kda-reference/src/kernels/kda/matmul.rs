@@ -313,7 +313,7 @@ mod tests {
         let mut g = kda_testkit::Gen::new(23);
         let mut bad = Vec::new();
         let (mut checked, mut flops, mut flops_checked) = (0, 0, 0);
-        for (kd, vd) in [(128, 128), (64, 32), (24, 40)] {
+        for (kd, vd) in [(128, 128), (64, 32), (24, 40), (20, 36)] {
             for len in [1, 2, 3, 5, 8, 15, 16, 17, 20, 31, 32, 33, 40, 47, 48, 49, 63, 64] {
                 for case in chunk_cases(kd, vd, len, 3 * vd) {
                     for into in [Update::Set, Update::Add, Update::Sub] {
