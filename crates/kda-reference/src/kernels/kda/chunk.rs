@@ -260,7 +260,8 @@ fn flush(x: f32) -> f32 {
     if x < TINY { 0.0 } else { x }
 }
 
-/// `out = src / sqrt(Σ src² + eps) · scale`: [`super::norm::l2norm_row`]'s arithmetic, into another row.
+/// `out = src / sqrt(Σ src² + eps) · scale`: [`super::norm::l2norm_row`]'s arithmetic, into
+/// another row (and inlined, so that it runs in the AVX2 build).
 #[inline(always)]
 fn l2norm_into(src: &[f32], scale: f32, out: &mut [f32]) {
     let inv = 1.0 / (dot(src, src) + L2NORM_EPS).sqrt();

@@ -75,11 +75,12 @@ pub(super) enum Update {
 /// Whether `gemm` 0.19 computes this product in the sequential order (per element, fused
 /// multiply-adds over `k` in order from zero, then one rounding into the destination).
 ///
-/// That is its packed micro-kernel path, taken unless one of the early exits of `gemm_basic_generic`
-/// (gemm-common 0.19.0, `src/gemm.rs`) applies: the horizontal dot-product kernels for `a` with
-/// unit column stride, `b` with unit row stride and at most 16 × 16 outputs; `gevv` for `k <= 2`;
-/// the `gemv` kernels for a single row or column. Depths above 512 are split into blocks by the
-/// cache parameters; this stops well below that, at the depths the order was checked for.
+/// That is its packed micro-kernel path, taken unless one of the early exits of
+/// `gemm_basic_generic` (gemm-common 0.19.0, `src/gemm.rs`) applies: the horizontal dot-product
+/// kernels for `a` with unit column stride, `b` with unit row stride and at most 16 × 16
+/// outputs; `gevv` for `k <= 2`; the `gemv` kernels for a single row or column. Depths above 512
+/// are split into blocks by the cache parameters; this stops well below that, at the depths the
+/// order was checked for.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code, reason = "only the tests use it there"))]
 fn gemm_order_is_sequential(m: usize, n: usize, k: usize, a: &Mat<'_>, b: &Mat<'_>) -> bool {
     let horizontal = a.col_stride == 1 && b.row_stride == 1 && m * n <= 16 * 16;
