@@ -66,7 +66,7 @@
 
 use std::ops::Range;
 
-use kda_core::kda::{CHUNK_SIZE, KdaChunk, RecurrenceDims, chunks_of};
+use kda_core::kda::{CHUNK_SIZE, KdaChunk, L2NORM_EPS, RecurrenceDims, chunks_of};
 
 use super::super::Exec;
 use super::gate::GateParams;
@@ -74,9 +74,8 @@ use super::io::{
     Floats, par_map, read_f32, read_floats, read_i32, request_ranges, slot, with_f32_out,
 };
 use super::matmul::{Mat, MatMut, Update, matmul};
-use super::norm::l2norm_row;
 use super::recurrent::head_state;
-use super::simd::{self, axpy, dot, dot3, exp};
+use super::simd::{self, dot, dot3, exp, sub_terms};
 use crate::ReferenceBackend;
 
 /// Sub-block length for the factored `A` products.
@@ -236,8 +235,6 @@ struct Work {
     e1: Vec<f32>,
     eg: Vec<f32>,
     fac: Vec<f32>,
-    /// `[C, V]`.
-    v: Vec<f32>,
     beta: Vec<f32>,
     /// `[C, 2C]`: row `t` is `A_kk[t, ..]` then `A_qk[t, ..]`. Interleaving makes the rows of
     /// both an evenly strided matrix, so one GEMM fills a column block of each.
@@ -263,11 +260,35 @@ fn flush(x: f32) -> f32 {
     if x < TINY { 0.0 } else { x }
 }
 
-/// `out = flush(a ⊙ b)`.
+/// `out = src / sqrt(Σ src² + eps) · scale`: [`super::norm::l2norm_row`]'s arithmetic, into
+/// another row (and inlined, so that it runs in the AVX2 build).
 #[inline(always)]
-fn mul_flush(a: &[f32], b: &[f32], out: &mut [f32]) {
-    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
-        *o = flush(a * b);
+fn l2norm_into(src: &[f32], scale: f32, out: &mut [f32]) {
+    let inv = 1.0 / (dot(src, src) + L2NORM_EPS).sqrt();
+    for (o, &x) in out.iter_mut().zip(src) {
+        *o = x * inv * scale;
+    }
+}
+
+/// Rows `k_i ⊙ r_i` into `out`, for the rows `k_i` of `keys`, last to first, with `r_i` the
+/// running product of decays `e^{g}` after row `i` (`r_last = 1`, `r_i = flush(r_{i+1} ⊙
+/// decays_i)` where `decays` holds the rows `1 ..` of the keys' own decay rows), kept in `run`.
+#[inline(always)]
+fn backward_factors(keys: &[f32], decays: &[f32], run: &mut [f32], out: &mut [f32]) {
+    let kd = run.len();
+    let rows = keys.len() / kd;
+    run.fill(1.0);
+    for i in (0..rows).rev() {
+        let (k, o) = (&keys[i * kd..(i + 1) * kd], &mut out[i * kd..(i + 1) * kd]);
+        if i + 1 == rows {
+            mul_into(k, run, o);
+        } else {
+            let (run, e) = (&mut run[..kd], &decays[i * kd..(i + 1) * kd]);
+            for c in 0..kd {
+                run[c] = flush(run[c] * e[c]);
+                o[c] = k[c] * run[c];
+            }
+        }
     }
 }
 
@@ -291,7 +312,6 @@ impl Work {
             e1: z(c * kd),
             eg: z(c * kd),
             fac: z(c * kd),
-            v: z(c * vd),
             beta: z(c),
             aa: z(c * 2 * c),
             z: z(2 * c * (kd + vd)),
@@ -307,34 +327,54 @@ impl Work {
         &x[t * d..(t + 1) * d]
     }
 
-    /// Take head `i`'s rows from the stage, normalise and scale q and k, and form the decays
-    /// `e^{g_t}` and `e^{gc_t}` (a running product).
+    /// Take head `i`'s rows from the stage, normalise and scale q and k, form the decays
+    /// `e^{g_t}` and `e^{gc_t}` (a running product), and the right-hand sides of the solve in
+    /// `z`: each row in one visit, while the stage's rows are in cache.
     #[inline(always)]
     fn load(&mut self, stage: &Stage, i: usize, len: usize, scale: f32, qk_l2norm: bool) {
         let (kd, vd, heads) = (self.kd, self.vd, stage.heads);
+        let width = kd + vd;
         for t in 0..len {
             let at = t * heads + i;
             let (q, k) = (&mut self.q[t * kd..(t + 1) * kd], &mut self.k[t * kd..(t + 1) * kd]);
-            q.copy_from_slice(Self::row(&stage.q, at, kd));
-            k.copy_from_slice(Self::row(&stage.k, at, kd));
+            let (sq, sk) = (Self::row(&stage.q, at, kd), Self::row(&stage.k, at, kd));
             if qk_l2norm {
-                l2norm_row(q, scale);
-                l2norm_row(k, 1.0);
+                l2norm_into(sq, scale, q);
+                l2norm_into(sk, 1.0, k);
             } else {
-                q.iter_mut().for_each(|x| *x *= scale);
+                for (x, &s) in q.iter_mut().zip(sq) {
+                    *x = s * scale;
+                }
+                k.copy_from_slice(sk);
             }
-            self.v[t * vd..(t + 1) * vd].copy_from_slice(Self::row(&stage.v, at, vd));
-            self.beta[t] = stage.beta[at];
-            for (e, &g) in self.e1[t * kd..(t + 1) * kd].iter_mut().zip(Self::row(&stage.g, at, kd))
-            {
-                *e = flush(exp(g));
-            }
-            let (before, row) = self.eg.split_at_mut(t * kd);
+            let beta = stage.beta[at];
+            self.beta[t] = beta;
+            let (before, eg) = self.eg.split_at_mut(t * kd);
+            let eg = &mut eg[..kd];
+            let e1 = &mut self.e1[t * kd..(t + 1) * kd];
+            let g = Self::row(&stage.g, at, kd);
             if t == 0 {
-                row[..kd].copy_from_slice(&self.e1[..kd]);
+                for ((e, x), &g) in e1.iter_mut().zip(eg.iter_mut()).zip(g) {
+                    *e = flush(exp(g));
+                    *x = *e;
+                }
             } else {
-                mul_flush(&before[(t - 1) * kd..], &self.e1[t * kd..(t + 1) * kd], &mut row[..kd]);
+                let prev = &before[(t - 1) * kd..];
+                for (((e, x), &g), &p) in e1.iter_mut().zip(eg.iter_mut()).zip(g).zip(prev) {
+                    *e = flush(exp(g));
+                    *x = flush(p * *e);
+                }
             }
+            // [beta ⊙ e^{gc} ⊙ K | beta ⊙ V] in row t of `z`, e^{gc} ⊙ Q in row len + t.
+            let (top, bottom) = self.z.split_at_mut(len * width);
+            let (rk, rv) = top[t * width..(t + 1) * width].split_at_mut(kd);
+            for ((x, &k), &e) in rk.iter_mut().zip(&*k).zip(&*eg) {
+                *x = beta * (k * e);
+            }
+            for (x, &v) in rv.iter_mut().zip(Self::row(&stage.v, at, vd)) {
+                *x = beta * v;
+            }
+            mul_into(q, eg, &mut bottom[t * width..t * width + kd]);
         }
     }
 
@@ -349,36 +389,42 @@ impl Work {
             // block's own rows for the first, whose reference is the chunk start).
             let rows = if r0 == 0 { r0..r1 } else { r0..len };
             for t in rows.clone() {
-                if r0 == 0 {
-                    self.fac[t * kd..(t + 1) * kd].copy_from_slice(Self::row(&self.eg, t, kd));
-                } else if t == r0 {
-                    self.fac[t * kd..(t + 1) * kd].copy_from_slice(Self::row(&self.e1, t, kd));
-                } else {
-                    let (before, row) = self.fac.split_at_mut(t * kd);
-                    mul_flush(&before[(t - 1) * kd..], Self::row(&self.e1, t, kd), &mut row[..kd]);
-                }
+                let (before, fac) = self.fac.split_at_mut(t * kd);
+                let fac = &mut fac[..kd];
                 let j = 2 * (t - r0);
-                let f = Self::row(&self.fac, t, kd);
-                mul_into(Self::row(&self.k, t, kd), f, &mut self.left[j * kd..(j + 1) * kd]);
-                mul_into(Self::row(&self.q, t, kd), f, &mut self.left[(j + 1) * kd..(j + 2) * kd]);
+                let (lk, lq) = self.left[j * kd..(j + 2) * kd].split_at_mut(kd);
+                let (k, q, e1) = (
+                    Self::row(&self.k, t, kd),
+                    Self::row(&self.q, t, kd),
+                    Self::row(&self.e1, t, kd),
+                );
+                // One visit per row: the factor, then both left operands from it.
+                if r0 == 0 || t == r0 {
+                    let from = if r0 == 0 { Self::row(&self.eg, t, kd) } else { e1 };
+                    for c in 0..kd {
+                        fac[c] = from[c];
+                        lk[c] = k[c] * fac[c];
+                        lq[c] = q[c] * fac[c];
+                    }
+                } else {
+                    let prev = &before[(t - 1) * kd..t * kd];
+                    for c in 0..kd {
+                        fac[c] = flush(prev[c] * e1[c]);
+                        lk[c] = k[c] * fac[c];
+                        lq[c] = q[c] * fac[c];
+                    }
+                }
             }
             if r0 > 0 {
                 // The previous block against every later row: right factors
                 // e^{gc_{r0-1} - gc_i} <= 1, a running product backwards from r0 - 1.
                 let p0 = r0 - BLOCK;
-                self.run.fill(1.0);
-                for i in (p0..r0).rev() {
-                    if i + 1 < r0 {
-                        for (x, &e) in self.run.iter_mut().zip(Self::row(&self.e1, i + 1, kd)) {
-                            *x = flush(*x * e);
-                        }
-                    }
-                    mul_into(
-                        Self::row(&self.k, i, kd),
-                        &self.run,
-                        &mut self.right[(i - p0) * kd..(i - p0 + 1) * kd],
-                    );
-                }
+                backward_factors(
+                    &self.k[p0 * kd..r0 * kd],
+                    &self.e1[(p0 + 1) * kd..r0 * kd],
+                    &mut self.run,
+                    &mut self.right[..BLOCK * kd],
+                );
                 let n_rows = 2 * (len - r0);
                 matmul(
                     MatMut::new(&mut self.aa[r0 * c2 + p0..], n_rows, BLOCK, c),
@@ -456,25 +502,12 @@ impl Work {
         }
     }
 
-    /// `[W | U] = (I + A_kk)^{-1} [beta ⊙ e^{gc} ⊙ K | beta ⊙ V]`, solved in place in `z` by
-    /// blocks of 16 rows, and `e^{gc} ⊙ Q` below it.
+    /// `[W | U] = (I + A_kk)^{-1} [beta ⊙ e^{gc} ⊙ K | beta ⊙ V]`, solved in place in `z` (where
+    /// [`Work::load`] put the right-hand sides) by blocks of 16 rows.
     #[inline(always)]
     fn solve(&mut self, len: usize) {
         let (kd, vd, c2) = (self.kd, self.vd, 2 * CHUNK_SIZE);
         let width = kd + vd;
-        for t in 0..len {
-            let beta = self.beta[t];
-            let row = &mut self.z[t * width..(t + 1) * width];
-            let (rk, rv) = row.split_at_mut(kd);
-            for ((x, &k), &e) in
-                rk.iter_mut().zip(Self::row(&self.k, t, kd)).zip(Self::row(&self.eg, t, kd))
-            {
-                *x = beta * (k * e);
-            }
-            for (x, &v) in rv.iter_mut().zip(Self::row(&self.v, t, vd)) {
-                *x = beta * v;
-            }
-        }
         for r0 in (0..len).step_by(BLOCK) {
             let r1 = (r0 + BLOCK).min(len);
             let (done, rest) = self.z.split_at_mut(r0 * width);
@@ -488,25 +521,8 @@ impl Work {
             }
             for t in r0..r1 {
                 let (solved, row) = rest.split_at_mut((t - r0) * width);
-                for i in r0..t {
-                    let a = self.aa[t * c2 + i];
-                    if a != 0.0 {
-                        axpy(
-                            -a,
-                            &solved[(i - r0) * width..(i - r0 + 1) * width],
-                            &mut row[..width],
-                        );
-                    }
-                }
+                sub_terms(&mut row[..width], &self.aa[t * c2 + r0..t * c2 + t], solved, width);
             }
-        }
-        for t in 0..len {
-            let at = (len + t) * width;
-            mul_into(
-                Self::row(&self.q, t, kd),
-                Self::row(&self.eg, t, kd),
-                &mut self.z[at..at + kd],
-            );
         }
     }
 
@@ -550,15 +566,12 @@ impl Work {
             Update::Add,
         );
         // Key factors e^{gc_last - gc_i} <= 1, a running product backwards, into `left`.
-        self.run.fill(1.0);
-        for i in (0..len).rev() {
-            if i + 1 < len {
-                for (x, &e) in self.run.iter_mut().zip(Self::row(&self.e1, i + 1, kd)) {
-                    *x = flush(*x * e);
-                }
-            }
-            mul_into(Self::row(&self.k, i, kd), &self.run, &mut self.left[i * kd..(i + 1) * kd]);
-        }
+        backward_factors(
+            &self.k[..len * kd],
+            &self.e1[kd..len * kd],
+            &mut self.run,
+            &mut self.left[..len * kd],
+        );
         for (row, &d) in s.chunks_exact_mut(vd).zip(Self::row(&self.eg, len - 1, kd)) {
             row.iter_mut().for_each(|x| *x *= d);
         }
@@ -926,6 +939,143 @@ mod tests {
         }
         let case = Case { tokens, heads, dim, g: (0.0, 1.0), beta: (0.0, 1.0), initial: true };
         check(&case, Some(g), false, 7);
+    }
+
+    /// One run of the kernel for [`bits_of`]: `T` tokens of `H` heads of `D`, of which heads
+    /// `group` run over tokens `tokens`.
+    struct Pin {
+        t: usize,
+        h: usize,
+        d: usize,
+        group: Range<usize>,
+        tokens: Range<usize>,
+        g: (f32, f32),
+        bf16: bool,
+        gate: bool,
+        l2norm: bool,
+        nan: bool,
+        direct: bool,
+    }
+
+    /// FNV-1a over the bits of the outputs and final states of one [`Pin`] run, with the
+    /// kernel `run` (the dispatching entry point or one of its builds).
+    fn bits_of(pin: &Pin, seed: u64, run: KernelFn) -> u64 {
+        let Pin { t, h, d, .. } = *pin;
+        let mut rng = Gen::new(seed);
+        let n = t * h * d;
+        let q = rng.uniform_f32(n, -1.0, 1.0);
+        let mut k = rng.uniform_f32(n, -1.0, 1.0);
+        let v = rng.uniform_f32(n, -1.0, 1.0);
+        let g = rng.uniform_f32(n, pin.g.0, pin.g.1);
+        let beta = rng.uniform_f32(t * h, 0.0, 1.0);
+        if pin.nan {
+            k[(t / 2 * h + pin.group.start) * d + d / 3] = f32::NAN;
+        }
+        let wide = |x: &[f32]| {
+            if pin.bf16 {
+                Floats::BF16(std::borrow::Cow::Owned(
+                    x.iter().map(|&v| half::bf16::from_f32(v)).collect(),
+                ))
+            } else {
+                Floats::F32(std::borrow::Cow::Owned(x.to_vec()))
+            }
+        };
+        let (fq, fk, fv, fg, fb) = (wide(&q), wide(&k), wide(&v), floats(&g), floats(&beta));
+        let a_log = rng.uniform_f32(h, -1.0, 1.0);
+        let dt_bias = rng.uniform_f32(h * d, -2.0, 1.0);
+        let gate = GateParams {
+            form: kda_core::kda::GateForm::LowerBound { lower_bound: -5.0 },
+            a_log: std::borrow::Cow::Owned(a_log),
+            dt_bias: std::borrow::Cow::Owned(dt_bias),
+            dim: d,
+        };
+        let p = Problem {
+            q: &fq,
+            k: &fk,
+            v: &fv,
+            g: &fg,
+            gate: pin.gate.then_some(&gate),
+            beta: &fb,
+            heads: h,
+            kd: d,
+            vd: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            qk_l2norm: pin.l2norm,
+        };
+        let mut states: Vec<Vec<f32>> =
+            pin.group.clone().map(|_| rng.uniform_f32(d * d, -1.0, 1.0)).collect();
+        let mut o = vec![0.0f32; pin.tokens.len() * pin.group.len() * d];
+        run(&p, pin.group.clone(), pin.tokens.clone(), &mut states, &mut o, pin.direct);
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        for x in o.iter().chain(states.iter().flatten()) {
+            for byte in x.to_bits().to_le_bytes() {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        hash
+    }
+
+    type KernelFn = fn(&Problem<'_>, Range<usize>, Range<usize>, &mut [Vec<f32>], &mut [f32], bool);
+
+    /// The runs [`bits_of`] pins: tails of every length class, a group of heads inside more,
+    /// bf16 operands, the in-kernel gate, no L2 norm, a NaN, fast decays that take the direct
+    /// diagonal path, and the forced direct path.
+    fn pins() -> Vec<Pin> {
+        let base = || Pin {
+            t: 150,
+            h: 2,
+            d: 128,
+            group: 0..2,
+            tokens: 0..150,
+            g: (-0.3, 0.0),
+            bf16: false,
+            gate: false,
+            l2norm: true,
+            nan: false,
+            direct: false,
+        };
+        vec![
+            Pin { t: 1, tokens: 0..1, ..base() },
+            Pin { t: 7, tokens: 0..7, d: 20, ..base() },
+            Pin { t: 64, tokens: 0..64, ..base() },
+            Pin { t: 150, h: 4, group: 1..3, tokens: 5..150, d: 32, ..base() },
+            Pin { bf16: true, gate: true, g: (-3.0, 3.0), ..base() },
+            Pin { l2norm: false, g: (-3.0, 0.0), ..base() },
+            Pin { nan: true, ..base() },
+            Pin { g: (-5.0, -4.5), d: 48, ..base() },
+            Pin { direct: true, t: 97, tokens: 0..97, ..base() },
+        ]
+    }
+
+    /// The bits `main`'s kernel gave for [`pins`] on x86-64 with AVX2 and FMA (the reference
+    /// is the numerical oracle: its results may not drift with its speed).
+    const PINNED: [u64; 9] = [
+        0x67de_37b0_2315_4a53,
+        0x1f43_d940_3f26_1df4,
+        0x0590_541b_de3c_4ba2,
+        0xa7c8_b86d_0140_698d,
+        0xb406_345c_53ba_be0a,
+        0x2ff6_8b33_ea36_1101,
+        0x37cc_a82c_a416_e345,
+        0x1a3a_d807_705c_6495,
+        0xd5e9_a7c5_1f6d_5c61,
+    ];
+
+    /// The pinned bits on the CPUs they were taken on; everywhere, the baseline build and the
+    /// AVX2/FMA build of the element-wise work agree bit for bit.
+    #[test]
+    fn results_keep_their_bits_in_either_build() {
+        let pins = pins();
+        let seeds = 40..;
+        let got: Vec<u64> =
+            pins.iter().zip(seeds.clone()).map(|(pin, s)| bits_of(pin, s, chunked_heads)).collect();
+        #[cfg(target_arch = "x86_64")]
+        if simd::has_avx2_fma() {
+            assert_eq!(got, PINNED, "the kernel's output bits changed");
+        }
+        let baseline: Vec<u64> =
+            pins.iter().zip(seeds).map(|(pin, s)| bits_of(pin, s, chunked_heads_impl)).collect();
+        assert_eq!(baseline, got, "the baseline build differs from the dispatched one");
     }
 
     #[test]

@@ -87,6 +87,40 @@ pub(super) fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y -= a[0]·x_0`, then `y -= a[1]·x_1`, and so on (`x_n` is `rows[n·stride..]`, as long as
+/// `y`), each step rounded as [`axpy`] with `-a[n]` rounds it and terms with `a[n] == 0` left
+/// out: the same bits as that sequence of axpys, with `y` held in registers across the terms,
+/// a strip of it at a time, instead of read and written once per term.
+#[inline(always)]
+pub(super) fn sub_terms(y: &mut [f32], a: &[f32], rows: &[f32], stride: usize) {
+    /// Eight AVX2 vectors.
+    const STRIP: usize = 64;
+    let n = y.len();
+    let mut j = 0;
+    while j + STRIP <= n {
+        let mut acc = [0.0f32; STRIP];
+        acc.copy_from_slice(&y[j..j + STRIP]);
+        for (t, &a) in a.iter().enumerate() {
+            if a != 0.0 {
+                let alpha = -a;
+                let at = t * stride + j;
+                for (acc, &x) in acc.iter_mut().zip(&rows[at..at + STRIP]) {
+                    *acc += alpha * x;
+                }
+            }
+        }
+        y[j..j + STRIP].copy_from_slice(&acc);
+        j += STRIP;
+    }
+    if j < n {
+        for (t, &a) in a.iter().enumerate() {
+            if a != 0.0 {
+                axpy(-a, &rows[t * stride + j..t * stride + n], &mut y[j..]);
+            }
+        }
+    }
+}
+
 pub(super) use crate::kernels::has_avx2_fma;
 
 #[cfg(test)]
@@ -119,6 +153,33 @@ mod tests {
         assert_eq!(exp(f32::INFINITY), f32::INFINITY);
         assert!(exp(f32::NAN).is_nan());
         assert!(exp(-87.0) >= f32::MIN_POSITIVE, "no subnormal results");
+    }
+
+    /// `sub_terms` against the axpys it stands for, bit for bit: strips and a tail, zero
+    /// coefficients skipped (their row holds an infinity, which a product would turn into NaN).
+    #[test]
+    fn sub_terms_is_its_sequence_of_axpys() {
+        for width in [3, 64, 100, 256] {
+            let stride = width + 5;
+            let terms = 7;
+            let mut rows: Vec<f32> =
+                (0..terms * stride).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            let a: Vec<f32> =
+                (0..terms).map(|t| if t % 3 == 1 { 0.0 } else { 0.1 + t as f32 * 0.37 }).collect();
+            rows[stride + 2] = f32::INFINITY;
+            let y0: Vec<f32> = (0..width).map(|i| (i as f32 * 0.73).sin() * 1e3).collect();
+            let mut want = y0.clone();
+            for (t, &a) in a.iter().enumerate() {
+                if a != 0.0 {
+                    axpy(-a, &rows[t * stride..t * stride + width], &mut want);
+                }
+            }
+            let mut got = y0;
+            sub_terms(&mut got, &a, &rows, stride);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "width {width}");
+            assert!(got.iter().all(|v| v.is_finite()), "width {width}: a skipped term leaked");
+        }
     }
 
     #[test]
