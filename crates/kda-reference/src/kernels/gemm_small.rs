@@ -3,9 +3,9 @@
 //!
 //! A large-M GEMM packs and reuses weight panels across many rows; with a few rows each weight
 //! element serves only `M` products, so the weight is the traffic and packing it (or widening a
-//! bf16 weight to f32 first) costs as much as the products. Here `[NR]` weight rows at a time
-//! are widened `KC` elements at a time into a small buffer that stays in the first-level cache,
-//! and every group of `[MR]` activation rows takes its products from it.
+//! bf16 weight to f32 first) costs as much as the products. Here `[TILES]` `· [NR]` weight rows
+//! at a time are widened `KC` elements at a time into a small buffer that stays in the
+//! first-level cache, and every group of `[MR]` activation rows takes its products from it.
 //!
 //! Each output is a dot product along K in eight interleaved f32 lanes (lane `l` takes
 //! `k ≡ l mod 8` in order, by fused multiply-adds), the lanes combined in a fixed tree at the
@@ -24,7 +24,9 @@ const NR: usize = 3;
 /// f32 lanes of one accumulator.
 const LANES: usize = 8;
 /// K elements widened at once (a multiple of [`LANES`]).
-const KC: usize = 256;
+const KC: usize = 128;
+/// `[NR]`-row tiles of weight rows widened at once.
+const TILES: usize = 4;
 /// Weight rows per task when the work is split across threads.
 const ROWS_PER_TASK: usize = 32 * NR;
 
@@ -127,6 +129,12 @@ pub(super) fn gemm(
 }
 
 /// Outputs of weight rows `range` for every row of `xp` (`[_, kp]`, padded), `[m, range.len()]`.
+///
+/// The weight rows are taken [`TILES`] `· [NR]` at a time and widened `KC` elements at a time
+/// into a buffer that stays in the first-level cache; each group of `[MR]` activation rows then
+/// takes its products with every tile of them while its chunk is in that cache too, so the
+/// activations are read from the next levels once per [`TILES`] tiles, not once per tile (with
+/// two threads the two cores' activation traffic, not the weights, bounded the rate).
 fn weight_rows(
     xp: &[f32],
     w: Weight<'_>,
@@ -138,39 +146,42 @@ fn weight_rows(
     let width = range.len();
     let mut out = vec![0.0f32; m * width];
     let groups = m.div_ceil(MR);
-    let mut wbuf = [[0.0f32; KC]; NR];
-    let mut acc = vec![[[0.0f32; LANES]; NR * MR]; groups];
-    for j0 in range.clone().step_by(NR) {
-        let nr = NR.min(range.end - j0);
+    let mut wbuf = vec![[[0.0f32; KC]; NR]; TILES];
+    let mut acc = vec![[[0.0f32; LANES]; NR * MR]; groups * TILES];
+    for p0 in range.clone().step_by(TILES * NR) {
+        let np = (TILES * NR).min(range.end - p0);
         acc.iter_mut().for_each(|a| *a = [[0.0; LANES]; NR * MR]);
         for k0 in (0..kp).step_by(KC) {
             let kc = KC.min(k - k0);
-            for (j, row) in wbuf.iter_mut().enumerate() {
-                let len = if j < nr { kc } else { 0 };
+            for (j, row) in wbuf.iter_mut().flatten().enumerate() {
+                let len = if j < np { kc } else { 0 };
                 if len > 0 {
-                    w.widen_into(j0 + j, k0, &mut row[..len]);
+                    w.widen_into(p0 + j, k0, &mut row[..len]);
                 }
                 row[len..].fill(0.0);
             }
             // The next chunk of these rows (or the first of the next rows) streams in while
             // this one is used.
             let (next_rows, next_k) = if k0 + KC < k {
-                (j0..j0 + nr, k0 + KC)
+                (p0..p0 + np, k0 + KC)
             } else {
-                (j0 + nr..(j0 + 2 * nr).min(range.end), 0)
+                (p0 + np..(p0 + 2 * np).min(range.end), 0)
             };
             for r in next_rows {
                 w.prefetch(r, next_k, KC, k);
             }
-            for (g, a) in acc.iter_mut().enumerate() {
+            for (g, tiles) in acc.chunks_exact_mut(TILES).enumerate() {
                 let xs = &xp[g * MR * kp..][..MR * kp];
-                micro_kernel(xs, kp, k0, &wbuf, a);
+                for (a, wt) in tiles.iter_mut().zip(&wbuf).take(np.div_ceil(NR)) {
+                    micro_kernel(xs, kp, k0, wt, a);
+                }
             }
         }
-        for (g, a) in acc.iter().enumerate() {
+        for (g, tiles) in acc.chunks_exact(TILES).enumerate() {
             for i in 0..MR.min(m - g * MR) {
-                for j in 0..nr {
-                    out[(g * MR + i) * width + (j0 - range.start) + j] = reduce(&a[i * NR + j]);
+                for j in 0..np {
+                    let a = &tiles[j / NR][i * NR + j % NR];
+                    out[(g * MR + i) * width + (p0 - range.start) + j] = reduce(a);
                 }
             }
         }
