@@ -3,10 +3,13 @@
 //! multiply-adds (`docs/design/mxfp8.md#the-reference-engine-and-what-exactness-costs`), the
 //! dense GEMMs as f32 ones; each rate is what one core sustains on twelve independent chains of
 //! the widest vectors this CPU has (enough to cover the latency of its fused multiply-add
-//! units), so no kernel of that precision can beat it.
+//! units), so no kernel of that precision can beat it. The vectors are those the kernels run on
+//! (`Isa`).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
+
+use crate::kernels::Isa;
 
 /// Fused multiply-adds per second of one core, per precision.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -21,7 +24,10 @@ const CHAINS: usize = 12;
 /// Measures both rates on the calling thread, each for about `budget` (best of three runs).
 pub fn fma_rates(budget: Duration) -> FmaRates {
     let _span = tracing::debug_span!("peak.fma_rates").entered();
-    FmaRates { f64_per_s: best_rate(budget, chains_f64), f32_per_s: best_rate(budget, chains_f32) }
+    FmaRates {
+        f64_per_s: best_rate(budget, chains::<true>),
+        f32_per_s: best_rate(budget, chains::<false>),
+    }
 }
 
 /// The best of three runs of `run` (which returns the multiply-adds it did in `rounds` rounds),
@@ -73,28 +79,6 @@ chains_on!(f32_avx512, "avx512f", _mm512_set1_ps, _mm512_fmadd_ps, 16, f32);
 chains_on!(f64_avx2, "avx2,fma", _mm256_set1_pd, _mm256_fmadd_pd, 4, f64);
 chains_on!(f32_avx2, "avx2,fma", _mm256_set1_ps, _mm256_fmadd_ps, 8, f32);
 
-/// The widest vector extension with fused multiply-adds this CPU has.
-#[derive(Copy, Clone, PartialEq)]
-enum Width {
-    Avx512,
-    Avx2,
-    Scalar,
-}
-
-fn width() -> Width {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return Width::Avx512;
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Width::Avx2;
-        }
-    }
-    Width::Scalar
-}
-
 /// Plain `mul_add` chains: the rate on CPUs without a vector extension the kernels use.
 fn scalar_chains<T: Copy + From<f32>>(rounds: u64, fma: fn(T, T, T) -> T) -> u64 {
     let (x, y) = (T::from(0.999_999), T::from(1e-7));
@@ -108,27 +92,24 @@ fn scalar_chains<T: Copy + From<f32>>(rounds: u64, fma: fn(T, T, T) -> T) -> u64
     rounds * CHAINS as u64
 }
 
-fn chains_f64(rounds: u64) -> u64 {
-    match width() {
+/// [`CHAINS`] chains on the vectors the kernels run on ([`Isa::detect`]), in f64 when `F64`,
+/// else f32: the multiply-adds done in `rounds` rounds.
+fn chains<const F64: bool>(rounds: u64) -> u64 {
+    match (Isa::detect(), F64) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `width` found AVX-512F.
-        Width::Avx512 => unsafe { f64_avx512(rounds) },
+        // SAFETY: `Isa::Avx512` means the CPU has AVX-512F.
+        (Isa::Avx512, true) => unsafe { f64_avx512(rounds) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `width` found AVX2 and FMA.
-        Width::Avx2 => unsafe { f64_avx2(rounds) },
-        _ => scalar_chains::<f64>(rounds, f64::mul_add),
-    }
-}
-
-fn chains_f32(rounds: u64) -> u64 {
-    match width() {
+        // SAFETY: as above.
+        (Isa::Avx512, false) => unsafe { f32_avx512(rounds) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `width` found AVX-512F.
-        Width::Avx512 => unsafe { f32_avx512(rounds) },
+        // SAFETY: `Isa::Avx2` means the CPU has AVX2 and FMA.
+        (Isa::Avx2, true) => unsafe { f64_avx2(rounds) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `width` found AVX2 and FMA.
-        Width::Avx2 => unsafe { f32_avx2(rounds) },
-        _ => scalar_chains::<f32>(rounds, f32::mul_add),
+        // SAFETY: as above.
+        (Isa::Avx2, false) => unsafe { f32_avx2(rounds) },
+        (_, true) => scalar_chains::<f64>(rounds, f64::mul_add),
+        (_, false) => scalar_chains::<f32>(rounds, f32::mul_add),
     }
 }
 
@@ -140,13 +121,13 @@ mod tests {
     /// measured (no assertion on their size: tests never assert on time).
     #[test]
     fn chains_count_their_lanes() {
-        let (f64_lanes, f32_lanes) = match width() {
-            Width::Avx512 => (8, 16),
-            Width::Avx2 => (4, 8),
-            Width::Scalar => (1, 1),
+        let (f64_lanes, f32_lanes) = match Isa::detect() {
+            Isa::Avx512 => (8, 16),
+            Isa::Avx2 => (4, 8),
+            Isa::Portable => (1, 1),
         };
-        assert_eq!(chains_f64(3), 3 * (CHAINS * f64_lanes) as u64);
-        assert_eq!(chains_f32(3), 3 * (CHAINS * f32_lanes) as u64);
+        assert_eq!(chains::<true>(3), 3 * (CHAINS * f64_lanes) as u64);
+        assert_eq!(chains::<false>(3), 3 * (CHAINS * f32_lanes) as u64);
         let r = fma_rates(Duration::from_millis(3));
         assert!(r.f64_per_s.is_finite() && r.f64_per_s > 0.0, "{r:?}");
         assert!(r.f32_per_s.is_finite() && r.f32_per_s > 0.0, "{r:?}");

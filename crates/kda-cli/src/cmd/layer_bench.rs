@@ -9,8 +9,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use half::bf16;
-use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots, StateCache};
+use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, LayerPlan, RequestSlots, StateCache};
 use kda_core::schedule::ProjectionSchedule;
 use kda_core::timeline::Timeline;
 use kda_core::weights::LayerWeights;
@@ -185,8 +184,7 @@ fn bench_on<B: CliBackend>(args: &LayerBenchArgs, b: Device<B>) -> Result<(), Cl
             schedule: Some(ProjectionSchedule::Overlapped),
             ..LayerOptions::default()
         };
-        let slots = requests.max(decodes);
-        Some(compute_floor(&loaded.weights, options, (&decode, decodes), slots, read_once)?)
+        Some(compute_floor(&loaded.weights, options, (&decode, decodes), read_once)?)
     } else {
         None
     };
@@ -230,24 +228,14 @@ fn compute_floor(
     weights: &LayerWeights,
     options: LayerOptions,
     (decode, tokens): (&BatchMeta, usize),
-    slots: usize,
     read_once: Duration,
 ) -> Result<Duration, CliError> {
     let checked = Settings { checked: Some(true), timeline: false, threads: 1 };
     let b = <ReferenceBackend as CliBackend>::open(&checked)?;
     let s = b.new_stream()?;
     let layer = KdaLayer::new(&b, &s, weights, options)?;
-    let hidden = weights.dims.hidden;
-    let x = b.alloc(DType::BF16, &[tokens, hidden])?;
-    b.upload(&s, &x, &vec![bf16::ZERO; tokens * hidden])?;
-    let mut out = b.alloc(DType::F32, &[tokens, hidden])?;
-    let mut cache = layer.new_cache(&s, slots, 0)?;
-    b.synchronize(&s)?;
-    let start = b.instrumentation().log().len();
-    layer.forward(&s, &x, decode, &mut cache, &mut out)?;
-    b.synchronize(&s)?;
     let (mut exact, mut dense) = (0.0, 0.0);
-    for entry in &b.instrumentation().log()[start..] {
+    for entry in &LayerPlan::record_forward(&b, &s, &layer, decode, tokens)? {
         let work = kda_core::plan::work(entry);
         *(if work.mx { &mut exact } else { &mut dense }) += work.flops / 2.0;
     }

@@ -186,39 +186,45 @@ impl LayerPlan {
         weights: &LayerWeights,
     ) -> Result<LayerPlan> {
         let _span = tracing::debug_span!("layer_plan.record", layer = weights.layer).entered();
-        if !device.instrumentation().is_checked() {
-            return Err(Error::Param {
-                op: "layer_plan",
-                param: "device",
-                expected: "a device in checked mode (its op log is what the plan records)".into(),
-                actual: "a device with checked mode off".into(),
-            }
-            .into());
-        }
-        let hidden = weights.dims.hidden;
+        require_checked(device)?;
         let mut forwards = Vec::new();
         for config in PLAN_CONFIGS {
             let layer = KdaLayer::new(device, stream, weights, config.options())?;
             for shape in BatchShape::ALL {
                 let mut logs: [Vec<Entry>; 2] = Default::default();
                 for (log, &tokens) in logs.iter_mut().zip(&RECORDED_TOKENS) {
-                    let x = device.alloc(DType::BF16, &[tokens, hidden])?;
-                    let data: Vec<bf16> = (0..tokens * hidden)
-                        .map(|i| bf16::from_f32(((i % 17) as f32 - 8.0) * 0.01))
-                        .collect();
-                    device.upload(stream, &x, &data)?;
-                    let mut out = device.alloc(DType::F32, &[tokens, hidden])?;
-                    let mut cache = layer.new_cache(stream, tokens, 0)?;
-                    device.synchronize(stream)?;
-                    let start = device.instrumentation().log().len();
-                    layer.forward(stream, &x, &shape.meta(tokens), &mut cache, &mut out)?;
-                    device.synchronize(stream)?;
-                    *log = device.instrumentation().log().split_off(start);
+                    *log =
+                        Self::record_forward(device, stream, &layer, &shape.meta(tokens), tokens)?;
                 }
                 forwards.push(RecordedForward { config, shape, logs });
             }
         }
         Ok(LayerPlan { forwards })
+    }
+
+    /// The op log of one forward of `layer` over `meta` (`tokens` rows of a fixed input, a fresh
+    /// cache of `tokens` slots) on `device`, which must be in checked mode: every launch, in
+    /// order, with its FLOPs and accesses ([`plan::work`]).
+    pub fn record_forward<B: Backend>(
+        device: &Device<B>,
+        stream: &B::Stream,
+        layer: &KdaLayer<B>,
+        meta: &BatchMeta,
+        tokens: usize,
+    ) -> Result<Vec<Entry>> {
+        require_checked(device)?;
+        let hidden = layer.dims().hidden;
+        let x = device.alloc(DType::BF16, &[tokens, hidden])?;
+        let data: Vec<bf16> =
+            (0..tokens * hidden).map(|i| bf16::from_f32(((i % 17) as f32 - 8.0) * 0.01)).collect();
+        device.upload(stream, &x, &data)?;
+        let mut out = device.alloc(DType::F32, &[tokens, hidden])?;
+        let mut cache = layer.new_cache(stream, tokens, 0)?;
+        device.synchronize(stream)?;
+        let start = device.instrumentation().log().len();
+        layer.forward(stream, &x, meta, &mut cache, &mut out)?;
+        device.synchronize(stream)?;
+        Ok(device.instrumentation().log().split_off(start))
     }
 
     /// Every configuration's predicted forward for a batch of `tokens` tokens of `shape`.
@@ -257,6 +263,20 @@ impl LayerPlan {
             .ok_or(plan::PlanError::NothingRecorded)?;
         Ok(Choice { chip: chip.name, shape, tokens, predictions, chosen })
     }
+}
+
+/// An error unless `device` records its op log (checked mode): the log is what a plan records.
+fn require_checked<B: Backend>(device: &Device<B>) -> Result<()> {
+    if device.instrumentation().is_checked() {
+        return Ok(());
+    }
+    Err(Error::Param {
+        op: "layer_plan",
+        param: "device",
+        expected: "a device in checked mode (its op log is what the plan records)".into(),
+        actual: "a device with checked mode off".into(),
+    }
+    .into())
 }
 
 impl LayerOptions {

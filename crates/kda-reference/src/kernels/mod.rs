@@ -142,6 +142,58 @@ pub(crate) fn has_avx2_fma() -> bool {
     false
 }
 
+/// The vector instructions the MXFP8 GEMM's micro-kernels run on (and the widest with fused
+/// multiply-adds this CPU has, for [`crate::peak`]). Every choice computes the same exact block
+/// sums, so no result depends on it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Isa {
+    /// Plain Rust: the oracle of the vector kernels.
+    Portable,
+    /// AVX2 with fused multiply-adds (and F16C to decode): the tile as four `8 × 6` sub-tiles.
+    Avx2,
+    /// AVX-512 (F and BW): the tile's 24 columns in 24 registers of 8 rows.
+    Avx512,
+}
+
+impl Isa {
+    /// The widest kernel this CPU runs.
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::sync::OnceLock;
+            static ISA: OnceLock<Isa> = OnceLock::new();
+            *ISA.get_or_init(|| {
+                let has = |avx512| {
+                    if avx512 {
+                        std::arch::is_x86_feature_detected!("avx512f")
+                            && std::arch::is_x86_feature_detected!("avx512bw")
+                    } else {
+                        has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c")
+                    }
+                };
+                if has(true) {
+                    Isa::Avx512
+                } else if has(false) {
+                    Isa::Avx2
+                } else {
+                    Isa::Portable
+                }
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Portable
+    }
+
+    /// Every kernel this CPU runs, the portable one first.
+    #[cfg(test)]
+    pub(crate) fn available() -> Vec<Self> {
+        [Isa::Portable, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&isa| isa == Isa::Portable || isa <= Isa::detect())
+            .collect()
+    }
+}
+
 /// Ask for the cache lines of `bytes` to be brought in ahead of their use (a hint: no effect on
 /// results). Weight streams read a few hundred bytes from each of many rows, a pattern the
 /// hardware prefetchers do not follow.

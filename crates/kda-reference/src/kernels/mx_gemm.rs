@@ -33,6 +33,8 @@ use rayon::prelude::*;
 
 use kda_core::mx::{self, BLOCK_SIZE};
 
+use super::Isa;
+
 /// Activation rows per micro-kernel tile: one 512-bit vector of f64.
 pub(super) const MR: usize = 8;
 /// Weight rows (output columns) per micro-kernel tile.
@@ -64,57 +66,6 @@ pub(super) struct Operands<'a> {
 impl Operands<'_> {
     fn blocks(&self) -> usize {
         mx::num_blocks(self.k)
-    }
-}
-
-/// The instructions a micro-kernel runs on. Every choice computes the same exact block sums, so
-/// the result does not depend on it.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Isa {
-    /// Plain Rust: the oracle of the vector kernels.
-    Portable,
-    /// AVX2 with fused multiply-adds (and F16C to decode): the tile as four `8 × 6` sub-tiles.
-    Avx2,
-    /// AVX-512 (F and BW): the tile's 24 columns in 24 registers of 8 rows.
-    Avx512,
-}
-
-impl Isa {
-    /// The widest kernel this CPU runs.
-    pub(super) fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::sync::OnceLock;
-            static ISA: OnceLock<Isa> = OnceLock::new();
-            *ISA.get_or_init(|| {
-                let has = |avx512| {
-                    if avx512 {
-                        std::arch::is_x86_feature_detected!("avx512f")
-                            && std::arch::is_x86_feature_detected!("avx512bw")
-                    } else {
-                        super::has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c")
-                    }
-                };
-                if has(true) {
-                    Isa::Avx512
-                } else if has(false) {
-                    Isa::Avx2
-                } else {
-                    Isa::Portable
-                }
-            })
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Isa::Portable
-    }
-
-    /// Every kernel this CPU runs, the portable one first.
-    #[cfg(test)]
-    fn available() -> Vec<Self> {
-        [Isa::Portable, Isa::Avx2, Isa::Avx512]
-            .into_iter()
-            .filter(|&isa| isa == Isa::Portable || isa <= Isa::detect())
-            .collect()
     }
 }
 
