@@ -14,19 +14,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions, MxGemmPath, sys};
-use kda_core::config::Tp;
 use kda_core::graph::Graph;
-use kda_core::layer::{CoreOperands, LayerOptions, RequestSlots};
 use kda_core::mx::{self, ScaleAlg, num_blocks};
 use kda_core::sanitize::HazardKind;
-use kda_core::schedule::{
+use kda_core::{
+    CaptureError, DType, Device, E8M0, Error, F8E4M3, HostFn, Op, Resources, StreamHandle, Tensor,
+};
+use kda_model::config::Tp;
+use kda_model::layer::{CoreOperands, LayerOptions, RequestSlots};
+use kda_model::schedule::{
     BfgWeight, MatrixOverlap, Projected, ProjectionDims, ProjectionSchedule, ProjectionWeights,
     QkvBfgProjection, QkvWeight,
 };
-use kda_core::{
-    BatchMeta, CaptureError, DType, Device, E8M0, Error, F8E4M3, HostFn, KdaLayer, Op, Resources,
-    StateCache, StreamHandle, Tensor,
-};
+use kda_model::{BatchMeta, KdaLayer, StateCache};
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 use kda_testkit::{Gen, Tolerance};
 

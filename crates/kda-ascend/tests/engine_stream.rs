@@ -14,10 +14,10 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions, sys};
-use kda_core::config::Tp;
-use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots};
-use kda_core::schedule::ProjectionSchedule;
 use kda_core::{DType, Device, Error, Layout, Op, Tensor};
+use kda_model::config::Tp;
+use kda_model::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots};
+use kda_model::schedule::ProjectionSchedule;
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 use kda_testkit::{Gen, Tolerance};

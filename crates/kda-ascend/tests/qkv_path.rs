@@ -11,12 +11,12 @@ use std::sync::Once;
 
 use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions};
-use kda_core::config::Tp;
-use kda_core::layer::{BatchMeta, CoreOperands, KdaLayer, LayerError, LayerOptions, QkvPath};
 use kda_core::mx::{ScaleAlg, num_blocks};
-use kda_core::schedule::{ProjectionSchedule, QkvWeight};
-use kda_core::weights::LayerWeights;
 use kda_core::{Backend, DType, Device, Error, NativeOps, Op};
+use kda_model::config::Tp;
+use kda_model::layer::{BatchMeta, CoreOperands, KdaLayer, LayerError, LayerOptions, QkvPath};
+use kda_model::schedule::{ProjectionSchedule, QkvWeight};
+use kda_model::weights::LayerWeights;
 use kda_reference::ReferenceBackend;
 use kda_testkit::conformance::gemm::download_f64;
 use kda_testkit::conformance::layer::{Model, load, tiny_config};

@@ -8,10 +8,11 @@
 
 use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions};
-use kda_core::config::Tp;
-use kda_core::layer::LayerOptions;
-use kda_core::schedule::{MatrixOverlap, ProjectionSchedule};
-use kda_core::{BatchMeta, DType, Device, KdaLayer, Resources, Tensor};
+use kda_core::{DType, Device, Resources, Tensor};
+use kda_model::config::Tp;
+use kda_model::layer::LayerOptions;
+use kda_model::schedule::{MatrixOverlap, ProjectionSchedule};
+use kda_model::{BatchMeta, KdaLayer};
 use kda_testkit::Gen;
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 

@@ -9,11 +9,11 @@
 
 use half::bf16;
 use kda_ascend::{AscendBackend, AscendOptions};
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::layer::{BatchMeta, CoreOperands, KdaLayer, LayerOptions, RequestSlots, StateCache};
-use kda_core::schedule::ProjectionSchedule;
-use kda_core::weights::{LayerWeights, LoadOptions, load_layer};
 use kda_core::{Backend, DType, Device, Op};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::{BatchMeta, CoreOperands, KdaLayer, LayerOptions, RequestSlots, StateCache};
+use kda_model::schedule::ProjectionSchedule;
+use kda_model::weights::{LayerWeights, LoadOptions, load_layer};
 use kda_reference::ReferenceBackend;
 use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
 use kda_testkit::{Gen, Tolerance};

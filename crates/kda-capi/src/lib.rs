@@ -304,8 +304,8 @@ pub unsafe extern "C" fn kda_layer_load(
         // SAFETY: the caller's contract.
         let dir = PathBuf::from(unsafe { string("checkpoint_dir", checkpoint_dir) }?);
         let schedule = match schedule {
-            0 => kda_core::schedule::ProjectionSchedule::Serial,
-            1 => kda_core::schedule::ProjectionSchedule::Overlapped,
+            0 => kda_model::schedule::ProjectionSchedule::Serial,
+            1 => kda_model::schedule::ProjectionSchedule::Overlapped,
             other => {
                 return Err(EmbedError::Argument {
                     param: "schedule",

@@ -8,9 +8,9 @@ use std::ptr;
 
 use kda_capi::*;
 use kda_core::DType;
-use kda_core::schedule::ProjectionSchedule;
 use kda_embed::testing::{LayerSpec, Step, reference_run, write_synthetic_checkpoint};
 use kda_embed::{BatchArgs, SlotsArg};
+use kda_model::schedule::ProjectionSchedule;
 
 fn last_error() -> String {
     // SAFETY: a NUL-terminated string owned by this thread's slot.

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kda_core::DType;
-use kda_core::schedule::ProjectionSchedule;
 use kda_embed::testing::{LayerSpec, Step, reference_run, write_synthetic_checkpoint};
 use kda_embed::{BatchArgs, SlotsArg};
+use kda_model::schedule::ProjectionSchedule;
 
 /// The directory holding `libkda_capi.so` (cargo's output directory of this test's profile).
 fn library_dir() -> PathBuf {

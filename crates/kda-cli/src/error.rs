@@ -28,11 +28,11 @@ pub enum CliError {
     #[error("{what}: results differ between {a} and {b}")]
     Mismatch { what: String, a: &'static str, b: &'static str },
     #[error(transparent)]
-    Layer(#[from] kda_core::layer::LayerError),
+    Layer(#[from] kda_model::layer::LayerError),
     #[error(transparent)]
     Mx(#[from] kda_core::MxError),
     #[error(transparent)]
-    Weights(#[from] kda_core::weights::WeightError),
+    Weights(#[from] kda_model::weights::WeightError),
     #[error("cannot {action} {path}: {source}")]
     Io { action: &'static str, path: String, source: std::io::Error },
     #[error("{path}: not a valid safetensors file: {message}")]

@@ -3,6 +3,7 @@
 mod cmd;
 mod error;
 mod fsio;
+mod render;
 mod signals;
 
 use std::process::ExitCode;

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Output;
 
 use common::{Input, TempDir, kda, stderr, stdout, write_inputs, write_safetensors};
-use kda_core::config::KdaConfig;
+use kda_model::config::KdaConfig;
 use kda_synth::Gen;
 use kda_synth::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config, write_checkpoint};
 use safetensors::tensor::{Dtype, SafeTensors};

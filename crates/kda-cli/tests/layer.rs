@@ -9,8 +9,8 @@ use std::path::Path;
 mod common;
 
 use common::{Input, TempDir, kda, stderr, stdout, write_inputs, write_safetensors};
-use kda_core::config::Tp;
-use kda_core::layer::ForgetProjection;
+use kda_model::config::Tp;
+use kda_model::layer::ForgetProjection;
 use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, write_checkpoint};
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 use kda_testkit::oracle_kda::{gate_lower_bound, max_abs};

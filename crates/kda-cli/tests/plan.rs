@@ -5,11 +5,11 @@
 mod common;
 
 use common::{TempDir, kda, stderr, stdout, write_safetensors};
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::layer::{BatchShape, LayerOptions, LayerPlan, PLAN_CONFIGS};
-use kda_core::plan::chips::Chip;
 use kda_core::sanitize::Entry;
-use kda_core::weights::{LayerWeights, LoadOptions, load_layer};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::{BatchShape, LayerOptions, LayerPlan, PLAN_CONFIGS};
+use kda_model::plan::chips::Chip;
+use kda_model::weights::{LayerWeights, LoadOptions, load_layer};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 use kda_testkit::checkpoint::{
     SyntheticCheckpoint, SyntheticSpec, scaled_config, write_checkpoint,
@@ -376,11 +376,11 @@ fn layer_auto_prints_the_choice_and_runs_its_schedule() {
 #[test]
 fn plan_recording_prints_predicted_against_measured() {
     let path =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../kda-core/tests/data/plan_host_prefill.json");
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../kda-model/tests/data/plan_host_prefill.json");
     let o = kda(&["plan", "--recording", path, "--tokens", "16"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    let rec: kda_core::plan::Recording =
+    let rec: kda_model::plan::Recording =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     for run in &rec.runs {
         let mut rounds = run.rounds_s.clone();

@@ -16,7 +16,7 @@ pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 /// The largest shard index kda reads (Kimi K3's is about 4 MiB).
 pub const MAX_INDEX_BYTES: u64 = 64 << 20;
 /// Safetensors files smaller than this are read into memory; larger ones are memory-mapped
-/// (see [`crate::weights::Checkpoint::open`] for why, and what mapping risks).
+/// (see `kda_model::weights::Checkpoint::open` for why, and what mapping risks).
 pub const COPY_BELOW_BYTES: u64 = 64 << 20;
 
 /// What a non-regular file is, for messages ("a directory", "a FIFO", ...).
@@ -88,8 +88,9 @@ pub fn read_regular_text(path: &Path, max_bytes: u64) -> io::Result<String> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("not UTF-8 text: {e}")))
 }
 
-/// Read `len` bytes (the length the open file had) from `file`.
-pub(crate) fn read_exact_len(file: File, len: u64, max_bytes: u64) -> io::Result<Vec<u8>> {
+/// Read `len` bytes (the length the open file had) from `file`, at most `max_bytes`: a file that
+/// grew or shrank since it was opened is an error.
+pub fn read_exact_len(file: File, len: u64, max_bytes: u64) -> io::Result<Vec<u8>> {
     if len > max_bytes {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -112,18 +113,17 @@ pub(crate) fn read_exact_len(file: File, len: u64, max_bytes: u64) -> io::Result
     Ok(bytes)
 }
 
-/// A fresh scratch directory for a unit test of kda-core (`tag` makes it unique per test).
-#[cfg(test)]
-pub(crate) fn scratch(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("kda-core-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap_or_default();
-    dir
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fresh scratch directory for a unit test of kda-core (`tag` makes it unique per test).
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kda-core-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        dir
+    }
 
     #[test]
     fn regular_files_are_read_and_bounded() {

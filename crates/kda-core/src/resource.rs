@@ -87,7 +87,7 @@ pub struct Capabilities {
     pub shared_matrix_units: bool,
     /// The backend runs the KDA recurrence (`KdaChunk` prefill, `KdaRecurrent` decode) fastest
     /// on bf16 operands, through the runtime's own tuned operators (on Ascend, CANN's
-    /// `aclnnChunkKdaFwd`). A layer whose [`CoreOperands`](crate::layer::CoreOperands) are left
+    /// `aclnnChunkKdaFwd`). A layer whose `CoreOperands` (kda-model) are left
     /// open then runs its core in bf16 (`docs/design/kda.md#core-operand-dtype`).
     pub bf16_core: bool,
     /// A short description of the execution model (e.g. "one core per stream").

@@ -5,13 +5,13 @@
 
 use half::bf16;
 use kda_core::Device;
-use kda_core::config::Tp;
 use kda_core::kda::{ChunkGate, GateForm, KdaChunk};
-use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots};
-use kda_core::schedule::ProjectionSchedule;
 use kda_core::{DType, Op, ScaleAlg, Tensor};
 use kda_cuda::{CudaBackend, CudaOptions, CudaStream, FastPaths, GraphRoute};
 use kda_cuda_trials::{Check, Failed};
+use kda_model::config::Tp;
+use kda_model::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots};
+use kda_model::schedule::ProjectionSchedule;
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 
 type B = CudaBackend;

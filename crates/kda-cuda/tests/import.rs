@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::{CudaContext, result, sys};
 use half::bf16;
-use kda_core::config::Tp;
-use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots};
-use kda_core::schedule::ProjectionSchedule;
 use kda_core::{DType, Device, Error, Layout, Op, Tensor};
 use kda_cuda::{CudaBackend, CudaOptions, CudaStream};
 use kda_cuda_trials::{Check, Failed};
+use kda_model::config::Tp;
+use kda_model::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots};
+use kda_model::schedule::ProjectionSchedule;
 use kda_testkit::conformance::layer::{Model, load, tiny_config};
 
 type B = CudaBackend;

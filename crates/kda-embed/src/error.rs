@@ -1,8 +1,8 @@
 //! One error type for every embedding call, and the class an engine dispatches on.
 
 use kda_core::Error;
-use kda_core::layer::{BatchError, LayerError};
-use kda_core::weights::WeightError;
+use kda_model::layer::{BatchError, LayerError};
+use kda_model::weights::WeightError;
 use thiserror::Error;
 
 /// The class of an [`EmbedError`]: what a Python exception subclass or a C error code says.

@@ -4,11 +4,11 @@
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots, StateCache};
-use kda_core::schedule::ProjectionSchedule;
-use kda_core::weights::{Checkpoint, WeightError};
 use kda_core::{Backend, DType, Tensor};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots, StateCache};
+use kda_model::schedule::ProjectionSchedule;
+use kda_model::weights::{Checkpoint, WeightError};
 
 use crate::array::{ForeignArray, Import};
 use crate::error::{EmbedError, Result};
@@ -60,7 +60,7 @@ fn expect_len(param: &'static str, len: usize, requests: usize) -> Result<()> {
     if len == requests {
         return Ok(());
     }
-    Err(kda_core::layer::BatchError::Length {
+    Err(kda_model::layer::BatchError::Length {
         param,
         expected: format!("{requests} (one per request)"),
         actual: len,

@@ -7,10 +7,10 @@ use std::path::Path;
 
 use half::bf16;
 use kda_core::DType;
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::layer::{KdaLayer, LayerOptions};
-use kda_core::schedule::ProjectionSchedule;
-use kda_core::weights::{Checkpoint, WeightError};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::{KdaLayer, LayerOptions};
+use kda_model::schedule::ProjectionSchedule;
+use kda_model::weights::{Checkpoint, WeightError};
 use kda_reference::ReferenceBackend;
 use kda_synth::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config, write_checkpoint};
 

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 
 use kda_ascend::sys;
 use kda_core::DType;
-use kda_core::schedule::ProjectionSchedule;
 use kda_embed::testing::{LayerSpec, Step, reference_run, write_synthetic_checkpoint};
 use kda_embed::{BatchArgs, ForeignArray, Import, Layer, Memory, Runtime};
+use kda_model::schedule::ProjectionSchedule;
 use kda_testkit::Tolerance;
 
 /// Device memory the engine allocated (`aclrtMalloc`), freed by the engine.

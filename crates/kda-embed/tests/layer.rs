@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use kda_core::DType;
-use kda_core::schedule::ProjectionSchedule;
 use kda_embed::testing::{LayerSpec, Step, reference_run, write_synthetic_checkpoint};
 use kda_embed::{BatchArgs, ErrorKind, ForeignArray, Import, Layer, Memory, Runtime, SlotsArg};
+use kda_model::schedule::ProjectionSchedule;
 
 /// An engine's f32 array: its memory, shared with the test so it can read the result.
 type Shared = Arc<Mutex<Vec<f32>>>;

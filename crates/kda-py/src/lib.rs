@@ -252,8 +252,8 @@ impl PyLayer {
     #[getter]
     fn schedule(&self) -> &'static str {
         match self.layer.schedule() {
-            kda_core::schedule::ProjectionSchedule::Serial => "serial",
-            kda_core::schedule::ProjectionSchedule::Overlapped => "overlapped",
+            kda_model::schedule::ProjectionSchedule::Serial => "serial",
+            kda_model::schedule::ProjectionSchedule::Overlapped => "overlapped",
         }
     }
 

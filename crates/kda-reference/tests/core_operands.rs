@@ -4,10 +4,10 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
 
 use half::bf16;
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::layer::{BatchMeta, CoreOperands, KdaLayer, LayerOptions, RequestSlots, StateCache};
-use kda_core::weights::{LayerWeights, LoadOptions, load_layer};
 use kda_core::{DType, Device, Op};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::{BatchMeta, CoreOperands, KdaLayer, LayerOptions, RequestSlots, StateCache};
+use kda_model::weights::{LayerWeights, LoadOptions, load_layer};
 use kda_reference::ReferenceBackend;
 use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
 use kda_testkit::oracle_layer::{LayerOracle, RequestState};

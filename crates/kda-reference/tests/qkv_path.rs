@@ -5,14 +5,14 @@
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
 
 use half::bf16;
-use kda_core::config::{QkvFormat, Tp};
-use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, QkvPath};
 use kda_core::mx;
 use kda_core::sanitize::ExclusiveUnits;
-use kda_core::schedule::MatrixOverlap;
-use kda_core::schedule::{ProjectionSchedule, QkvWeight};
-use kda_core::weights::{FusedQkv, HostTensor, LayerWeights, QkvPart, QkvWeights};
 use kda_core::{DType, Device, NativeOps};
+use kda_model::config::{QkvFormat, Tp};
+use kda_model::layer::{BatchMeta, KdaLayer, LayerOptions, QkvPath};
+use kda_model::schedule::MatrixOverlap;
+use kda_model::schedule::{ProjectionSchedule, QkvWeight};
+use kda_model::weights::{FusedQkv, HostTensor, LayerWeights, QkvPart, QkvWeights};
 use kda_reference::{ReferenceBackend, ReferenceOptions};
 use kda_testkit::conformance::gemm::download_f64;
 use kda_testkit::conformance::layer::{Model, load, tiny_config};

@@ -3,10 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test setup")]
 
 use half::bf16;
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::schedule::{BfgWeight, ProjectionWeights, QkvWeight};
-use kda_core::weights::{BfgMode, LoadOptions, QkvWeights, load_layer};
 use kda_core::{E8M0, Error, F8E4M3};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::schedule::{BfgWeight, ProjectionWeights, QkvWeight};
+use kda_model::weights::{BfgMode, LoadOptions, QkvWeights, load_layer};
 use kda_reference::ReferenceBackend;
 use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
 

@@ -27,11 +27,11 @@ use std::path::Path;
 
 use half::bf16;
 use kda_core::DType;
-use kda_core::config::{KdaConfig, QkvFormat};
 use kda_core::mx::{self, ScaleAlg};
-use kda_core::weights::checkpoint::dtype_to_safetensors;
-use kda_core::weights::source::read_all;
-use kda_core::weights::{
+use kda_model::config::{KdaConfig, QkvFormat};
+use kda_model::weights::checkpoint::dtype_to_safetensors;
+use kda_model::weights::source::read_all;
+use kda_model::weights::{
     HostTensor, INDEX_FILE, SINGLE_FILE, TensorRead, TensorSource, WeightError, layer_prefix,
 };
 

@@ -7,7 +7,7 @@
 //! `seed ^ step_salt(step)` with step 0 the prefill and step `s + 1` decode step `s`.
 
 use half::bf16;
-use kda_core::layer::{BatchMeta, RequestSlots};
+use kda_model::layer::{BatchMeta, RequestSlots};
 
 use crate::Gen;
 

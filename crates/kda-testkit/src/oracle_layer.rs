@@ -9,9 +9,9 @@
 
 use half::bf16;
 use kda_core::kda::GateForm;
-use kda_core::layer::ForgetProjection;
 use kda_core::mx;
-use kda_core::weights::{BfgBlock, LayerWeights, QkvWeights};
+use kda_model::layer::ForgetProjection;
+use kda_model::weights::{BfgBlock, LayerWeights, QkvWeights};
 
 use crate::oracle_kda::{
     KdaSequence, causal_conv, gate_lower_bound, gate_softplus, gated_rms_norm, kda_recurrence,
@@ -78,7 +78,7 @@ enum Qkv {
     },
 }
 
-fn f64s(t: &kda_core::weights::HostTensor) -> Vec<f64> {
+fn f64s(t: &kda_model::weights::HostTensor) -> Vec<f64> {
     t.to_f64_vec().expect("float host tensor")
 }
 
@@ -130,7 +130,7 @@ impl LayerOracle {
         let staged_f = (forget == ForgetProjection::Staged).then(|| {
             let (a, b) = weights.bfg.f_factors();
             // Staged uploads the factors in the weight dtype.
-            let cast = |t: &kda_core::weights::HostTensor| {
+            let cast = |t: &kda_model::weights::HostTensor| {
                 f64s(&t.cast(weights.bfg.dtype()).expect("cast"))
             };
             (cast(a.expect("f_a")), cast(b.expect("f_b")))

@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kda_core::DType;
-use kda_core::config::{KdaConfig, QkvFormat, Tp};
 use kda_core::mx::{self, ScaleAlg};
-use kda_core::weights::source::read_all;
-use kda_core::weights::{
+use kda_model::config::{KdaConfig, QkvFormat, Tp};
+use kda_model::weights::source::read_all;
+use kda_model::weights::{
     BfgBlock, BfgMode, Checkpoint, HostTensor, LayerLoader, LayerWeights, LoadOptions, QkvWeights,
     Route, TensorSource, WeightError, layer_prefix, load_layer, route,
 };
@@ -541,7 +541,7 @@ fn small_file() -> (KdaConfig, Vec<u8>) {
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = map
         .iter()
         .map(|(n, t)| {
-            let dtype = kda_core::weights::checkpoint::dtype_to_safetensors(t.dtype());
+            let dtype = kda_model::weights::checkpoint::dtype_to_safetensors(t.dtype());
             (
                 n.clone(),
                 safetensors::tensor::TensorView::new(dtype, t.shape().to_vec(), t.as_bytes())
@@ -702,11 +702,11 @@ struct CountingSource<'a> {
 
 #[derive(Debug)]
 struct CountingTensor<'a> {
-    inner: Box<dyn kda_core::weights::TensorRead + 'a>,
+    inner: Box<dyn kda_model::weights::TensorRead + 'a>,
     reads: &'a std::cell::Cell<usize>,
 }
 
-impl kda_core::weights::TensorRead for CountingTensor<'_> {
+impl kda_model::weights::TensorRead for CountingTensor<'_> {
     fn dtype(&self) -> DType {
         self.inner.dtype()
     }
@@ -729,7 +729,7 @@ impl TensorSource for CountingSource<'_> {
     fn tensor(
         &self,
         name: &str,
-    ) -> Result<Box<dyn kda_core::weights::TensorRead + '_>, WeightError> {
+    ) -> Result<Box<dyn kda_model::weights::TensorRead + '_>, WeightError> {
         Ok(Box::new(CountingTensor { inner: self.inner.tensor(name)?, reads: &self.reads }))
     }
 }

@@ -13,11 +13,11 @@
 
 use clap::{Args, ValueEnum};
 use kda_ascend::{AscendBackend, AscendError, AscendOptions};
-use kda_core::layer::CoreOperands;
 use kda_core::sanitize::checked_from_env;
 use kda_core::timeline::Timeline;
 use kda_core::{Backend, Device};
 use kda_cuda::{CudaBackend, CudaError, CudaOptions};
+use kda_model::layer::CoreOperands;
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions, WaitStrategy};
 use thiserror::Error;
 

@@ -5,10 +5,10 @@
 //! replay matches.
 
 use clap::Args;
-use kda_core::layer::LayerError;
-use kda_core::layer::{CoreOperands, KdaLayer, LayerOptions};
-use kda_core::schedule::{Mutation, ScheduleEvent};
 use kda_core::{Backend, DType, Device};
+use kda_model::layer::LayerError;
+use kda_model::layer::{CoreOperands, KdaLayer, LayerOptions};
+use kda_model::schedule::{Mutation, ScheduleEvent};
 use kda_synth::workload::Workload;
 
 use super::backend::{BackendArg, Settings, on_backend};

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use half::bf16;
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::layer::{BatchMeta, BatchShape, KdaLayer, LayerOptions, LayerTrace};
-use kda_core::weights::{Checkpoint, LoadOptions, load_layer};
 use kda_core::{Backend, DType, Device, Tensor};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::{BatchMeta, BatchShape, KdaLayer, LayerOptions, LayerTrace};
+use kda_model::weights::{Checkpoint, LoadOptions, load_layer};
 
 use super::backend::{BackendArg, Settings, on_backend};
 use super::model::{CoreArg, ScheduleArg};
@@ -75,8 +75,8 @@ struct LayerInput {
 
 pub fn run(args: &LayerArgs) -> Result<(), CliError> {
     let config = KdaConfig::from_file(&args.checkpoint.join("config.json"))
-        .map_err(kda_core::weights::WeightError::from)?;
-    let tp = Tp::new(args.tp_size, args.tp_rank).map_err(kda_core::weights::WeightError::from)?;
+        .map_err(kda_model::weights::WeightError::from)?;
+    let tp = Tp::new(args.tp_size, args.tp_rank).map_err(kda_model::weights::WeightError::from)?;
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
     crate::signals::name_mapped_files(&checkpoint.mapped_files());
     let config_path = args.checkpoint.join("config.json");
@@ -192,7 +192,7 @@ fn read_input(args: &LayerArgs, hidden_size: usize) -> Result<LayerInput, CliErr
         return Err(shape_error("query_start_loc", "i32".into(), qsl_view.shape(), why));
     }
     // Checked against the rows before anything (the state cache) is sized by it.
-    let meta = BatchMeta::fresh_prefills(&qsl, rows).map_err(kda_core::layer::LayerError::from)?;
+    let meta = BatchMeta::fresh_prefills(&qsl, rows).map_err(kda_model::layer::LayerError::from)?;
     Ok(LayerInput { dtype, rows, hidden, meta })
 }
 

@@ -9,11 +9,11 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use kda_core::layer::{BatchMeta, KdaLayer, LayerOptions, LayerPlan, RequestSlots, StateCache};
-use kda_core::schedule::ProjectionSchedule;
 use kda_core::timeline::Timeline;
-use kda_core::weights::LayerWeights;
 use kda_core::{DType, Device, Tensor};
+use kda_model::layer::{BatchMeta, KdaLayer, LayerOptions, LayerPlan, RequestSlots, StateCache};
+use kda_model::schedule::ProjectionSchedule;
+use kda_model::weights::LayerWeights;
 
 use kda_reference::ReferenceBackend;
 use kda_reference::peak::fma_rates;
@@ -236,7 +236,7 @@ fn compute_floor(
     let layer = KdaLayer::new(&b, &s, weights, options)?;
     let (mut exact, mut dense) = (0.0, 0.0);
     for entry in &LayerPlan::record_forward(&b, &s, &layer, decode, tokens)? {
-        let work = kda_core::plan::work(entry);
+        let work = kda_model::plan::work(entry);
         *(if work.mx { &mut exact } else { &mut dense }) += work.flops / 2.0;
     }
     let rates = fma_rates(Duration::from_millis(300));

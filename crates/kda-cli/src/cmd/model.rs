@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use kda_core::config::{KdaConfig, Tp};
-use kda_core::layer::CoreOperands;
-use kda_core::schedule::ProjectionSchedule;
-use kda_core::weights::{Checkpoint, LayerWeights, LoadOptions, TensorSource, WeightError};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::CoreOperands;
+use kda_model::schedule::ProjectionSchedule;
+use kda_model::weights::{Checkpoint, LayerWeights, LoadOptions, TensorSource, WeightError};
 use kda_synth::checkpoint::{SyntheticCheckpoint, SyntheticSpec, scaled_config};
 use kda_synth::workload::Workload;
 
@@ -169,7 +169,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded, CliError> {
     let default_tp = if args.checkpoint.is_some() { 1 } else { args.preset.tp_size() };
     let tp =
         Tp::new(args.tp_size.unwrap_or(default_tp), args.tp_rank).map_err(WeightError::from)?;
-    let loaded = kda_core::weights::load_layer(
+    let loaded = kda_model::weights::load_layer(
         source.as_ref(),
         &config,
         tp,

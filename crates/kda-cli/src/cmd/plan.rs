@@ -15,15 +15,17 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use kda_core::layer::{
+use kda_core::sanitize::Entry;
+use kda_core::timeline::Timeline;
+use kda_model::layer::{
     BatchShape, Choice, KdaLayer, LayerOptions, LayerPlan, PLAN_CONFIGS, PlanConfig,
 };
-use kda_core::plan::chips::Chip;
-use kda_core::plan::{self, ChartSeries, ChipFigures, RecordedRun, Recording, TimeChart};
-use kda_core::sanitize::Entry;
-use kda_core::timeline::{SvgOptions, Timeline};
-use kda_core::weights::LayerWeights;
+use kda_model::plan::chips::Chip;
+use kda_model::plan::{self, ChipFigures, RecordedRun, Recording};
+
+use crate::render::{self, ChartSeries, SvgOptions, TimeChart};
 use kda_core::{DType, Device, Op, ScaleAlg};
+use kda_model::weights::LayerWeights;
 use kda_reference::ReferenceBackend;
 use kda_synth::Gen;
 use rand::seq::SliceRandom;
@@ -535,7 +537,7 @@ fn print_f_bytes(weights: &LayerWeights) {
 /// The table as a chart: one line per configuration through its predicted time at each T,
 /// staged F dashed, and the recommended configuration at each T.
 fn chart(title: &str, chip: &ChipFigures, choices: &[Choice]) -> Result<TimeChart, CliError> {
-    use kda_core::layer::ForgetProjection;
+    use kda_model::layer::ForgetProjection;
     let seconds = |config: &PlanConfig| -> Result<Vec<f64>, CliError> {
         choices
             .iter()
@@ -583,7 +585,7 @@ fn timeline_svg(title: &str, chip: &ChipFigures, choice: &Choice) -> String {
         )),
         ..SvgOptions::default()
     };
-    sim.timeline().to_svg(&options)
+    render::timeline_svg(&sim.timeline(), &options)
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), CliError> {
@@ -596,8 +598,8 @@ fn write_file(path: &Path, text: &str) -> Result<(), CliError> {
 
 /// A column header for a configuration.
 fn short(c: &PlanConfig) -> String {
-    use kda_core::layer::ForgetProjection;
-    use kda_core::schedule::{MatrixOverlap, ProjectionSchedule};
+    use kda_model::layer::ForgetProjection;
+    use kda_model::schedule::{MatrixOverlap, ProjectionSchedule};
     let form = if c.forget == ForgetProjection::Staged { "st" } else { "co" };
     let schedule = match (c.schedule, c.matrix_overlap) {
         (ProjectionSchedule::Serial, _) => "serial",

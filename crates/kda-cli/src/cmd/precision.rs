@@ -12,13 +12,13 @@ use std::path::PathBuf;
 
 use clap::Args;
 use half::bf16;
-use kda_core::config::{KdaConfig, Tp};
 use kda_core::kda::gate::exact::{gate_lower_bound, gate_softplus, sigmoid};
-use kda_core::weights::source::read_all;
-use kda_core::weights::{
+use kda_core::{DType, Device, Op};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::weights::source::read_all;
+use kda_model::weights::{
     BfgBlock, BfgMode, FusedBfgLinear, TensorRead, TensorSource, WeightError, layer_prefix,
 };
-use kda_core::{DType, Device, Op};
 use kda_reference::ReferenceBackend;
 use kda_synth::Gen;
 use kda_synth::checkpoint::{SyntheticCheckpoint, SyntheticSpec};
@@ -138,7 +138,7 @@ fn widen(v: &[bf16]) -> Vec<f64> {
     v.iter().map(|x| f64::from(x.to_f32())).collect()
 }
 
-fn as_bf16(t: &kda_core::weights::HostTensor) -> Result<Vec<bf16>, CliError> {
+fn as_bf16(t: &kda_model::weights::HostTensor) -> Result<Vec<bf16>, CliError> {
     t.as_bf16().map(<[bf16]>::to_vec).ok_or_else(|| CliError::Argument {
         arg: "weights",
         reason: format!("expected bf16 weights, got {}", t.dtype()),

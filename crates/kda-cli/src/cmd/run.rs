@@ -15,11 +15,11 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use kda_core::config::QkvFormat;
-use kda_core::layer::{BatchShape, KdaLayer, LayerOptions, StateCache};
-use kda_core::schedule::{MatrixOverlap, ProjectionSchedule, labels};
 use kda_core::timeline::{Span, Timeline};
 use kda_core::{Backend, DType, Device, Tensor};
+use kda_model::config::QkvFormat;
+use kda_model::layer::{BatchShape, KdaLayer, LayerOptions, StateCache};
+use kda_model::schedule::{MatrixOverlap, ProjectionSchedule, labels};
 use kda_synth::workload::Workload;
 
 use super::backend::{BackendArg, CliBackend, Settings, on_backend};

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use half::bf16;
-use kda_core::schedule::{
+use kda_core::timeline::{Span, Timeline};
+use kda_core::{Backend, DType, Device, Op, ScaleAlg, Tensor};
+use kda_model::schedule::{
     BfgWeight, MatrixOverlap, ProjectionBuffers, ProjectionDims, ProjectionSchedule,
     ProjectionWeights, QkvBfgProjection, QkvWeight, labels,
 };
-use kda_core::timeline::{Span, Timeline};
-use kda_core::{Backend, DType, Device, Op, ScaleAlg, Tensor};
 use kda_synth::Gen;
 use rand::seq::SliceRandom;
 

@@ -6,10 +6,10 @@
 
 use std::path::PathBuf;
 
+use crate::render::{SvgOptions, chrome_trace, timeline_svg};
 use clap::Args;
-use kda_core::layer::{KdaLayer, LayerOptions};
-use kda_core::timeline::SvgOptions;
 use kda_core::{DType, Device, StreamHandle};
+use kda_model::layer::{KdaLayer, LayerOptions};
 use kda_synth::workload::Workload;
 
 use super::backend::{self, BackendArg, CliBackend, Settings, on_backend};
@@ -118,16 +118,15 @@ fn trace_on<B: CliBackend>(args: &TraceArgs, w: Workload, b: Device<B>) -> Resul
         timeline.makespan().as_secs_f64() * 1e3
     );
     if let Some(path) = &args.svg {
-        let svg = timeline.to_svg(&SvgOptions {
-            title: Some(title.clone()),
-            lane_names: lanes.clone(),
-            width: 0,
-        });
+        let svg = timeline_svg(
+            &timeline,
+            &SvgOptions { title: Some(title.clone()), lane_names: lanes.clone(), width: 0 },
+        );
         crate::fsio::write_atomic(path, svg.as_bytes())?;
         println!("  SVG timeline: {}", path.display());
     }
     if let Some(path) = &args.chrome {
-        super::write_json(path, &timeline.to_chrome_trace(&lanes))?;
+        super::write_json(path, &chrome_trace(&timeline, &lanes))?;
         println!("  Chrome trace: {}", path.display());
     }
     Ok(())

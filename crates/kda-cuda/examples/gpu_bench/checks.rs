@@ -3,12 +3,12 @@
 //! bit), and what the fast paths change against the spec paths, in bits and by how much.
 
 use half::bf16;
-use kda_core::layer::{BatchMeta, RequestSlots};
-use kda_core::schedule::{
-    MatrixOverlap, ProjectionBuffers, ProjectionDims, ProjectionSchedule, QkvBfgProjection,
-};
 use kda_core::{DType, Device, Op, Result, Tensor};
 use kda_cuda::{CudaBackend, CudaOptions, CudaStream, FastPaths};
+use kda_model::layer::{BatchMeta, RequestSlots};
+use kda_model::schedule::{
+    MatrixOverlap, ProjectionBuffers, ProjectionDims, ProjectionSchedule, QkvBfgProjection,
+};
 use serde_json::{Value, json};
 
 use crate::data::{

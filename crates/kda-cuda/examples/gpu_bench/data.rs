@@ -2,15 +2,15 @@
 //! the chunked prefill's operands.
 
 use half::bf16;
-use kda_core::config::{KdaConfig, Tp};
 use kda_core::kda::KdaChunk;
-use kda_core::layer::{KdaLayer, LayerOptions};
-use kda_core::schedule::{
-    BfgWeight, ProjectionDims, ProjectionSchedule, ProjectionWeights, QkvWeight,
-};
-use kda_core::weights::{LoadOptions, load_layer};
 use kda_core::{DType, Device, Op, Result, Tensor};
 use kda_cuda::{CudaBackend, CudaStream};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::{KdaLayer, LayerOptions};
+use kda_model::schedule::{
+    BfgWeight, ProjectionDims, ProjectionSchedule, ProjectionWeights, QkvWeight,
+};
+use kda_model::weights::{LoadOptions, load_layer};
 use kda_testkit::checkpoint::{SyntheticCheckpoint, SyntheticSpec};
 
 pub type B = CudaBackend;

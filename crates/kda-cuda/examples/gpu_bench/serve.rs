@@ -17,10 +17,10 @@ use std::io::{BufRead, Write};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use kda_core::layer::{BatchMeta, KdaLayer, RequestSlots};
-use kda_core::schedule::{MatrixOverlap, ProjectionDims, ProjectionSchedule, QkvBfgProjection};
 use kda_core::{DType, Device, Error, Op, Result, Tensor};
 use kda_cuda::{CudaBackend, CudaOptions, CudaStream, FastPaths};
+use kda_model::layer::{BatchMeta, KdaLayer, RequestSlots};
+use kda_model::schedule::{MatrixOverlap, ProjectionDims, ProjectionSchedule, QkvBfgProjection};
 
 use crate::data::{
     B, Rng, bf16_tensor, chunk_problem, hal, k3_tp8_layer, projection_weights, quantized,

@@ -11,17 +11,17 @@
 //! output gate), with `H = 8` heads of `D = 8` and hidden 48 (one partial MX block).
 
 use half::bf16;
-use kda_core::config::{KdaConfig, Tp};
 use kda_core::kda::{CausalConv, KdaChunk, KdaGate};
-use kda_core::layer::{
+use kda_core::sanitize::{Access, ByteRanges, Entry};
+use kda_core::{Backend, BufferHandle, DType, Device, Error, Op, Tensor};
+use kda_model::config::{KdaConfig, Tp};
+use kda_model::layer::{
     BatchError, BatchMeta, BetaInput, CoreOperands, ForgetProjection, KdaLayer, KeepError,
     KeepState, LayerError, LayerOptions, RequestSlots, StateCache,
 };
-use kda_core::sanitize::{Access, ByteRanges, Entry};
-use kda_core::schedule::beta::BETA_SIGMOID;
-use kda_core::schedule::{MatrixOverlap, ProjectionSchedule};
-use kda_core::weights::{BfgMode, LayerWeights, LoadOptions, load_layer};
-use kda_core::{Backend, BufferHandle, DType, Device, Error, Op, Tensor};
+use kda_model::schedule::beta::BETA_SIGMOID;
+use kda_model::schedule::{MatrixOverlap, ProjectionSchedule};
+use kda_model::weights::{BfgMode, LayerWeights, LoadOptions, load_layer};
 
 use super::Factory;
 use super::gemm::download_f64;
@@ -1043,7 +1043,7 @@ pub fn bad_input_leaves_the_cache_unchanged<B: Backend>(make: &impl Factory<B>) 
     check_unchanged("output shape", &cache, &wrong);
     // A cache made for another layer shape.
     let mut other =
-        StateCache::new(&b, &s, kda_core::layer::CacheDims { heads: 4, ..cache.dims() }).unwrap();
+        StateCache::new(&b, &s, kda_model::layer::CacheDims { heads: 4, ..cache.dims() }).unwrap();
     let e = layer.forward(&s, &xt, &ok, &mut other, &mut out).unwrap_err();
     assert!(matches!(&e, LayerError::Device(Error::Param { param: "cache", .. })), "{e}");
     check_unchanged("foreign cache", &cache, &out);

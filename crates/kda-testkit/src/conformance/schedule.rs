@@ -12,14 +12,14 @@ use half::bf16;
 use kda_core::graph::Node;
 use kda_core::mx::{self, ScaleAlg, num_blocks};
 use kda_core::sanitize::{Entry, ExclusiveUnits, Hazard, HazardKind};
-use kda_core::schedule::{
-    AuxStream, BfgWeight, MatrixOverlap, Mutation, Projected, ProjectionBuffers, ProjectionDims,
-    ProjectionSchedule, ProjectionWeights, QkvBfgProjection, QkvPlan, QkvWeight, ScheduleEvent,
-    labels, prepare_beta,
-};
 use kda_core::{
     Backend, BufferHandle, CaptureError, DType, Device, E8M0, Error, F8E4M3, Op, StreamHandle,
     Tensor,
+};
+use kda_model::schedule::{
+    AuxStream, BfgWeight, MatrixOverlap, Mutation, Projected, ProjectionBuffers, ProjectionDims,
+    ProjectionSchedule, ProjectionWeights, QkvBfgProjection, QkvPlan, QkvWeight, ScheduleEvent,
+    labels, prepare_beta,
 };
 
 use super::Factory;
