@@ -38,7 +38,7 @@ pub use graph::Graph;
 pub use hal::{Backend, Validated};
 pub use layout::Layout;
 pub use mx::{MxError, MxFloat, ScaleAlg, ScaleLayout};
-pub use op::{ComputeUnit, DownloadSlot, GemmDims, HostFn, Op, OpDims};
+pub use op::{ComputeUnit, DownloadSlot, GemmDims, HostFn, Launch, Op, OpDims};
 pub use resource::{
     BackendInfo, BufferHandle, BufferId, Capabilities, EventHandle, EventId, InstanceId, NativeOps,
     Resources, StreamHandle, StreamId,

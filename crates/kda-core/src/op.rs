@@ -29,10 +29,10 @@ macro_rules! ops {
             op $var:ident { $($field:ident: $fty:ty),* $(,)? } =>
                 name $name:expr, unit $unit:expr,
                 reads [$($read:ident),*], writes [$($write:ident),*],
-                check $check:expr;
+                check $check:expr, dims $odt:ty;
         )*
         descriptors {
-            $( $(#[$ddoc:meta])* $dvar:ident($dty:ident) => unit $dunit:expr, dims $dims:ident; )*
+            $( $(#[$ddoc:meta])* $dvar:ident($dty:ident) => unit $dunit:expr, dims $dims:ident($ddt:ty); )*
         }
     ) => {
         /// One device op with its input and output views. Cloning shares the views (and staged
@@ -92,7 +92,70 @@ macro_rules! ops {
                 }
             }
         }
+
+        /// A validated op as a backend executes it: the op's fields with the sizes its
+        /// validation computed, typed per op ([`Validated::launch`]). Backends match on this,
+        /// exhaustively, so a new op is a compile error in every backend that lacks its kernel,
+        /// and no backend takes sizes apart again.
+        #[derive(Debug)]
+        pub enum Launch<'a, B: Resources> {
+            $( $(#[$doc])* $var { $($field: &'a $fty,)* dims: $odt }, )*
+            $( $(#[$ddoc])* $dvar(&'a $dty<B>, $ddt), )*
+        }
+
+        impl<B: Resources> Validated<B> {
+            /// The op and its sizes, paired by kind.
+            pub fn launch(&self) -> Result<Launch<'_, B>> {
+                let dims = self.dims;
+                let mismatch = |op: &Op<B>| Error::Param {
+                    op: op.name(),
+                    param: "dims",
+                    expected: "the sizes of the op's own validation".into(),
+                    actual: format!("{dims:?}"),
+                };
+                Ok(match &self.op {
+                    $( Op::$var { $($field),* } => Launch::$var {
+                        $($field,)*
+                        dims: <$odt as KindDims>::of(dims).ok_or_else(|| mismatch(&self.op))?,
+                    }, )*
+                    $( Op::$dvar(op) => Launch::$dvar(
+                        op,
+                        <$ddt as KindDims>::of(dims).ok_or_else(|| mismatch(&self.op))?,
+                    ), )*
+                })
+            }
+        }
     };
+}
+
+/// The sizes one kind of op is validated with, taken out of [`OpDims`].
+trait KindDims: Sized {
+    fn of(dims: OpDims) -> Option<Self>;
+}
+
+macro_rules! kind_dims {
+    ($($ty:ty => $variant:ident),* $(,)?) => {
+        $( impl KindDims for $ty {
+            fn of(dims: OpDims) -> Option<Self> {
+                match dims {
+                    OpDims::$variant(d) => Some(d),
+                    _ => None,
+                }
+            }
+        } )*
+    };
+}
+
+kind_dims! {
+    GemmDims => Gemm, MxDims => Mx, ConvDims => Conv, ConvUpdateDims => ConvUpdate,
+    RowDims => Rows, GateDims => Gate, RecurrenceDims => Recurrence, PaddingDims => Padding,
+}
+
+/// Ops whose sizes are their operands' shapes.
+impl KindDims for () {
+    fn of(dims: OpDims) -> Option<Self> {
+        matches!(dims, OpDims::None).then_some(())
+    }
 }
 
 ops! {
@@ -100,72 +163,72 @@ ops! {
     /// `x`, `w`: bf16, f16 or f32 (mixed allowed); `y`: bf16, f16 or f32.
     op Gemm { x: Tensor<B>, w: Tensor<B>, y: Tensor<B> } =>
         name "gemm", unit Some(ComputeUnit::Matrix), reads [x, w], writes [y],
-        check gemm_dims(x, w, y).map(OpDims::Gemm);
+        check gemm_dims(x, w, y).map(OpDims::Gemm), dims GemmDims;
     /// Element-wise copy between two views of the same shape: of the same dtype, or converting
     /// between two float dtypes (exact widening, round-to-nearest-even narrowing).
     op Copy { src: Tensor<B>, dst: Tensor<B> } =>
         name "copy", unit None, reads [src], writes [dst],
-        check check_copy(src, dst);
+        check check_copy(src, dst), dims ();
     /// Set every element of `dst` to `value`. For floats the value is rounded to the dtype; for
     /// `i32` it must be an integer in range; for `u8`, `e4m3` and `e8m0` it is the raw byte.
     op Fill { dst: Tensor<B>, value: f64 } =>
         name "fill", unit None, reads [], writes [dst],
-        check check_fill_value(dst.dtype(), *value);
+        check check_fill_value(dst.dtype(), *value), dims ();
     /// Write staged host bytes (row-major, `dst.numel()` elements) into `dst`.
     op Upload { dst: Tensor<B>, data: Arc<[u8]> } =>
         name "upload", unit None, reads [], writes [dst],
-        check check_upload(dst, data);
+        check check_upload(dst, data), dims ();
     /// Read `src` (row-major) into a host slot, in stream order.
     op Download { src: Tensor<B>, slot: DownloadSlot } =>
         name "download", unit None, reads [src], writes [],
-        check Ok(OpDims::None);
+        check Ok(OpDims::None), dims ();
     /// Run a host function in stream order (CUDA's `cudaLaunchHostFunc`, ACL's
     /// `aclrtLaunchCallback`). An `Err` fails the stream like any op failure.
     op Host { name: &'static str, f: HostFn } =>
         name name, unit None, reads [], writes [],
-        check Ok(OpDims::None);
+        check Ok(OpDims::None), dims ();
     /// MXFP8 dynamic quantization (Ascend's `aclnnDynamicMxQuant`): `x[M, K]` (bf16 or f32) to
     /// E4M3 `data[M, K]` and E8M0 `scale[M, ceil(K/32)]` (plain layout), blocks of 32 along K,
     /// bit for bit as [`crate::mx::quantize`].
     op DynamicQuant { x: Tensor<B>, data: Tensor<B>, scale: Tensor<B>, alg: ScaleAlg } =>
         name "dynamic_quant", unit Some(ComputeUnit::Vector), reads [x], writes [data, scale],
-        check mx_quant_dims(x, data, scale).map(OpDims::Mx);
+        check mx_quant_dims(x, data, scale).map(OpDims::Mx), dims MxDims;
     /// MXFP8 dequantization: E4M3 `data[M, K]` with E8M0 `scale[M, ceil(K/32)]` to `y[M, K]`
     /// (bf16 or f32), each value rounded once ([`crate::mx::dequantize_value`]).
     op MxDequant { data: Tensor<B>, scale: Tensor<B>, y: Tensor<B> } =>
         name "mx_dequant", unit Some(ComputeUnit::Vector), reads [data, scale], writes [y],
-        check mx_dequant_dims(data, scale, y).map(OpDims::Mx);
+        check mx_dequant_dims(data, scale, y).map(OpDims::Mx), dims MxDims;
     /// MXFP8 GEMM `y[M, N] = a[M, K] · w[N, K]^T` (`aclnnQuantMatmulV5` in MX mode): E4M3 `a` and
     /// `w`, E8M0 `a_scale[M, ceil(K/32)]` and `w_scale[N, ceil(K/32)]`, `y` bf16 or f32, summed
     /// as [`crate::mx::gemm`] defines (exact block sums, fp32 accumulation over blocks).
     op MxGemm { a: Tensor<B>, a_scale: Tensor<B>, w: Tensor<B>, w_scale: Tensor<B>, y: Tensor<B> } =>
         name "mx_gemm", unit Some(ComputeUnit::Matrix), reads [a, a_scale, w, w_scale], writes [y],
-        check mx_gemm_dims(a, a_scale, w, w_scale, y).map(OpDims::Gemm);
+        check mx_gemm_dims(a, a_scale, w, w_scale, y).map(OpDims::Gemm), dims GemmDims;
     /// Element-wise logistic sigmoid computed in fp32: `y = 1 / (1 + e^-x)` with `x` (bf16, f16
     /// or f32, any view) widened exactly to f32 and `y` f32 of the same shape. The mixed
     /// projection path's "preprocessed" beta (`docs/design/schedule.md#the-beta-contract`).
     op Sigmoid { x: Tensor<B>, y: Tensor<B> } =>
         name "sigmoid", unit Some(ComputeUnit::Vector), reads [x], writes [y],
-        check check_sigmoid(x, y);
+        check check_sigmoid(x, y), dims ();
     descriptors {
         /// Depthwise causal conv1d + SiLU over a flat batch of prefill requests
         /// ([`crate::kda::conv`]).
-        CausalConv(CausalConv) => unit Some(ComputeUnit::Vector), dims Conv;
+        CausalConv(CausalConv) => unit Some(ComputeUnit::Vector), dims Conv(ConvDims);
         /// Causal conv1d + SiLU for decode and speculative decode ([`crate::kda::conv`]).
-        CausalConvUpdate(CausalConvUpdate) => unit Some(ComputeUnit::Vector), dims ConvUpdate;
+        CausalConvUpdate(CausalConvUpdate) => unit Some(ComputeUnit::Vector), dims ConvUpdate(ConvUpdateDims);
         /// Row-wise L2 norm with a scale (the q/k norm).
-        L2Norm(L2Norm) => unit Some(ComputeUnit::Vector), dims Rows;
+        L2Norm(L2Norm) => unit Some(ComputeUnit::Vector), dims Rows(RowDims);
         /// The forget gate's log decay, softplus or lower-bound form.
-        KdaGate(KdaGate) => unit Some(ComputeUnit::Vector), dims Gate;
+        KdaGate(KdaGate) => unit Some(ComputeUnit::Vector), dims Gate(GateDims);
         /// The KDA recurrence token by token (decode, speculative decode).
-        KdaRecurrent(KdaRecurrent) => unit Some(ComputeUnit::Vector), dims Recurrence;
+        KdaRecurrent(KdaRecurrent) => unit Some(ComputeUnit::Vector), dims Recurrence(RecurrenceDims);
         /// The KDA recurrence in chunks of 64 (prefill): it uses both kinds of unit and claims
         /// neither.
-        KdaChunk(KdaChunk) => unit None, dims Recurrence;
+        KdaChunk(KdaChunk) => unit None, dims Recurrence(RecurrenceDims);
         /// Gated RMSNorm of the core output.
-        GatedRmsNorm(GatedRmsNorm) => unit Some(ComputeUnit::Vector), dims Rows;
+        GatedRmsNorm(GatedRmsNorm) => unit Some(ComputeUnit::Vector), dims Rows(RowDims);
         /// Zero the rows past the live tokens.
-        ZeroPadding(ZeroPadding) => unit Some(ComputeUnit::Vector), dims Padding;
+        ZeroPadding(ZeroPadding) => unit Some(ComputeUnit::Vector), dims Padding(PaddingDims);
     }
 }
 

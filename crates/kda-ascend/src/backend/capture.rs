@@ -140,7 +140,7 @@ impl AscendBackend {
                     .into());
                 }
                 let s = handles.stream(origin, *stream);
-                steps.push(ops::prepare(self, s, op.op(), op.dims(), true)?);
+                steps.push(ops::prepare(self, s, op, true)?);
             }
         }
         // Work held on the host behind a host function is issued before the capture begins.

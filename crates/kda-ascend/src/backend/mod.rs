@@ -443,11 +443,11 @@ impl Backend for AscendBackend {
 
     fn submit(&self, stream: &AscendStream, label: &str, op: Validated<Self>) -> Result<()> {
         self.enter()?;
-        let (op, dims) = op.into_parts();
         let _span = tracing::trace_span!("ascend", op = label, stream = %stream.id()).entered();
         let capture = stream.inner.capture();
         let captured = !capture.allows_release();
-        if captured && matches!(op, kda_core::Op::Host { .. } | kda_core::Op::Download { .. }) {
+        if captured && matches!(op.op(), kda_core::Op::Host { .. } | kda_core::Op::Download { .. })
+        {
             return Err(engine::refused(
                 "a download or host function inside an engine's capture (its model would \
                  replay it without kda)",
@@ -457,7 +457,7 @@ impl Backend for AscendBackend {
         // Under a capture: executors repeatable (the model replays them), no reuse event
         // queried by the allocator.
         let _open = captured.then(|| self.inner.pool.capture_open());
-        let steps = ops::prepare(self, stream, &op, dims, captured)?;
+        let steps = ops::prepare(self, stream, &op, captured)?;
         {
             let mut state = stream.inner.state();
             for step in &steps {

@@ -26,17 +26,19 @@ use std::sync::{Arc, Mutex};
 use kda_core::kda::GateDims;
 use kda_core::kda::{GateForm, KdaGate};
 use kda_core::mx::num_blocks;
-use kda_core::{BufferId, DType, DownloadSlot, HostFn, Layout, Op, OpDims, Result, Tensor};
+use kda_core::{BufferId, DType, DownloadSlot, HostFn, Layout, Result, Tensor, Validated};
 
 use super::acl::{HostMemory, check};
 use super::descriptor::{AclScalar, AclTensor, gm};
 use super::host::HostCall;
 use super::kernel::Launch;
+// The op as launched (kda_core::Launch), named apart from the kernel launch of `super::kernel`.
 use super::{AscendBackend, AscendStream};
 use crate::error::AscendError;
 use crate::kernels::abi::{GmTensor, names};
 use crate::kernels::tiling::{self, Work};
 use crate::sys;
+use kda_core::Launch as Op;
 
 #[path = "vendor.rs"]
 mod vendor;
@@ -323,44 +325,24 @@ impl Prep<'_> {
 pub(crate) fn prepare(
     b: &AscendBackend,
     stream: &AscendStream,
-    op: &Op<AscendBackend>,
-    dims: OpDims,
+    op: &Validated<AscendBackend>,
     repeatable: bool,
 ) -> Result<Vec<Step>> {
-    let mut p = Prep { b, op: op.name(), stream, repeatable, steps: Vec::new() };
-    build(&mut p, op, dims)?;
+    let mut p = Prep { b, op: op.op().name(), stream, repeatable, steps: Vec::new() };
+    build(&mut p, op.launch()?)?;
     Ok(p.steps)
 }
 
-/// The sizes of `dims` when they are of the kind `op` has (validation made them so).
-macro_rules! dims_of {
-    ($dims:expr, $kind:ident, $op:expr) => {
-        match $dims {
-            OpDims::$kind(d) => d,
-            other => {
-                return Err(kda_core::Error::Backend {
-                    backend: "ascend",
-                    message: format!(
-                        "{}: validated with another op's sizes ({other:?})",
-                        $op.name()
-                    ),
-                })
-            }
-        }
-    };
-}
-
-fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
-    match op {
-        Op::Gemm { x, w, y } => p.matmul(x, w, y),
-        Op::Copy { src, dst } => p.copy(src, dst),
-        Op::Fill { dst, value } => p.fill(dst, *value),
-        Op::Upload { dst, data } => upload(p, dst, data),
-        Op::Download { src, slot } => download(p, src, slot),
+fn build(p: &mut Prep<'_>, launch: Op<'_, AscendBackend>) -> Result<()> {
+    match launch {
+        Op::Gemm { x, w, y, dims: _ } => p.matmul(x, w, y),
+        Op::Copy { src, dst, dims: () } => p.copy(src, dst),
+        Op::Fill { dst, value, dims: () } => p.fill(dst, *value),
+        Op::Upload { dst, data, dims: () } => upload(p, dst, data),
+        Op::Download { src, slot, dims: () } => download(p, src, slot),
         // A failure stops the stream on the host (see the `host` module): no device task.
-        Op::Host { name, f } => p.host(name, f.clone()),
-        Op::DynamicQuant { x, data, scale, alg } => {
-            let dims = dims_of!(dims, Mx, op);
+        Op::Host { name, f, dims: () } => p.host(name, f.clone()),
+        Op::DynamicQuant { x, data, scale, alg, dims } => {
             if dims.m == 0 || dims.k == 0 {
                 return Ok(());
             }
@@ -415,13 +397,11 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
             }
             Ok(())
         }
-        Op::MxDequant { data, scale, y } => {
-            let dims = kda_core::op::mx_dequant_dims(data, scale, y)?;
+        Op::MxDequant { data, scale, y, dims } => {
             let work = tiling::mx_dequant(dims.m, dims.k, y.dtype().size_bytes());
             p.kernel(names::MX_DEQUANT, work, &[Some(data), Some(scale), Some(y)], &[])
         }
-        Op::MxGemm { a, a_scale, w, w_scale, y } => {
-            let dims = dims_of!(dims, Gemm, op);
+        Op::MxGemm { a, a_scale, w, w_scale, y, dims } => {
             if dims.m == 0 || dims.n == 0 {
                 return Ok(());
             }
@@ -477,18 +457,16 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                 }),
             )
         }
-        Op::Sigmoid { x, y } => {
+        Op::Sigmoid { x, y, dims: () } => {
             let work = tiling::sigmoid(x.numel(), x.dtype().size_bytes());
             p.kernel(names::SIGMOID, work, &[Some(x), Some(y)], &[])
         }
-        Op::KdaGate(g) => gate(p, g, dims_of!(dims, Gate, op)),
-        Op::ZeroPadding(z) => {
-            let d = dims_of!(dims, Padding, op);
+        Op::KdaGate(g, d) => gate(p, g, d),
+        Op::ZeroPadding(z, d) => {
             let work = tiling::zero_padding(d.rows, d.row_len, z.x.dtype().size_bytes());
             p.kernel(names::ZERO_PADDING, work, &[Some(&z.x), Some(&z.num_actual_tokens)], &[])
         }
-        Op::CausalConvUpdate(c) => {
-            let d = dims_of!(dims, ConvUpdate, op);
+        Op::CausalConvUpdate(c, d) => {
             let work = tiling::conv_update(d.channels, d.width, d.tokens);
             let t = [
                 Some(&c.x),
@@ -500,8 +478,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
             ];
             p.kernel(names::CONV_UPDATE, work, &t, &[])
         }
-        Op::KdaRecurrent(r) => {
-            let d = dims_of!(dims, Recurrence, op);
+        Op::KdaRecurrent(r, d) => {
             match vendor::recurrent_route(r, d, crate::sys::installed()) {
                 Ok(()) => {
                     if vendor::recurrent(p, r, d)? {
@@ -529,8 +506,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                 &[f64::from(r.scale), f64::from(u8::from(r.qk_l2norm))],
             )
         }
-        Op::CausalConv(c) => {
-            let d = dims_of!(dims, Conv, op);
+        Op::CausalConv(c, d) => {
             let work = tiling::conv_prefill(d.channels, d.width);
             let t = [
                 Some(&c.x),
@@ -543,13 +519,11 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
             ];
             p.kernel(names::CONV_PREFILL, work, &t, &[])
         }
-        Op::L2Norm(n) => {
-            let d = dims_of!(dims, Rows, op);
+        Op::L2Norm(n, d) => {
             let work = tiling::l2norm(d.rows, d.dim, n.x.dtype().size_bytes());
             p.kernel(names::L2NORM, work, &[Some(&n.x), Some(&n.y)], &[f64::from(n.scale)])
         }
-        Op::GatedRmsNorm(n) => {
-            let d = dims_of!(dims, Rows, op);
+        Op::GatedRmsNorm(n, d) => {
             let work = tiling::gated_rms_norm(d.rows, d.dim, n.x.dtype().size_bytes());
             p.kernel(
                 names::GATED_RMS_NORM,
@@ -558,8 +532,7 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
                 &[f64::from(n.eps)],
             )
         }
-        Op::KdaChunk(c) => {
-            let d = dims_of!(dims, Recurrence, op);
+        Op::KdaChunk(c, d) => {
             match vendor::chunk_route(c, d, p.repeatable, crate::sys::installed()) {
                 Ok(meta) => return vendor::chunk(p, c, d, meta),
                 Err(why) => tracing::trace!(reason = %why, "kda_chunk: the project's kernel"),

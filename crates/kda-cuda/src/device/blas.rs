@@ -101,8 +101,7 @@ impl CudaBackend {
             return Ok(());
         }
         if k == 0 {
-            let zero = kda_core::Op::Fill { dst: y.clone(), value: 0.0 };
-            return self.run(stream, "gemm", zero, kda_core::OpDims::None);
+            return self.fill(stream, y, 0.0);
         }
         let (input, output) = gemm_dtypes(x.dtype(), w.dtype(), y.dtype());
         let mut scratch = Vec::new();

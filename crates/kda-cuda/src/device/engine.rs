@@ -8,7 +8,7 @@ use std::any::Any;
 use std::sync::{Arc, PoisonError};
 
 use cudarc::driver::{CudaEvent as RawEvent, DriverError, result, sys};
-use kda_core::op::OpDims;
+use kda_core::Validated;
 use kda_core::{Error, Op, Result};
 
 use super::memory::{DeviceMemory, driver, relaxed_capture};
@@ -237,13 +237,12 @@ impl CudaBackend {
         &self,
         stream: &CudaStream,
         label: &str,
-        op: Op<Self>,
-        dims: OpDims,
+        op: Validated<Self>,
     ) -> Result<()> {
-        let host_work = matches!(op, Op::Download { .. } | Op::Host { .. });
+        let host_work = matches!(op.op(), Op::Download { .. } | Op::Host { .. });
         let (route, capture) = self.op_route(stream, host_work)?;
         match route {
-            Route::Direct => return self.run(stream, label, op, dims),
+            Route::Direct => return self.run(stream, label, &op),
             Route::Refused => {
                 return Err(Error::Unsupported {
                     backend: "cuda",
@@ -255,9 +254,9 @@ impl CudaBackend {
         let held = op.clone();
         let (result, owned) = if route == Route::Ordered {
             self.release_passed(stream)?;
-            (self.run(stream, label, op, dims), Vec::new())
+            (self.run(stream, label, &op), Vec::new())
         } else {
-            relaxed_capture(|| scratch::capture_scope(|| self.run(stream, label, op, dims)))
+            relaxed_capture(|| scratch::capture_scope(|| self.run(stream, label, &op)))
         };
         let mut retention = stream.inner.retention.lock().unwrap_or_else(PoisonError::into_inner);
         retention.hold(Box::new(held), capture);

@@ -570,10 +570,9 @@ impl Backend for CudaBackend {
     fn submit(&self, stream: &CudaStream, label: &str, op: Validated<Self>) -> Result<()> {
         // Only the façade makes a `Validated` op: the kernels' preconditions (views inside their
         // buffers, no aliasing outputs) hold for every op that reaches here.
-        let (op, dims) = op.into_parts();
         self.bind()?;
         let _span = tracing::trace_span!("cuda", op = label, stream = %stream.id).entered();
-        self.submit_ordered(stream, label, op, dims)
+        self.submit_ordered(stream, label, op)
     }
 
     /// A graph runs as one CUDA graph instantiated for its origin (see `graph.rs`), or, with

@@ -9,7 +9,7 @@ use kda_core::kda::{
     CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, GateDims, GateForm, KdaChunk, KdaGate,
     KdaRecurrent, PaddingDims, RecurrenceDims, RowDims,
 };
-use kda_core::{DType, DownloadSlot, HostFn, Layout, Op, OpDims, Result, Tensor};
+use kda_core::{DType, DownloadSlot, HostFn, Launch, Layout, Result, Tensor, Validated};
 
 use super::memory::{OwnedPinned, driver, enqueue_host};
 use super::module::{Args, args};
@@ -42,50 +42,31 @@ fn gate_form(form: GateForm) -> (i32, f32) {
     }
 }
 
-/// The sizes of `dims` when they are of the kind the op has (validation made them so).
-macro_rules! dims_of {
-    ($dims:expr, $kind:ident, $name:expr) => {
-        match $dims {
-            OpDims::$kind(d) => d,
-            other => {
-                return Err(kda_core::Error::Backend {
-                    backend: "cuda",
-                    message: format!("{}: validated with another op's sizes ({other:?})", $name),
-                })
-            }
-        }
-    };
-}
-
 impl CudaBackend {
     /// Queue a validated op with the sizes its validation computed.
     pub(super) fn run(
         &self,
         stream: &CudaStream,
         label: &str,
-        op: Op<Self>,
-        dims: OpDims,
+        valid: &Validated<Self>,
     ) -> Result<()> {
-        let name = op.name();
-        match op {
-            Op::Gemm { x, w, y } => self.gemm(stream, &x, &w, &y, dims_of!(dims, Gemm, name)),
-            Op::Copy { src, dst } => self.copy(stream, &src, &dst),
-            Op::Fill { dst, value } => self.fill(stream, &dst, value),
-            Op::Upload { dst, data } => self.upload(stream, &dst, &data),
-            Op::Download { src, slot } => self.download(stream, &src, slot),
-            Op::Host { f, .. } => self.host(stream, label, f),
-            Op::DynamicQuant { x, data, scale, alg } => {
-                let dims = dims_of!(dims, Mx, name);
-                self.dynamic_quant(stream, (&x, &data, &scale), alg, dims)
+        match valid.launch()? {
+            Launch::Gemm { x, w, y, dims } => self.gemm(stream, x, w, y, dims),
+            Launch::Copy { src, dst, dims: () } => self.copy(stream, src, dst),
+            Launch::Fill { dst, value, dims: () } => self.fill(stream, dst, *value),
+            Launch::Upload { dst, data, dims: () } => self.upload(stream, dst, data),
+            Launch::Download { src, slot, dims: () } => self.download(stream, src, slot.clone()),
+            Launch::Host { f, name: _, dims: () } => self.host(stream, label, f.clone()),
+            Launch::DynamicQuant { x, data, scale, alg, dims } => {
+                self.dynamic_quant(stream, (x, data, scale), *alg, dims)
             }
-            Op::MxDequant { data, scale, y } => {
-                let dims = dims_of!(dims, Mx, name);
+            Launch::MxDequant { data, scale, y, dims } => {
                 let (m, k) = (dims.m as i64, dims.k as i64);
                 let Some(grid) = self.grid(dims.m * dims.k, BLOCK) else { return Ok(()) };
                 let (dv, sv, yv) = (
-                    view("mx_dequant", "data", &data)?,
-                    view("mx_dequant", "scale", &scale)?,
-                    view("mx_dequant", "y", &y)?,
+                    view("mx_dequant", "data", data)?,
+                    view("mx_dequant", "scale", scale)?,
+                    view("mx_dequant", "y", y)?,
                 );
                 self.kernel(
                     stream,
@@ -94,21 +75,20 @@ impl CudaBackend {
                     args!(stream.inner.status, dv, sv, yv, m, k),
                 )
             }
-            Op::MxGemm { a, a_scale, w, w_scale, y } => {
-                let dims = dims_of!(dims, Gemm, name);
+            Launch::MxGemm { a, a_scale, w, w_scale, y, dims } => {
                 if dims.m == 0 || dims.n == 0 {
                     return Ok(());
                 }
                 if self.inner.fast.mx_gemm && dims.k > 0 {
-                    return self.mx_gemm_fast(stream, (&a, &a_scale), (&w, &w_scale), &y, dims);
+                    return self.mx_gemm_fast(stream, (a, a_scale), (w, w_scale), y, dims);
                 }
                 const OP: &str = "mx_gemm";
                 let views = [
-                    view(OP, "a", &a)?,
-                    view(OP, "a_scale", &a_scale)?,
-                    view(OP, "w", &w)?,
-                    view(OP, "w_scale", &w_scale)?,
-                    view(OP, "y", &y)?,
+                    view(OP, "a", a)?,
+                    view(OP, "a_scale", a_scale)?,
+                    view(OP, "w", w)?,
+                    view(OP, "w_scale", w_scale)?,
+                    view(OP, "y", y)?,
                 ];
                 let grid = (
                     dims.n.div_ceil(MX_TILE as usize) as u32,
@@ -127,15 +107,14 @@ impl CudaBackend {
                 )?;
                 Ok(())
             }
-            Op::Sigmoid { x, y } => {
+            Launch::Sigmoid { x, y, dims: () } => {
                 let Some(grid) = self.grid(x.numel(), BLOCK) else { return Ok(()) };
                 let (xv, yv, n) =
-                    (view("sigmoid", "x", &x)?, view("sigmoid", "y", &y)?, x.numel() as i64);
+                    (view("sigmoid", "x", x)?, view("sigmoid", "y", y)?, x.numel() as i64);
                 self.kernel(stream, "kda_sigmoid", grid, args!(stream.inner.status, xv, yv, n))
             }
-            Op::KdaGate(op) => self.gate(stream, &op, dims_of!(dims, Gate, name)),
-            Op::L2Norm(op) => {
-                let RowDims { rows, dim } = dims_of!(dims, Rows, name);
+            Launch::KdaGate(op, dims) => self.gate(stream, op, dims),
+            Launch::L2Norm(op, RowDims { rows, dim }) => {
                 let Some(grid) = self.grid(rows * 32, BLOCK) else { return Ok(()) };
                 let (xv, yv) = (view("l2norm", "x", &op.x)?, view("l2norm", "y", &op.y)?);
                 let (rows, dim, scale) = (rows as i64, dim as i64, op.scale);
@@ -146,8 +125,7 @@ impl CudaBackend {
                     args!(stream.inner.status, xv, yv, rows, dim, scale),
                 )
             }
-            Op::GatedRmsNorm(op) => {
-                let RowDims { rows, dim } = dims_of!(dims, Rows, name);
+            Launch::GatedRmsNorm(op, RowDims { rows, dim }) => {
                 let Some(grid) = self.grid(rows * 32, BLOCK) else { return Ok(()) };
                 const OP: &str = "gated_rms_norm";
                 let (xv, gv, wv, yv) = (
@@ -164,8 +142,7 @@ impl CudaBackend {
                     args!(stream.inner.status, xv, gv, wv, yv, rows, dim, eps),
                 )
             }
-            Op::ZeroPadding(op) => {
-                let PaddingDims { rows, row_len } = dims_of!(dims, Padding, name);
+            Launch::ZeroPadding(op, PaddingDims { rows, row_len }) => {
                 let grid = self.grid(rows * row_len, BLOCK).unwrap_or(1);
                 let fid = self.fid(stream, CheckedOp::ZeroPadding);
                 let (xv, lv) = (
@@ -181,12 +158,10 @@ impl CudaBackend {
                     args!(stream.inner.status, fid, xv, lv, rows, row_len, elsize),
                 )
             }
-            Op::CausalConv(op) => self.conv_prefill(stream, &op, dims_of!(dims, Conv, name)),
-            Op::CausalConvUpdate(op) => {
-                self.conv_update(stream, &op, dims_of!(dims, ConvUpdate, name))
-            }
-            Op::KdaRecurrent(op) => self.recurrent(stream, &op, dims_of!(dims, Recurrence, name)),
-            Op::KdaChunk(op) => self.chunk(stream, &op, dims_of!(dims, Recurrence, name)),
+            Launch::CausalConv(op, dims) => self.conv_prefill(stream, op, dims),
+            Launch::CausalConvUpdate(op, dims) => self.conv_update(stream, op, dims),
+            Launch::KdaRecurrent(op, dims) => self.recurrent(stream, op, dims),
+            Launch::KdaChunk(op, dims) => self.chunk(stream, op, dims),
         }
     }
 
@@ -290,7 +265,7 @@ impl CudaBackend {
         self.copy_views(stream, sv, dv, src.numel(), src.dtype().size_bytes())
     }
 
-    fn fill(&self, stream: &CudaStream, dst: &T, value: f64) -> Result<()> {
+    pub(super) fn fill(&self, stream: &CudaStream, dst: &T, value: f64) -> Result<()> {
         let Some(grid) = self.grid(dst.numel(), BLOCK) else { return Ok(()) };
         let dv = view("fill", "dst", dst)?;
         let (n, elsize, bits) =

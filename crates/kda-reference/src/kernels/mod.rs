@@ -13,7 +13,7 @@ mod mx_gemm;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kda_core::{Op, OpDims, Validated};
+use kda_core::{Launch, Validated};
 use rayon::ThreadPool;
 
 use crate::ReferenceBackend;
@@ -100,30 +100,30 @@ pub(crate) fn execute(valid: &Validated<ReferenceBackend>, exec: &Exec) -> Resul
     // Held until the kernel returns: memory safety whatever order the caller gave (see
     // `crate::exclusion`).
     let _held = exec.exclusion.acquire(valid.op());
-    match (valid.op(), valid.dims()) {
-        (Op::Gemm { x, w, y }, _) => exec.install(|| gemm::gemm(x, w, y, exec)),
-        (Op::Copy { src, dst }, _) => memory::copy(src, dst),
-        (Op::Fill { dst, value }, _) => memory::fill(dst, *value),
-        (Op::Upload { dst, data }, _) => memory::upload(dst, data),
-        (Op::Download { src, slot }, _) => memory::download(src, slot),
-        (Op::Host { f, .. }, _) => f.call(),
-        (Op::DynamicQuant { x, data, scale, alg }, _) => {
+    let launch = valid.launch().map_err(|e| e.to_string())?;
+    match launch {
+        Launch::Gemm { x, w, y, dims: _ } => exec.install(|| gemm::gemm(x, w, y, exec)),
+        Launch::Copy { src, dst, dims: () } => memory::copy(src, dst),
+        Launch::Fill { dst, value, dims: () } => memory::fill(dst, *value),
+        Launch::Upload { dst, data, dims: () } => memory::upload(dst, data),
+        Launch::Download { src, slot, dims: () } => memory::download(src, slot),
+        Launch::Host { f, name: _, dims: () } => f.call(),
+        Launch::DynamicQuant { x, data, scale, alg, dims: _ } => {
             mx::dynamic_quant(x, data, scale, *alg, exec)
         }
-        (Op::MxDequant { data, scale, y }, _) => mx::dequant(data, scale, y, exec),
-        (Op::MxGemm { a, a_scale, w, w_scale, y }, _) => mx::gemm(a, a_scale, w, w_scale, y, exec),
-        (Op::CausalConv(op), OpDims::Conv(d)) => kda::conv::prefill(op, d, exec),
-        (Op::CausalConvUpdate(op), OpDims::ConvUpdate(d)) => kda::conv::update(op, d, exec),
-        (Op::L2Norm(op), OpDims::Rows(d)) => kda::norm::l2norm(op, d, exec),
-        (Op::KdaGate(op), OpDims::Gate(d)) => kda::gate::kda_gate(op, d, exec),
-        (Op::KdaRecurrent(op), OpDims::Recurrence(d)) => kda::recurrent::recurrent(op, d, exec),
-        (Op::KdaChunk(op), OpDims::Recurrence(d)) => kda::chunk::chunk(op, d, exec),
-        (Op::GatedRmsNorm(op), OpDims::Rows(d)) => kda::norm::gated_rms_norm(op, d, exec),
-        (Op::ZeroPadding(op), OpDims::Padding(d)) => kda::mask::zero_padding(op, d),
-        (Op::Sigmoid { x, y }, _) => kda::gate::sigmoid_op(x, y),
-        (op, dims) => {
-            Err(format!("{}: validated with the sizes of another op ({dims:?})", op.name()))
+        Launch::MxDequant { data, scale, y, dims: _ } => mx::dequant(data, scale, y, exec),
+        Launch::MxGemm { a, a_scale, w, w_scale, y, dims: _ } => {
+            mx::gemm(a, a_scale, w, w_scale, y, exec)
         }
+        Launch::CausalConv(op, d) => kda::conv::prefill(op, d, exec),
+        Launch::CausalConvUpdate(op, d) => kda::conv::update(op, d, exec),
+        Launch::L2Norm(op, d) => kda::norm::l2norm(op, d, exec),
+        Launch::KdaGate(op, d) => kda::gate::kda_gate(op, d, exec),
+        Launch::KdaRecurrent(op, d) => kda::recurrent::recurrent(op, d, exec),
+        Launch::KdaChunk(op, d) => kda::chunk::chunk(op, d, exec),
+        Launch::GatedRmsNorm(op, d) => kda::norm::gated_rms_norm(op, d, exec),
+        Launch::ZeroPadding(op, d) => kda::mask::zero_padding(op, d),
+        Launch::Sigmoid { x, y, dims: () } => kda::gate::sigmoid_op(x, y),
     }
 }
 
