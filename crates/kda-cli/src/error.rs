@@ -13,7 +13,7 @@ pub enum CliError {
     BackendUnavailable {
         backend: &'static str,
         #[source]
-        reason: crate::cmd::backend::Unavailable,
+        reason: Unavailable,
     },
     /// The command is made of the per-op timeline, which only the reference backend records.
     #[error(
@@ -41,4 +41,15 @@ pub enum CliError {
     MissingTensor { path: String, name: &'static str, needed: &'static str },
     #[error("tensor {name:?} ({dtype}, shape {shape:?}): {reason}")]
     Tensor { name: String, dtype: String, shape: Vec<usize>, reason: String },
+}
+
+/// Why a backend cannot run in this process.
+#[derive(Debug, Error)]
+pub enum Unavailable {
+    /// This `kda` was built without it.
+    #[error("not compiled in: build kda-cli with {enable}")]
+    NotCompiledIn { enable: &'static str },
+    /// Built in, but it did not start (no device, no driver): the backend's own message.
+    #[error("{message}")]
+    CannotStart { message: String },
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use kda_core::kda::MAX_HEAD_DIM;
 use kda_model::config::{KdaConfig, MAX_RMS_NORM_EPS, Tp};
 use kda_model::layer::batch::CacheLimits;
-use kda_model::layer::{BatchMeta, DispatchPlan, GroupKind, RequestSlots};
+use kda_model::layer::{BatchMeta, DispatchGroups, GroupKind, RequestSlots};
 use kda_model::weights::source::read_all;
 use kda_model::weights::{
     Checkpoint, LayerLoader, LoadOptions, TensorSource, WeightError, load_layer,
@@ -314,7 +314,7 @@ fn decode_batch(bytes: &[u8]) -> (BatchMeta, usize, CacheLimits) {
 }
 
 /// What a plan promises about the batch it accepted.
-fn check_plan(plan: &DispatchPlan, meta: &BatchMeta, rows: usize, limits: CacheLimits) {
+fn check_plan(plan: &DispatchGroups, meta: &BatchMeta, rows: usize, limits: CacheLimits) {
     assert_eq!(plan.num_actual_tokens, meta.num_actual_tokens);
     assert!(plan.num_actual_tokens <= rows);
     let tokens: usize = plan.groups().map(|g| g.tokens()).sum();
@@ -336,11 +336,11 @@ fn check_plan(plan: &DispatchPlan, meta: &BatchMeta, rows: usize, limits: CacheL
     }
 }
 
-/// Batch metadata: the structured decoding through `DispatchPlan::new`, and the same bytes as
+/// Batch metadata: the structured decoding through `DispatchGroups::new`, and the same bytes as
 /// the i32 `query_start_loc` of a `kda layer` input through `BatchMeta::fresh_prefills`.
 fn batch_target(bytes: &[u8]) {
     let (meta, rows, limits) = decode_batch(bytes);
-    if let Ok(plan) = DispatchPlan::new(&meta, rows, limits) {
+    if let Ok(plan) = DispatchGroups::new(&meta, rows, limits) {
         check_plan(&plan, &meta, rows, limits);
     }
     let offsets: Vec<i32> =
@@ -349,7 +349,7 @@ fn batch_target(bytes: &[u8]) {
     if let Ok(meta) = BatchMeta::fresh_prefills(&offsets, rows) {
         assert!(meta.num_requests() <= rows);
         let limits = CacheLimits { slots: meta.num_requests(), num_spec: 0 };
-        let plan = DispatchPlan::new(&meta, rows, limits).unwrap();
+        let plan = DispatchGroups::new(&meta, rows, limits).unwrap();
         check_plan(&plan, &meta, rows, limits);
     }
 }
@@ -424,6 +424,6 @@ fn every_corpus_file_is_handled_cleanly() {
     load(&sharded, &config("k3-layer0.json"), 0).unwrap();
     load(&sharded, &config("kimi-linear-layer1.json"), 1).unwrap();
     let (meta, rows, limits) = decode_batch(&corpus("batch")["mixed.bin"]);
-    let plan = DispatchPlan::new(&meta, rows, limits).unwrap();
+    let plan = DispatchGroups::new(&meta, rows, limits).unwrap();
     assert_eq!(plan.groups().count(), 3);
 }

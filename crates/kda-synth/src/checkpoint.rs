@@ -135,7 +135,7 @@ enum Values {
 }
 
 #[derive(Clone, Debug)]
-struct Plan {
+struct Recipe {
     dtype: DType,
     shape: Vec<usize>,
     values: Values,
@@ -147,7 +147,7 @@ struct Plan {
 #[derive(Clone, Debug)]
 pub struct SyntheticCheckpoint {
     spec: SyntheticSpec,
-    plans: BTreeMap<String, Plan>,
+    recipes: BTreeMap<String, Recipe>,
 }
 
 /// FNV-1a of the name, mixed with the seed: each tensor has its own stream.
@@ -172,10 +172,10 @@ impl SyntheticCheckpoint {
             (c.hidden_size, attn.num_heads, attn.head_dim, attn.short_conv_kernel_size);
         let p = h * d;
         let weight = Values::Normal { std: 0.02 };
-        let mut plans = BTreeMap::new();
+        let mut recipes = BTreeMap::new();
         let mut add = |name: String, dtype: DType, shape: Vec<usize>, values: Values| {
             let seed = tensor_seed(spec.seed, &name);
-            plans.insert(name, Plan { dtype, shape, values, seed });
+            recipes.insert(name, Recipe { dtype, shape, values, seed });
         };
         for &layer in &spec.layers {
             let pre = layer_prefix(layer);
@@ -245,7 +245,7 @@ impl SyntheticCheckpoint {
         if spec.extra_tensors {
             add("model.embed_tokens.weight".into(), DType::BF16, vec![16, hd], weight);
         }
-        SyntheticCheckpoint { spec, plans }
+        SyntheticCheckpoint { spec, recipes }
     }
 
     pub fn spec(&self) -> &SyntheticSpec {
@@ -257,8 +257,8 @@ impl SyntheticCheckpoint {
         read_all(&*self.tensor(name)?)
     }
 
-    fn plan(&self, name: &str) -> Result<&Plan, WeightError> {
-        self.plans
+    fn recipe(&self, name: &str) -> Result<&Recipe, WeightError> {
+        self.recipes
             .get(name)
             .ok_or_else(|| WeightError::NotFound { origin: self.origin(), name: name.into() })
     }
@@ -273,10 +273,10 @@ fn draw(g: &mut Gen) -> (f64, f64) {
     (u1, normal)
 }
 
-/// One element of `plan` at flat index `i`, from the generator positioned at word `4 i`.
-fn value(plan: &Plan, i: usize, g: &mut Gen) -> f32 {
+/// One element of `recipe` at flat index `i`, from the generator positioned at word `4 i`.
+fn value(recipe: &Recipe, i: usize, g: &mut Gen) -> f32 {
     let (u, normal) = draw(g);
-    match plan.values {
+    match recipe.values {
         Values::Normal { std } => (normal * std) as f32,
         Values::Uniform { lo, hi } => (lo + (hi - lo) * u) as f32,
         Values::ALog { heads } => {
@@ -333,9 +333,9 @@ fn region_runs(shape: &[usize], region: &[Range<usize>]) -> Vec<(usize, usize)> 
     }
 }
 
-/// The f32 values of `region` of `plan`, generated in parallel pieces; each piece seeks its
+/// The f32 values of `region` of `recipe`, generated in parallel pieces; each piece seeks its
 /// generator to its first element, so the split does not change a single bit.
-fn generate(plan: &Plan, shape: &[usize], region: &[Range<usize>]) -> Vec<f32> {
+fn generate(recipe: &Recipe, shape: &[usize], region: &[Range<usize>]) -> Vec<f32> {
     const PIECE: usize = 1 << 16;
     // (flat start, output offset, length), no piece longer than PIECE.
     let mut pieces = Vec::new();
@@ -351,11 +351,11 @@ fn generate(plan: &Plan, shape: &[usize], region: &[Range<usize>]) -> Vec<f32> {
     }
     let mut out = vec![0.0f32; out_len];
     let fill = |pieces: &[(usize, usize, usize)], out: &mut [f32], base: usize| {
-        let mut g = Gen::new(plan.seed);
+        let mut g = Gen::new(recipe.seed);
         for &(start, at, n) in pieces {
             g.rng().set_word_pos(4 * start as u128);
             for (j, o) in out[at - base..at - base + n].iter_mut().enumerate() {
-                *o = value(plan, start + j, &mut g);
+                *o = value(recipe, start + j, &mut g);
             }
         }
     };
@@ -387,20 +387,20 @@ fn generate(plan: &Plan, shape: &[usize], region: &[Range<usize>]) -> Vec<f32> {
 pub struct SyntheticTensor<'a> {
     checkpoint: &'a SyntheticCheckpoint,
     name: String,
-    plan: &'a Plan,
+    recipe: &'a Recipe,
 }
 
 impl TensorRead for SyntheticTensor<'_> {
     fn dtype(&self) -> DType {
-        self.plan.dtype
+        self.recipe.dtype
     }
 
     fn shape(&self) -> &[usize] {
-        &self.plan.shape
+        &self.recipe.shape
     }
 
     fn read(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError> {
-        let shape = &self.plan.shape;
+        let shape = &self.recipe.shape;
         let bad = || WeightError::Shape {
             param: self.name.clone(),
             expected: format!("a region of {shape:?}"),
@@ -412,10 +412,10 @@ impl TensorRead for SyntheticTensor<'_> {
             return Err(bad());
         }
         let out_shape: Vec<usize> = region.iter().map(|r| r.len()).collect();
-        match &self.plan.values {
+        match &self.recipe.values {
             Values::MxData { dense, alg } | Values::MxScale { dense, alg } => {
                 // Quantization works on whole rows of the dense [P, Hd] weight.
-                let dense = self.checkpoint.plan(dense)?;
+                let dense = self.checkpoint.recipe(dense)?;
                 let mut plain = dense.clone();
                 plain.values = Values::Normal { std: 0.02 };
                 let (Some(rows), &[_, k]) = (region.first().cloned(), &dense.shape[..]) else {
@@ -428,18 +428,18 @@ impl TensorRead for SyntheticTensor<'_> {
                     .collect();
                 let q = mx::quantize(&values, rows.len(), k, *alg)
                     .map_err(|source| WeightError::Mx { param: self.name.clone(), source })?;
-                let (bytes, w) = match self.plan.values {
+                let (bytes, w) = match self.recipe.values {
                     Values::MxData { .. } => (q.data, k),
                     _ => (q.scale, mx::num_blocks(k)),
                 };
-                let full = HostTensor::from_bytes(self.plan.dtype, &[rows.len(), w], bytes)?;
+                let full = HostTensor::from_bytes(self.recipe.dtype, &[rows.len(), w], bytes)?;
                 let mut sub = region.to_vec();
                 sub[0] = 0..rows.len();
                 full.read(&sub)?.reshape(&out_shape)
             }
             _ => {
-                let values = generate(self.plan, shape, region);
-                HostTensor::from_f32_as(self.plan.dtype, &out_shape, &values)
+                let values = generate(self.recipe, shape, region);
+                HostTensor::from_f32_as(self.recipe.dtype, &out_shape, &values)
             }
         }
     }
@@ -451,12 +451,12 @@ impl TensorSource for SyntheticCheckpoint {
     }
 
     fn names(&self) -> Vec<String> {
-        self.plans.keys().cloned().collect()
+        self.recipes.keys().cloned().collect()
     }
 
     fn tensor(&self, name: &str) -> Result<Box<dyn TensorRead + '_>, WeightError> {
-        let plan = self.plan(name)?;
-        Ok(Box::new(SyntheticTensor { checkpoint: self, name: name.to_string(), plan }))
+        let recipe = self.recipe(name)?;
+        Ok(Box::new(SyntheticTensor { checkpoint: self, name: name.to_string(), recipe }))
     }
 }
 
@@ -468,11 +468,11 @@ struct LazyView<'a> {
 
 impl safetensors::View for LazyView<'_> {
     fn dtype(&self) -> safetensors::Dtype {
-        dtype_to_safetensors(self.tensor.plan.dtype)
+        dtype_to_safetensors(self.tensor.recipe.dtype)
     }
 
     fn shape(&self) -> &[usize] {
-        &self.tensor.plan.shape
+        &self.tensor.recipe.shape
     }
 
     fn data(&self) -> Cow<'_, [u8]> {
@@ -521,13 +521,13 @@ pub fn write_checkpoint(
         };
         let mut views = Vec::with_capacity(chunk.len());
         for name in chunk {
-            let plan = checkpoint.plan(name)?;
-            let len = plan.shape.iter().product::<usize>() * plan.dtype.size_bytes();
+            let recipe = checkpoint.recipe(name)?;
+            let len = recipe.shape.iter().product::<usize>() * recipe.dtype.size_bytes();
             total += len;
-            // Generate a 1-element region now so a plan error surfaces here, not as zeros.
-            let tensor = SyntheticTensor { checkpoint, name: name.clone(), plan };
-            if plan.shape.iter().all(|&d| d > 0) {
-                tensor.read(&plan.shape.iter().map(|_| 0..1).collect::<Vec<_>>())?;
+            // Generate a 1-element region now so a recipe error surfaces here, not as zeros.
+            let tensor = SyntheticTensor { checkpoint, name: name.clone(), recipe };
+            if recipe.shape.iter().all(|&d| d > 0) {
+                tensor.read(&recipe.shape.iter().map(|_| 0..1).collect::<Vec<_>>())?;
             }
             views.push((name.clone(), LazyView { tensor, len }));
             weight_map.insert(name.clone(), file.clone());

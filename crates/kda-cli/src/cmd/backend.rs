@@ -19,9 +19,8 @@ use kda_core::{Backend, Device};
 use kda_cuda::{CudaBackend, CudaError, CudaOptions};
 use kda_model::layer::CoreOperands;
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions, WaitStrategy};
-use thiserror::Error;
 
-use crate::error::CliError;
+use crate::error::{CliError, Unavailable};
 
 /// The backends kda knows.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -101,17 +100,6 @@ impl Settings {
             );
         }
     }
-}
-
-/// Why a backend cannot run in this process.
-#[derive(Debug, Error)]
-pub enum Unavailable {
-    /// This `kda` was built without it.
-    #[error("not compiled in: build kda-cli with {enable}")]
-    NotCompiledIn { enable: &'static str },
-    /// Built in, but it did not start (no device, no driver): the backend's own message.
-    #[error("{message}")]
-    CannotStart { message: String },
 }
 
 /// A backend a `kda` command can run on: how to build it from [`Settings`], and its extras.

@@ -1,10 +1,10 @@
 //! `kda bench`: benchmarks. Each prints medians over repeats; tests never time anything.
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use kda_core::{Backend, DType, Device, Op, ScaleAlg};
 
 use super::backend::{BackendArg, Settings, on_backend};
-use super::{median_time, ms};
+use super::{BenchDType, median_time, ms};
 use crate::error::CliError;
 
 #[derive(Debug, Args)]
@@ -40,22 +40,6 @@ pub enum BenchCommand {
     /// decode latency (32 x 1 token), serial against overlapped, and the decode step as a
     /// multiple of the time to read the layer's weights once (bandwidth measured in the run).
     Layer(super::layer_bench::LayerBenchArgs),
-}
-
-/// Operand dtype of the GEMM benchmark (x, w and y all take it).
-#[derive(Copy, Clone, Debug, ValueEnum)]
-pub enum BenchDType {
-    F32,
-    Bf16,
-}
-
-impl From<BenchDType> for DType {
-    fn from(d: BenchDType) -> Self {
-        match d {
-            BenchDType::F32 => DType::F32,
-            BenchDType::Bf16 => DType::BF16,
-        }
-    }
 }
 
 #[derive(Debug, Args)]
@@ -102,17 +86,17 @@ fn gemm(args: &GemmArgs) -> Result<(), CliError> {
     on_backend!(args.device.backend, &with_threads(args.threads), |b| gemm_on(args, b))
 }
 
-fn gemm_on<B: Backend>(args: &GemmArgs, backend: Device<B>) -> Result<(), CliError> {
-    let stream = backend.new_stream()?;
+fn gemm_on<B: Backend>(args: &GemmArgs, device: Device<B>) -> Result<(), CliError> {
+    let stream = device.new_stream()?;
     let dtype = DType::from(args.dtype);
     let (m, n, k) = (args.m, args.n, args.k);
     let mut rng = kda_synth::Gen::new(7);
-    let x = super::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
-    let w = super::random_tensor(&backend, &stream, &mut rng, dtype, &[n, k])?;
-    let y = backend.alloc(dtype, &[m, n])?;
+    let x = super::random_tensor(&device, &stream, &mut rng, dtype, &[m, k])?;
+    let w = super::random_tensor(&device, &stream, &mut rng, dtype, &[n, k])?;
+    let y = device.alloc(dtype, &[m, n])?;
     let time = median_time(args.repeats, || {
-        backend.launch(&stream, Op::Gemm { x: x.clone(), w: w.clone(), y: y.clone() })?;
-        backend.synchronize(&stream)
+        device.launch(&stream, Op::Gemm { x: x.clone(), w: w.clone(), y: y.clone() })?;
+        device.synchronize(&stream)
     })?;
     let gflops = 2.0 * (m * n * k) as f64 / time.as_secs_f64() / 1e9;
     println!(
@@ -160,26 +144,26 @@ fn quant(args: &QuantArgs) -> Result<(), CliError> {
 fn quant_on<B: Backend>(
     args: &QuantArgs,
     alg: ScaleAlg,
-    backend: Device<B>,
+    device: Device<B>,
 ) -> Result<(), CliError> {
-    let stream = backend.new_stream()?;
+    let stream = device.new_stream()?;
     let dtype = DType::from(args.dtype);
     let (m, k) = (args.m, args.k);
     let mut rng = kda_synth::Gen::new(11);
-    let x = super::random_tensor(&backend, &stream, &mut rng, dtype, &[m, k])?;
-    let data = backend.alloc(DType::E4M3, &[m, k])?;
-    let scale = backend.alloc(DType::E8M0, &[m, kda_core::mx::num_blocks(k)])?;
-    let copy = backend.alloc(dtype, &[m, k])?;
+    let x = super::random_tensor(&device, &stream, &mut rng, dtype, &[m, k])?;
+    let data = device.alloc(DType::E4M3, &[m, k])?;
+    let scale = device.alloc(DType::E8M0, &[m, kda_core::mx::num_blocks(k)])?;
+    let copy = device.alloc(dtype, &[m, k])?;
     let bytes = m * k * dtype.size_bytes();
 
     let quant = median_time(args.repeats, || {
         let op = Op::DynamicQuant { x: x.clone(), data: data.clone(), scale: scale.clone(), alg };
-        backend.launch(&stream, op)?;
-        backend.synchronize(&stream)
+        device.launch(&stream, op)?;
+        device.synchronize(&stream)
     })?;
     let op_copy = median_time(args.repeats, || {
-        backend.launch(&stream, Op::Copy { src: x.clone(), dst: copy.clone() })?;
-        backend.synchronize(&stream)
+        device.launch(&stream, Op::Copy { src: x.clone(), dst: copy.clone() })?;
+        device.synchronize(&stream)
     })?;
     let source = vec![1u8; bytes];
     let mut target = vec![0u8; bytes];
@@ -234,17 +218,17 @@ fn mx_gemm(args: &MxGemmArgs) -> Result<(), CliError> {
     on_backend!(args.device.backend, &with_threads(args.threads), |b| mx_gemm_on(args, b))
 }
 
-fn mx_gemm_on<B: Backend>(args: &MxGemmArgs, backend: Device<B>) -> Result<(), CliError> {
-    let stream = backend.new_stream()?;
+fn mx_gemm_on<B: Backend>(args: &MxGemmArgs, device: Device<B>) -> Result<(), CliError> {
+    let stream = device.new_stream()?;
     let (m, n, k) = (args.m, args.n, args.k);
     let blocks = kda_core::mx::num_blocks(k);
     let mut rng = kda_synth::Gen::new(13);
     let mut quantized = |rows: usize| -> Result<_, CliError> {
-        let x = super::random_tensor(&backend, &stream, &mut rng, DType::BF16, &[rows, k])?;
-        let data = backend.alloc(DType::E4M3, &[rows, k])?;
-        let scale = backend.alloc(DType::E8M0, &[rows, blocks])?;
+        let x = super::random_tensor(&device, &stream, &mut rng, DType::BF16, &[rows, k])?;
+        let data = device.alloc(DType::E4M3, &[rows, k])?;
+        let scale = device.alloc(DType::E8M0, &[rows, blocks])?;
         let alg = ScaleAlg::OcpFloor;
-        backend.launch(
+        device.launch(
             &stream,
             Op::DynamicQuant { x, data: data.clone(), scale: scale.clone(), alg },
         )?;
@@ -252,7 +236,7 @@ fn mx_gemm_on<B: Backend>(args: &MxGemmArgs, backend: Device<B>) -> Result<(), C
     };
     let (a, a_scale) = quantized(m)?;
     let (w, w_scale) = quantized(n)?;
-    let y = backend.alloc(DType::BF16, &[m, n])?;
+    let y = device.alloc(DType::BF16, &[m, n])?;
     let time = median_time(args.repeats, || {
         let op = Op::MxGemm {
             a: a.clone(),
@@ -261,8 +245,8 @@ fn mx_gemm_on<B: Backend>(args: &MxGemmArgs, backend: Device<B>) -> Result<(), C
             w_scale: w_scale.clone(),
             y: y.clone(),
         };
-        backend.launch(&stream, op)?;
-        backend.synchronize(&stream)
+        device.launch(&stream, op)?;
+        device.synchronize(&stream)
     })?;
     let gflops = 2.0 * (m * n * k) as f64 / time.as_secs_f64() / 1e9;
     println!(
@@ -304,14 +288,14 @@ fn launch(args: &LaunchArgs) -> Result<(), CliError> {
 }
 
 /// Microseconds per launch and run of a 16-element fill on `backend`.
-fn launch_on<B: Backend>(args: &LaunchArgs, backend: Device<B>) -> Result<f64, CliError> {
-    let stream = backend.new_stream()?;
-    let t = backend.alloc(DType::F32, &[16])?;
+fn launch_on<B: Backend>(args: &LaunchArgs, device: Device<B>) -> Result<f64, CliError> {
+    let stream = device.new_stream()?;
+    let t = device.alloc(DType::F32, &[16])?;
     let time = median_time(args.repeats, || {
         for _ in 0..args.ops {
-            backend.launch(&stream, Op::Fill { dst: t.clone(), value: 1.0 })?;
+            device.launch(&stream, Op::Fill { dst: t.clone(), value: 1.0 })?;
         }
-        backend.synchronize(&stream)
+        device.synchronize(&stream)
     })?;
     Ok(time.as_secs_f64() * 1e6 / args.ops.max(1) as f64)
 }

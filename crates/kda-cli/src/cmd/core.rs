@@ -242,8 +242,8 @@ pub struct CoreBenchArgs {
     #[arg(long, default_value_t = 128)]
     pub dim: usize,
     /// dtype of q, k and v (g and beta are f32, as the gate and the sigmoid make them).
-    #[arg(long, value_enum, default_value_t = super::bench::BenchDType::Bf16)]
-    pub dtype: super::bench::BenchDType,
+    #[arg(long, value_enum, default_value_t = super::BenchDType::Bf16)]
+    pub dtype: super::BenchDType,
     /// Threads per op: 1 runs on the stream's own thread, more use a shared pool (reference
     /// backend).
     #[arg(long, default_value_t = 1)]

@@ -96,9 +96,9 @@ fn run_on<B: Backend>(
     tp: Tp,
     checkpoint: &Checkpoint,
     input: &LayerInput,
-    backend: Device<B>,
+    device: Device<B>,
 ) -> Result<(), CliError> {
-    let stream = backend.new_stream()?;
+    let stream = device.new_stream()?;
     let weights = load_layer(checkpoint, config, tp, args.layer, LoadOptions::default())?.weights;
     let options = match &args.auto {
         Some(chip) => {
@@ -111,30 +111,30 @@ fn run_on<B: Backend>(
         None => LayerOptions { schedule: Some(args.schedule.into()), ..LayerOptions::default() },
     };
     let options = LayerOptions { core_operands: args.core_operands.map(Into::into), ..options };
-    let layer = KdaLayer::new(&backend, &stream, &weights, options)?;
+    let layer = KdaLayer::new(&device, &stream, &weights, options)?;
     let d = *layer.dims();
     let requests = input.meta.num_requests();
     let mut cache = layer.new_cache(&stream, requests.max(1), 0)?;
-    let x = backend.alloc(input.dtype, &[input.rows, d.hidden])?;
+    let x = device.alloc(input.dtype, &[input.rows, d.hidden])?;
     match input.dtype {
         DType::BF16 => {
             let v: Vec<bf16> = input.hidden.iter().map(|&x| bf16::from_f32(x)).collect();
-            backend.upload(&stream, &x, &v)?;
+            device.upload(&stream, &x, &v)?;
         }
-        _ => backend.upload(&stream, &x, &input.hidden)?,
+        _ => device.upload(&stream, &x, &input.hidden)?,
     }
-    let mut out = backend.alloc(DType::F32, &[input.rows, d.hidden])?;
+    let mut out = device.alloc(DType::F32, &[input.rows, d.hidden])?;
     let trace = layer.forward_traced(&stream, &x, &input.meta, &mut cache, &mut out)?;
 
     let (n, lh, hd) = (input.rows, d.local_heads, d.head_dim);
     let state_shape = [requests, lh, hd, hd];
     let state = cache.recurrent().narrow(0, 0, requests)?;
     let mut tensors = vec![
-        f32_tensor("output", &[n, d.hidden], &backend.download::<f32>(&stream, &out)?),
-        f32_tensor("final_state", &state_shape, &backend.download::<f32>(&stream, &state)?),
+        f32_tensor("output", &[n, d.hidden], &device.download::<f32>(&stream, &out)?),
+        f32_tensor("final_state", &state_shape, &device.download::<f32>(&stream, &state)?),
     ];
     if args.dump {
-        tensors.extend(dump(&backend, &stream, trace.as_ref(), n, lh, hd)?);
+        tensors.extend(dump(&device, &stream, trace.as_ref(), n, lh, hd)?);
     }
     let metadata = HashMap::from([
         ("layer".to_string(), args.layer.to_string()),

@@ -27,17 +27,17 @@ use crate::error::CliError;
 
 /// Allocate a tensor and fill it with seeded uniform values in [-1, 1).
 pub fn random_tensor<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     rng: &mut Gen,
     dtype: DType,
     shape: &[usize],
 ) -> Result<Tensor<B>, CliError> {
-    let t = backend.alloc(dtype, shape)?;
+    let t = device.alloc(dtype, shape)?;
     let n = t.numel();
     match dtype {
-        DType::BF16 => backend.upload(stream, &t, &rng.uniform_bf16(n, -1.0, 1.0))?,
-        DType::F32 => backend.upload(stream, &t, &rng.uniform_f32(n, -1.0, 1.0))?,
+        DType::BF16 => device.upload(stream, &t, &rng.uniform_bf16(n, -1.0, 1.0))?,
+        DType::F32 => device.upload(stream, &t, &rng.uniform_f32(n, -1.0, 1.0))?,
         other => {
             return Err(CliError::Argument {
                 arg: "dtype",
@@ -80,4 +80,20 @@ pub fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(
 /// Milliseconds, for reports.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// Operand dtype of the benchmarks' inputs (`kda bench gemm`, `kda bench core`).
+#[derive(Copy, Clone, Debug, clap::ValueEnum)]
+pub enum BenchDType {
+    F32,
+    Bf16,
+}
+
+impl From<BenchDType> for DType {
+    fn from(d: BenchDType) -> Self {
+        match d {
+            BenchDType::F32 => DType::F32,
+            BenchDType::Bf16 => DType::BF16,
+        }
+    }
 }

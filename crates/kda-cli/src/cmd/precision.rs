@@ -116,22 +116,22 @@ fn row(quantity: &'static str, paths: [&[f64]; 3], oracle: &[f64]) -> Row {
 
 /// `y = x · w^T` on the reference backend: bf16 in, fp32 accumulation, bf16 out.
 fn gemm_bf16(
-    backend: &Device<ReferenceBackend>,
+    device: &Device<ReferenceBackend>,
     x: &[bf16],
     w: &[bf16],
     m: usize,
     n: usize,
     k: usize,
 ) -> Result<Vec<bf16>, CliError> {
-    let stream = backend.new_stream()?;
-    let tx = backend.alloc(DType::BF16, &[m, k])?;
-    let tw = backend.alloc(DType::BF16, &[n, k])?;
-    let ty = backend.alloc(DType::BF16, &[m, n])?;
-    backend.upload(&stream, &tx, x)?;
-    backend.upload(&stream, &tw, w)?;
-    backend.launch(&stream, Op::Gemm { x: tx, w: tw, y: ty.clone() })?;
-    backend.synchronize(&stream)?;
-    Ok(backend.download(&stream, &ty)?)
+    let stream = device.new_stream()?;
+    let tx = device.alloc(DType::BF16, &[m, k])?;
+    let tw = device.alloc(DType::BF16, &[n, k])?;
+    let ty = device.alloc(DType::BF16, &[m, n])?;
+    device.upload(&stream, &tx, x)?;
+    device.upload(&stream, &tw, w)?;
+    device.launch(&stream, Op::Gemm { x: tx, w: tw, y: ty.clone() })?;
+    device.synchronize(&stream)?;
+    Ok(device.download(&stream, &ty)?)
 }
 
 fn widen(v: &[bf16]) -> Vec<f64> {
@@ -156,7 +156,7 @@ struct LowRankRun {
 }
 
 fn low_rank_run(
-    backend: &Device<ReferenceBackend>,
+    device: &Device<ReferenceBackend>,
     config: &KdaConfig,
     seed: u64,
     tokens: usize,
@@ -195,10 +195,10 @@ fn low_rank_run(
         .into_iter()
         .map(bf16::from_f32)
         .collect();
-    let composed = widen(&gemm_bf16(backend, &x, &w_composed, tokens, p, hd)?);
+    let composed = widen(&gemm_bf16(device, &x, &w_composed, tokens, p, hd)?);
     let (a16, b16) = (as_bf16(&a)?, as_bf16(&b)?);
-    let h = gemm_bf16(backend, &x, &a16, tokens, d, hd)?;
-    let staged = widen(&gemm_bf16(backend, &h, &b16, tokens, p, d)?);
+    let h = gemm_bf16(device, &x, &a16, tokens, d, hd)?;
+    let staged = widen(&gemm_bf16(device, &h, &b16, tokens, p, d)?);
 
     // f64 oracle from the same bf16 inputs: y = b (a x).
     let (xf, af, bf) = (widen(&x), widen(&a16), widen(&b16));
@@ -245,10 +245,10 @@ pub fn run(args: &PrecisionArgs) -> Result<(), CliError> {
             reason: "must be at least 1".into(),
         });
     }
-    let backend = ReferenceBackend::new();
+    let device = ReferenceBackend::new();
     let k3 = KdaConfig::kimi_k3().with_heads(args.heads);
     let lower_bound = k3.linear_attn_config.gate_lower_bound.unwrap_or(-5.0);
-    let (f, source) = low_rank_run(&backend, &k3, args.seed, args.tokens, false)?;
+    let (f, source) = low_rank_run(&device, &k3, args.seed, args.tokens, false)?;
     let pre = layer_prefix(0);
     let a_log =
         read_all(&*source.tensor(&format!("{pre}A_log"))?)?.to_f64_vec().unwrap_or_default();
@@ -272,7 +272,7 @@ pub fn run(args: &PrecisionArgs) -> Result<(), CliError> {
     }
 
     let kl = KdaConfig::kimi_linear_48b().with_heads(args.heads);
-    let (g, _) = low_rank_run(&backend, &kl, args.seed, args.tokens, true)?;
+    let (g, _) = low_rank_run(&device, &kl, args.seed, args.tokens, true)?;
     let sig = |v: &[f64]| v.iter().map(|&x| sigmoid(x)).collect::<Vec<f64>>();
     rows.push(row(
         "g2 (output-gate logits, Kimi Linear low rank)",
@@ -379,7 +379,7 @@ is not worse; this measures how far each path is from exact arithmetic.
 - **Activations.** {t} tokens of `x ~ N(0, 1)` rounded to bf16: the RMS-normalised hidden state
   the projections see.
 - **Composed path.** The loader's own code (`FusedBfgLinear`, `BfgMode::Composed`) composes
-  `f_b · f_a` in fp32 and rounds once to bf16; `g1` is then one reference-backend GEMM (fp32
+  `f_b · f_a` in fp32 and rounds once to bf16; `g1` is then one reference-device GEMM (fp32
   accumulation, bf16 output).
 - **Staged path.** `h = x · f_aᵀ` (reference GEMM, bf16 output `[T, 128]`), then `g1 = h · f_bᵀ`
   (bf16 output).

@@ -1,5 +1,5 @@
 //! [`BatchMeta`]: one continuous-batching step's per-request metadata
-//! (`docs/design/kda.md#batches-and-dispatch`), checked once on the host, and the [`DispatchPlan`]
+//! (`docs/design/kda.md#batches-and-dispatch`), checked once on the host, and the [`DispatchGroups`]
 //! it turns into.
 //!
 //! A batch is a flat token array: request `b` owns rows `query_start_loc[b] ..
@@ -7,7 +7,7 @@
 //! padding. Each request names its state slot(s): one slot, or for a speculative decode a slot
 //! list of `num_spec + 1` entries with the count of tokens the previous step accepted.
 //!
-//! The plan sorts the requests into three groups, run in this order: plain decodes (one new
+//! The dispatch sorts the requests into three groups, run in this order: plain decodes (one new
 //! token on a prior state: the recurrent path), speculative decodes (the recurrent path with
 //! slot lists), prefills (everything else: the chunked path, fresh when `num_computed_tokens` is
 //! 0). Outputs are written back at each request's own token positions, so the merge by token
@@ -58,7 +58,7 @@ impl BatchMeta {
 
     /// Fresh prefills from the i32 `query_start_loc` a file holds (`kda layer`'s input):
     /// request `b` owns rows `query_start_loc[b]..query_start_loc[b + 1]` and state slot `b`.
-    /// Checked as [`DispatchPlan::new`] checks a batch over `rows` rows of hidden states, so the
+    /// Checked as [`DispatchGroups::new`] checks a batch over `rows` rows of hidden states, so the
     /// request count (what a state cache is sized by) is known to be at most `rows` before
     /// anything is allocated for it.
     pub fn fresh_prefills(query_start_loc: &[i32], rows: usize) -> Result<Self, BatchError> {
@@ -76,7 +76,7 @@ impl BatchMeta {
             num_computed_tokens: vec![0; requests],
             slots: (0..requests).map(RequestSlots::Single).collect(),
         };
-        DispatchPlan::new(&meta, rows, CacheLimits { slots: requests, num_spec: 0 })?;
+        DispatchGroups::new(&meta, rows, CacheLimits { slots: requests, num_spec: 0 })?;
         Ok(meta)
     }
 
@@ -231,7 +231,7 @@ impl Group {
 
 /// A checked batch: the live token count and the three groups in dispatch order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DispatchPlan {
+pub struct DispatchGroups {
     pub num_actual_tokens: usize,
     pub decode: Group,
     pub speculative: Group,
@@ -250,7 +250,7 @@ fn to_i32(param: &'static str, value: usize) -> Result<i32, BatchError> {
     i32::try_from(value).map_err(|_| BatchError::TooLarge { param, value })
 }
 
-impl DispatchPlan {
+impl DispatchGroups {
     /// Check `meta` against a hidden-state buffer of `rows` rows and a cache: every error
     /// [`BatchError`] lists is found here, before anything is launched.
     pub fn new(meta: &BatchMeta, rows: usize, cache: CacheLimits) -> Result<Self, BatchError> {
@@ -283,7 +283,7 @@ impl DispatchPlan {
         }
         to_i32("num_actual_tokens", live)?;
 
-        let mut plan = DispatchPlan {
+        let mut groups = DispatchGroups {
             num_actual_tokens: live,
             decode: Group::new(GroupKind::Decode),
             speculative: Group::new(GroupKind::Decode),
@@ -307,10 +307,10 @@ impl DispatchPlan {
                 RequestSlots::Single(slot) => {
                     let slot = claim(request, *slot)?;
                     let group = if range.len() == 1 && computed > 0 {
-                        &mut plan.decode
+                        &mut groups.decode
                     } else {
-                        plan.prefill.has_initial_state.push(i32::from(computed > 0));
-                        &mut plan.prefill
+                        groups.prefill.has_initial_state.push(i32::from(computed > 0));
+                        &mut groups.prefill
                     };
                     group.ranges.push(range);
                     group.state_slots.push(slot);
@@ -337,7 +337,7 @@ impl DispatchPlan {
                         let (num_spec, capacity) = (width - 1, cache.num_spec);
                         return Err(BatchError::SpecCapacity { num_spec, capacity });
                     }
-                    let g = &mut plan.speculative;
+                    let g = &mut groups.speculative;
                     g.kind = GroupKind::Speculative { tokens: width };
                     for &slot in slots {
                         let slot = claim(request, slot)?;
@@ -350,7 +350,7 @@ impl DispatchPlan {
                 }
             }
         }
-        Ok(plan)
+        Ok(groups)
     }
 
     /// No live tokens: forward only zeroes its output.
@@ -382,19 +382,19 @@ mod tests {
             .push(3, 9, spec(&[1, 2, 3], 2)) // speculative
             .push(1, 0, RequestSlots::Single(5)) // a fresh one-token prefill
             .push(1, 2, RequestSlots::Single(6)); // decode
-        let plan = DispatchPlan::new(&meta, 10, CACHE).unwrap();
-        assert_eq!(plan.num_actual_tokens, 9);
-        assert_eq!(plan.decode.ranges, vec![3..4, 8..9]);
-        assert_eq!(plan.decode.state_slots, vec![0, 6]);
-        assert_eq!(plan.decode.runs(), vec![3..4, 8..9]);
-        assert_eq!(plan.speculative.kind, GroupKind::Speculative { tokens: 3 });
-        assert_eq!(plan.speculative.state_slots, vec![1, 2, 3]);
-        assert_eq!(plan.speculative.conv_slots, vec![1]);
-        assert_eq!(plan.speculative.num_accepted, vec![2]);
-        assert_eq!(plan.prefill.ranges, vec![0..3, 7..8]);
-        assert_eq!(plan.prefill.has_initial_state, vec![0, 0]);
-        assert_eq!(plan.prefill.local_offsets(), vec![0, 3, 4]);
-        let kinds: Vec<_> = plan.groups().map(|g| g.kind).collect();
+        let groups = DispatchGroups::new(&meta, 10, CACHE).unwrap();
+        assert_eq!(groups.num_actual_tokens, 9);
+        assert_eq!(groups.decode.ranges, vec![3..4, 8..9]);
+        assert_eq!(groups.decode.state_slots, vec![0, 6]);
+        assert_eq!(groups.decode.runs(), vec![3..4, 8..9]);
+        assert_eq!(groups.speculative.kind, GroupKind::Speculative { tokens: 3 });
+        assert_eq!(groups.speculative.state_slots, vec![1, 2, 3]);
+        assert_eq!(groups.speculative.conv_slots, vec![1]);
+        assert_eq!(groups.speculative.num_accepted, vec![2]);
+        assert_eq!(groups.prefill.ranges, vec![0..3, 7..8]);
+        assert_eq!(groups.prefill.has_initial_state, vec![0, 0]);
+        assert_eq!(groups.prefill.local_offsets(), vec![0, 3, 4]);
+        let kinds: Vec<_> = groups.groups().map(|g| g.kind).collect();
         assert_eq!(
             kinds,
             vec![GroupKind::Decode, GroupKind::Speculative { tokens: 3 }, GroupKind::Prefill]
@@ -404,9 +404,9 @@ mod tests {
     #[test]
     fn adjacent_requests_merge_into_one_run() {
         let meta = BatchMeta::prefills(&[2, 3, 1], &[0, 1, 2]);
-        let plan = DispatchPlan::new(&meta, 6, CACHE).unwrap();
-        assert_eq!(plan.prefill.runs(), vec![0..6]);
-        assert!(plan.decode.is_empty() && plan.speculative.is_empty());
+        let groups = DispatchGroups::new(&meta, 6, CACHE).unwrap();
+        assert_eq!(groups.prefill.runs(), vec![0..6]);
+        assert!(groups.decode.is_empty() && groups.speculative.is_empty());
     }
 
     #[test]
@@ -414,8 +414,8 @@ mod tests {
         for meta in
             [BatchMeta::empty(), BatchMeta { query_start_loc: vec![0], ..BatchMeta::empty() }]
         {
-            let plan = DispatchPlan::new(&meta, 4, CACHE).unwrap();
-            assert!(plan.is_empty() && plan.groups().count() == 0);
+            let groups = DispatchGroups::new(&meta, 4, CACHE).unwrap();
+            assert!(groups.is_empty() && groups.groups().count() == 0);
         }
     }
 
@@ -453,7 +453,7 @@ mod tests {
         let err = |edit: &dyn Fn(&mut BatchMeta), rows: usize| {
             let mut m = ok.clone();
             edit(&mut m);
-            DispatchPlan::new(&m, rows, CACHE).unwrap_err()
+            DispatchGroups::new(&m, rows, CACHE).unwrap_err()
         };
         assert_eq!(
             err(&|m| m.query_start_loc = vec![0, 2, 2], 4),
@@ -513,13 +513,13 @@ mod tests {
         let mut wide = ok.clone();
         wide.push(4, 5, spec(&[3, 4, 5, 6], 1));
         assert_eq!(
-            DispatchPlan::new(&wide, 8, CACHE).unwrap_err(),
+            DispatchGroups::new(&wide, 8, CACHE).unwrap_err(),
             BatchError::SpecCapacity { num_spec: 3, capacity: 2 }
         );
         let mut mixed = ok.clone();
         mixed.push(3, 5, spec(&[3, 4, 5], 1)).push(2, 5, spec(&[6, 7], 1));
         assert_eq!(
-            DispatchPlan::new(&mixed, 10, CACHE).unwrap_err(),
+            DispatchGroups::new(&mixed, 10, CACHE).unwrap_err(),
             BatchError::SpecWidth { request: 3, expected: 3, actual: 2 }
         );
     }

@@ -53,7 +53,7 @@ pub struct StateCache<B: Backend> {
 
 impl<B: Backend> StateCache<B> {
     /// A zeroed cache of `dims`, filled on `stream`.
-    pub fn new(backend: &Device<B>, stream: &B::Stream, dims: CacheDims) -> Result<Self> {
+    pub fn new(device: &Device<B>, stream: &B::Stream, dims: CacheDims) -> Result<Self> {
         if dims.slots == 0 || dims.heads == 0 || dims.head_dim == 0 || dims.conv_width == 0 {
             return Err(Error::Param {
                 op: "state cache",
@@ -62,10 +62,10 @@ impl<B: Backend> StateCache<B> {
                 actual: format!("{dims:?}"),
             });
         }
-        let recurrent = backend.alloc(DType::F32, &dims.recurrent_shape())?;
-        let conv = backend.alloc(DType::F32, &dims.conv_shape())?;
+        let recurrent = device.alloc(DType::F32, &dims.recurrent_shape())?;
+        let conv = device.alloc(DType::F32, &dims.conv_shape())?;
         for t in [&recurrent, &conv] {
-            backend.launch(stream, Op::Fill { dst: t.clone(), value: 0.0 })?;
+            device.launch(stream, Op::Fill { dst: t.clone(), value: 0.0 })?;
         }
         Ok(Self { dims, recurrent, conv })
     }

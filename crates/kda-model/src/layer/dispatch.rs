@@ -44,19 +44,19 @@ pub(super) struct TokenInputs<B: Backend> {
 
 /// An i32 device tensor `[len]` holding `values` (per-request metadata).
 pub(super) fn meta_tensor<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     values: &[i32],
 ) -> Result<Tensor<B>> {
-    let t = backend.alloc(DType::I32, &[values.len()])?;
-    backend.upload(stream, &t, values)?;
+    let t = device.alloc(DType::I32, &[values.len()])?;
+    device.upload(stream, &t, values)?;
     Ok(t)
 }
 
 /// `x` in `dtype`: itself when it already is, else a converted copy (rounded once to nearest
 /// even).
 pub(super) fn to_dtype<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     x: &Tensor<B>,
     dtype: DType,
@@ -64,14 +64,14 @@ pub(super) fn to_dtype<B: Backend>(
     if x.dtype() == dtype {
         return Ok(x.clone());
     }
-    let y = backend.alloc(dtype, x.shape())?;
-    backend.launch_labeled(stream, "cast", Op::Copy { src: x.clone(), dst: y.clone() })?;
+    let y = device.alloc(dtype, x.shape())?;
+    device.launch_labeled(stream, "cast", Op::Copy { src: x.clone(), dst: y.clone() })?;
     Ok(y)
 }
 
 /// The rows `runs` of `src` (along dimension 0) copied one after the other into a new tensor.
 fn gather<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     src: &Tensor<B>,
     runs: &[Range<usize>],
@@ -79,11 +79,11 @@ fn gather<B: Backend>(
 ) -> Result<Tensor<B>> {
     let mut shape = src.shape().to_vec();
     shape[0] = rows;
-    let dst = backend.alloc(src.dtype(), &shape)?;
+    let dst = device.alloc(src.dtype(), &shape)?;
     let mut at = 0;
     for run in runs {
         let (src, into) = (src.narrow(0, run.start, run.len())?, dst.narrow(0, at, run.len())?);
-        backend.launch_labeled(stream, "gather", Op::Copy { src, dst: into })?;
+        device.launch_labeled(stream, "gather", Op::Copy { src, dst: into })?;
         at += run.len();
     }
     Ok(dst)
@@ -91,7 +91,7 @@ fn gather<B: Backend>(
 
 /// The inverse of [`gather`]: consecutive rows of `src` back to `runs` of `dst`.
 fn scatter<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     src: &Tensor<B>,
     runs: &[Range<usize>],
@@ -100,7 +100,7 @@ fn scatter<B: Backend>(
     let mut at = 0;
     for run in runs {
         let (from, into) = (src.narrow(0, at, run.len())?, dst.narrow(0, run.start, run.len())?);
-        backend.launch_labeled(stream, "scatter", Op::Copy { src: from, dst: into })?;
+        device.launch_labeled(stream, "scatter", Op::Copy { src: from, dst: into })?;
         at += run.len();
     }
     Ok(())
@@ -110,7 +110,7 @@ fn scatter<B: Backend>(
 /// `inputs.core` and its slots of `cache`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run_group<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     group: &Group,
     inputs: &TokenInputs<B>,
@@ -119,7 +119,7 @@ pub(super) fn run_group<B: Backend>(
     scale: f32,
     chunk_state_slots: Option<&[i32]>,
 ) -> Result<()> {
-    let b = backend;
+    let b = device;
     let (tokens, requests) = (group.tokens(), group.requests());
     let _span =
         tracing::debug_span!("kda_layer.dispatch", kind = ?group.kind, requests, tokens).entered();

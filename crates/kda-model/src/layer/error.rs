@@ -4,7 +4,6 @@
 use thiserror::Error;
 
 use crate::layer::batch::BatchError;
-use crate::layer::keep::KeepError;
 use crate::weights::WeightError;
 use kda_core::error::{Error, ViewError};
 
@@ -32,3 +31,36 @@ impl From<ViewError> for LayerError {
 }
 
 pub type Result<T, E = LayerError> = std::result::Result<T, E>;
+
+/// A [`KeepState`](super::KeepState) the batch cannot honour. Every variant names the entry (its index in the
+/// list) and the offending values.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum KeepError {
+    #[error("keep[{index}]: request {request} is not in the batch of {requests} requests")]
+    NoSuchRequest { index: usize, request: usize, requests: usize },
+    #[error(
+        "keep[{index}]: request {request} is a decode or speculative decode; states are kept \
+         for prefills only"
+    )]
+    NotAPrefill { index: usize, request: usize },
+    #[error(
+        "keep[{index}]: position {position} of request {request}: expected \
+         {computed} + 64·j (j >= 1) up to {end}, or {end} (num_computed_tokens + 64·j, or the \
+         request's end: the recurrent state exists at chunk boundaries)"
+    )]
+    Position { index: usize, request: usize, position: usize, computed: usize, end: usize },
+    #[error(
+        "keep[{index}]: position {position} of request {request} is {into} tokens into the \
+         call; its conv state needs the {history} inputs before it"
+    )]
+    ConvHistory { index: usize, request: usize, position: usize, into: usize, history: usize },
+    #[error("keep[{index}]: slot {slot} is out of range for a cache of {slots} slots")]
+    SlotOutOfRange { index: usize, slot: usize, slots: usize },
+    #[error("keep[{index}]: slot {slot} is also {other}; every kept state needs a slot of its own")]
+    SlotTaken { index: usize, slot: usize, other: String },
+    #[error(
+        "keep[{index}]: request {request}, position {position} is also kept by keep[{first}]; \
+         one slot per position"
+    )]
+    SamePosition { index: usize, first: usize, request: usize, position: usize },
+}

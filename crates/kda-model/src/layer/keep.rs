@@ -17,16 +17,14 @@
 
 use std::collections::HashMap;
 
-use thiserror::Error;
-
-use crate::layer::error::Result;
+use crate::layer::error::{KeepError, Result};
 use kda_core::device::Device;
 use kda_core::hal::Backend;
 use kda_core::kda::{CHUNK_SIZE, CausalConv, chunks_of};
 use kda_core::op::Op;
 use kda_core::tensor::Tensor;
 
-use super::batch::{BatchMeta, DispatchPlan, RequestSlots};
+use super::batch::{BatchMeta, DispatchGroups, RequestSlots};
 use super::cache::StateCache;
 use super::dispatch::meta_tensor;
 
@@ -41,43 +39,10 @@ pub struct KeepState {
     pub slot: usize,
 }
 
-/// A [`KeepState`] the batch cannot honour. Every variant names the entry (its index in the
-/// list) and the offending values.
-#[derive(Clone, Debug, Error, PartialEq, Eq)]
-pub enum KeepError {
-    #[error("keep[{index}]: request {request} is not in the batch of {requests} requests")]
-    NoSuchRequest { index: usize, request: usize, requests: usize },
-    #[error(
-        "keep[{index}]: request {request} is a decode or speculative decode; states are kept \
-         for prefills only"
-    )]
-    NotAPrefill { index: usize, request: usize },
-    #[error(
-        "keep[{index}]: position {position} of request {request}: expected \
-         {computed} + 64·j (j >= 1) up to {end}, or {end} (num_computed_tokens + 64·j, or the \
-         request's end: the recurrent state exists at chunk boundaries)"
-    )]
-    Position { index: usize, request: usize, position: usize, computed: usize, end: usize },
-    #[error(
-        "keep[{index}]: position {position} of request {request} is {into} tokens into the \
-         call; its conv state needs the {history} inputs before it"
-    )]
-    ConvHistory { index: usize, request: usize, position: usize, into: usize, history: usize },
-    #[error("keep[{index}]: slot {slot} is out of range for a cache of {slots} slots")]
-    SlotOutOfRange { index: usize, slot: usize, slots: usize },
-    #[error("keep[{index}]: slot {slot} is also {other}; every kept state needs a slot of its own")]
-    SlotTaken { index: usize, slot: usize, other: String },
-    #[error(
-        "keep[{index}]: request {request}, position {position} is also kept by keep[{first}]; \
-         one slot per position"
-    )]
-    SamePosition { index: usize, first: usize, request: usize, position: usize },
-}
-
 /// Checked [`KeepState`]s: the prefill group's `chunk_state_slots` (one entry per chunk of each
 /// prefill request, in the group's order; `-1` keeps nothing) and the conv histories to write.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(super) struct KeepPlan {
+pub(super) struct KeepWrites {
     /// `None` when nothing is kept.
     pub(super) chunk_state_slots: Option<Vec<i32>>,
     conv: Vec<ConvKeep>,
@@ -92,13 +57,13 @@ enum ConvKeep {
     Slot { from: usize, slot: usize },
 }
 
-impl KeepPlan {
-    /// Check `keep` against the batch (`meta`, already checked into `plan`), the cache's
+impl KeepWrites {
+    /// Check `keep` against the batch (`meta`, already checked into `groups`), the cache's
     /// `slots` and the conv width.
     pub(super) fn new(
         keep: &[KeepState],
         meta: &BatchMeta,
-        plan: &DispatchPlan,
+        groups: &DispatchGroups,
         slots: usize,
         conv_width: usize,
     ) -> Result<Self, KeepError> {
@@ -117,7 +82,7 @@ impl KeepPlan {
             }
         }
         // The prefill group's requests, in its order, by their rows.
-        let group = &plan.prefill;
+        let group = &groups.prefill;
         let order: HashMap<usize, usize> =
             group.ranges.iter().enumerate().map(|(i, r)| (r.start, i)).collect();
         let mut starts = Vec::with_capacity(group.ranges.len() + 1);
@@ -160,7 +125,7 @@ impl KeepPlan {
             if position == end {
                 let from = match &meta.slots[request] {
                     RequestSlots::Single(s) => *s,
-                    // A prefill has one slot (checked by `DispatchPlan::new`).
+                    // A prefill has one slot (checked by `DispatchGroups::new`).
                     RequestSlots::Speculative { .. } => {
                         return Err(KeepError::NotAPrefill { index, request });
                     }

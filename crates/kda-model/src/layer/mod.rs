@@ -3,7 +3,7 @@
 //! speculative decode) → gated RMSNorm → `o_proj`, over a continuous-batching batch, writing into
 //! the caller's output buffer and the caller's [`StateCache`].
 //!
-//! - [`batch`]: [`BatchMeta`] and its validation into a [`DispatchPlan`];
+//! - [`batch`]: [`BatchMeta`] and its validation into a [`DispatchGroups`];
 //! - [`cache`]: [`StateCache`], per-slot recurrent (v-first) and conv state;
 //! - [`weights`]: [`LayerDeviceWeights`], one rank's loaded weights on a device;
 //! - `dispatch`: the per-group conv, gate and recurrence launches (prefills hand the raw gate
@@ -22,10 +22,11 @@ pub mod keep;
 pub mod weights;
 
 pub use auto::{BatchShape, Choice, LayerPlan, PLAN_CONFIGS, PlanConfig};
-pub use batch::{BatchError, BatchMeta, DispatchPlan, Group, GroupKind, RequestSlots};
+pub use batch::{BatchError, BatchMeta, DispatchGroups, Group, GroupKind, RequestSlots};
 pub use cache::{CacheDims, StateCache};
+pub use error::KeepError;
 pub use error::LayerError;
-pub use keep::{KeepError, KeepState};
+pub use keep::KeepState;
 pub use weights::{ForgetProjection, LayerDeviceWeights};
 
 use crate::config::{KdaConfig, LayerDims, Tp};
@@ -125,7 +126,7 @@ pub struct LayerTrace<B: Backend> {
 /// One KDA layer on one TP rank.
 #[derive(Debug)]
 pub struct KdaLayer<B: Backend> {
-    backend: Device<B>,
+    device: Device<B>,
     dims: LayerDims,
     layer: usize,
     gate: GateForm,
@@ -139,20 +140,20 @@ pub struct KdaLayer<B: Backend> {
 impl<B: Backend> KdaLayer<B> {
     /// Build the layer from one rank's loaded weights, uploading them on `stream`.
     pub fn new(
-        backend: &Device<B>,
+        device: &Device<B>,
         stream: &B::Stream,
         weights: &LayerWeights,
         options: LayerOptions,
     ) -> Result<Self> {
         let _span = tracing::debug_span!("kda_layer.new", layer = weights.layer).entered();
-        let caps = backend.info().capabilities;
-        let device =
-            LayerDeviceWeights::upload(backend, stream, weights, options.forget, options.qkv)?;
+        let caps = device.info().capabilities;
+        let uploaded =
+            LayerDeviceWeights::upload(device, stream, weights, options.forget, options.qkv)?;
         let schedule =
             options.schedule.unwrap_or_else(|| ProjectionSchedule::for_capabilities(&caps));
         let policy =
             options.matrix_overlap.unwrap_or_else(|| MatrixOverlap::for_capabilities(&caps));
-        let projection = QkvBfgProjection::new(backend, device.projection.clone(), schedule)?
+        let projection = QkvBfgProjection::new(device, uploaded.projection.clone(), schedule)?
             .with_matrix_overlap(policy)
             .with_mutation(options.mutation);
         let eps = weights.rms_norm_eps as f32;
@@ -166,7 +167,7 @@ impl<B: Backend> KdaLayer<B> {
             .into());
         }
         Ok(Self {
-            backend: backend.clone(),
+            device: device.clone(),
             dims: weights.dims,
             layer: weights.layer,
             gate: weights.gate,
@@ -176,13 +177,13 @@ impl<B: Backend> KdaLayer<B> {
                 .core_operands
                 .unwrap_or_else(|| CoreOperands::for_capabilities(&caps)),
             projection,
-            weights: device,
+            weights: uploaded,
         })
     }
 
     /// Load layer `layer` of `config` for TP position `tp` from `source` and build it.
     pub fn load(
-        backend: &Device<B>,
+        device: &Device<B>,
         stream: &B::Stream,
         source: &dyn TensorSource,
         config: &KdaConfig,
@@ -191,7 +192,7 @@ impl<B: Backend> KdaLayer<B> {
         options: LayerOptions,
     ) -> Result<Self> {
         let loaded = load_layer(source, config, tp, layer, LoadOptions::default())?;
-        Self::new(backend, stream, &loaded.weights, options)
+        Self::new(device, stream, &loaded.weights, options)
     }
 
     pub fn dims(&self) -> &LayerDims {
@@ -234,7 +235,7 @@ impl<B: Backend> KdaLayer<B> {
         slots: usize,
         num_spec: usize,
     ) -> Result<StateCache<B>> {
-        Ok(StateCache::new(&self.backend, stream, self.cache_dims(slots, num_spec))?)
+        Ok(StateCache::new(&self.device, stream, self.cache_dims(slots, num_spec))?)
     }
 
     /// Run the layer on `hidden_states` `[T, Hd]` for the batch `meta`, reading and updating
@@ -289,16 +290,16 @@ impl<B: Backend> KdaLayer<B> {
         meta: &BatchMeta,
         cache: &StateCache<B>,
         out: &Tensor<B>,
-    ) -> Result<DispatchPlan> {
+    ) -> Result<DispatchGroups> {
         const OP: &str = "kda_layer";
         for (what, buffer) in [("hidden_states", x.buffer()), ("out", out.buffer())]
             .into_iter()
             .chain(cache.buffers().map(|b| ("cache", b)))
         {
-            self.backend.check_instance(what, buffer.id().instance)?;
+            self.device.check_instance(what, buffer.id().instance)?;
         }
         // Shape and dtype of the input, as the projection sees it.
-        self.projection.plan(x).map_err(|e| match e {
+        self.projection.route(x).map_err(|e| match e {
             Error::Shape { expected, actual, .. } => Error::Shape {
                 op: OP,
                 param: "hidden_states",
@@ -346,7 +347,7 @@ impl<B: Backend> KdaLayer<B> {
         }
         let d = &self.dims;
         cache.check(d.local_heads, d.head_dim, d.conv_width)?;
-        Ok(DispatchPlan::new(meta, rows, cache.limits())?)
+        Ok(DispatchGroups::new(meta, rows, cache.limits())?)
     }
 
     /// The forward; with `traced` it also returns the intermediates (else `None`, as for an
@@ -369,15 +370,15 @@ impl<B: Backend> KdaLayer<B> {
             requests = meta.num_requests(),
         )
         .entered();
-        let plan = self.check(x, meta, cache, out)?;
+        let groups = self.check(x, meta, cache, out)?;
         let kept =
-            keep::KeepPlan::new(keep, meta, &plan, cache.dims().slots, self.dims.conv_width)?;
-        let b = &self.backend;
-        if plan.is_empty() {
+            keep::KeepWrites::new(keep, meta, &groups, cache.dims().slots, self.dims.conv_width)?;
+        let b = &self.device;
+        if groups.is_empty() {
             b.launch(stream, Op::Fill { dst: out.clone(), value: 0.0 })?;
             return Ok(None);
         }
-        let (rows, n) = (x.shape()[0], plan.num_actual_tokens);
+        let (rows, n) = (x.shape()[0], groups.num_actual_tokens);
         let (lh, hd) = (self.dims.local_heads, self.dims.head_dim);
 
         let bufs = self.projection.alloc_buffers(x)?;
@@ -407,7 +408,7 @@ impl<B: Backend> KdaLayer<B> {
             core: core.clone(),
         };
         let scale = (hd as f32).powf(-0.5);
-        for group in plan.groups() {
+        for group in groups.groups() {
             let chunk_states = match group.kind {
                 GroupKind::Prefill => kept.chunk_state_slots.as_deref(),
                 _ => None,

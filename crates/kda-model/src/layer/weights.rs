@@ -55,38 +55,38 @@ impl<B: Backend> LayerDeviceWeights<B> {
     /// the path `qkv` asks for, `None` letting the backend's capabilities choose
     /// ([`QkvPath::resolve`]). An impossible request fails here, before anything is uploaded.
     pub fn upload(
-        backend: &Device<B>,
+        device: &Device<B>,
         stream: &B::Stream,
         layer: &LayerWeights,
         forget: ForgetProjection,
         qkv: Option<QkvPath>,
     ) -> Result<Self> {
         let d = &layer.dims;
-        let info = backend.info();
+        let info = device.info();
         let path = QkvPath::resolve(qkv, layer.qkv.format(), info.capabilities.native, info.name)?;
         let projection = match forget {
             ForgetProjection::Composed => {
-                ProjectionWeights::upload_on(backend, stream, layer, path)?
+                ProjectionWeights::upload_on(device, stream, layer, path)?
             }
-            ForgetProjection::Staged => upload_staged(backend, stream, layer, path)?,
+            ForgetProjection::Staged => upload_staged(device, stream, layer, path)?,
         };
         if layer.conv.layout() != ConvLayout::Kernel {
             return Err(incomplete("conv", "conv weights not packed into [W, 3 lp]"));
         }
         let [width, channels] = layer.conv.shape();
-        let packed = upload(backend, stream, &layer.conv.to_tensor()?)?;
+        let packed = upload(device, stream, &layer.conv.to_tensor()?)?;
         // The kernel layout `[W, C]` read as the conv op's `[C, W]`: a transposed view.
         let layout = Layout::strided(DType::F32, &[channels, width], &[1, channels], 0)?;
         let conv = Tensor::new(packed.buffer().clone(), layout)?;
         let dt_bias =
-            upload(backend, stream, &layer.dt_bias)?.reshape(&[d.local_heads, d.head_dim])?;
+            upload(device, stream, &layer.dt_bias)?.reshape(&[d.local_heads, d.head_dim])?;
         Ok(Self {
             projection,
             conv,
-            a_log: upload(backend, stream, &layer.a_log)?,
+            a_log: upload(device, stream, &layer.a_log)?,
             dt_bias,
-            o_norm: upload(backend, stream, &layer.o_norm)?,
-            o_proj: upload(backend, stream, &layer.o_proj)?,
+            o_norm: upload(device, stream, &layer.o_norm)?,
+            o_proj: upload(device, stream, &layer.o_proj)?,
         })
     }
 }
@@ -113,7 +113,7 @@ impl<B: Backend> LayerDeviceWeights<B> {
 /// weight dtype: exact for a checkpoint's bf16 factors). A low-rank G (Kimi Linear) is composed on the host exactly as the
 /// composed form does, so only F differs between the two forms.
 fn upload_staged<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     layer: &LayerWeights,
     path: QkvPath,
@@ -144,12 +144,12 @@ fn upload_staged<B: Backend>(
         return Err(incomplete("bfg.f", "f_a_proj / f_b_proj not loaded"));
     };
     let staged = BfgWeight::Staged {
-        b: upload(backend, stream, &beta)?,
-        f_a: upload(backend, stream, &f_a.cast(dtype)?)?,
-        f_b: upload(backend, stream, &f_b.cast(dtype)?)?,
-        g: upload(backend, stream, &g)?,
+        b: upload(device, stream, &beta)?,
+        f_a: upload(device, stream, &f_a.cast(dtype)?)?,
+        f_b: upload(device, stream, &f_b.cast(dtype)?)?,
+        g: upload(device, stream, &g)?,
     };
-    let qkv = upload_qkv(backend, stream, layer, path)?;
+    let qkv = upload_qkv(device, stream, layer, path)?;
     let dims = ProjectionDims { hidden: d.hidden, heads: d.local_heads, head_dim: d.head_dim };
     Ok(ProjectionWeights::new(dims, qkv, staged)?)
 }

@@ -16,8 +16,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::chips::{ChipFigures, Figure, Provenance};
-use super::recording::RecordedRun;
 use super::{OpWork, PlanError};
 
 /// The fitted cost of one op kind.
@@ -193,61 +191,4 @@ fn solve_subset(samples: &[&Sample], cols: &[usize], caches: CacheSizes) -> Opti
         coef[c] = a[i][n] / a[i][i] / scale[i];
     }
     Some(coef)
-}
-
-/// Calibrates `base` (this host's measured figures) on recorded runs: each op kind's cost is
-/// fitted on the ops of the single-stream runs (there an op's time is its own; in an
-/// overlapped run the other stream's op may share its core). Then, for each value of whether
-/// the streams share the units, the cost of a cross-stream wait is fitted to the multi-stream
-/// runs' makespans (one least-squares coefficient on the relative error, at least 0), and the
-/// pair that predicts every run's makespan best is kept.
-pub fn calibrate(
-    base: ChipFigures,
-    runs: &[&RecordedRun],
-    caches: CacheSizes,
-) -> Result<ChipFigures, PlanError> {
-    let single: Vec<&&RecordedRun> = runs.iter().filter(|r| r.streams() == 1).collect();
-    let samples: Vec<Sample> = if single.is_empty() {
-        runs.iter().flat_map(|r| r.samples()).collect()
-    } else {
-        single.iter().flat_map(|r| r.samples()).collect()
-    };
-    let calibrated = base.calibrated(Calibration::fit(&samples, caches)?);
-    let logs: Vec<_> = runs.iter().map(|r| (r.log(), r.measured_s(), r.waits())).collect();
-    let predict = |figures: &ChipFigures| -> Result<Vec<f64>, PlanError> {
-        logs.iter()
-            .map(|((entries, works), _, _)| {
-                Ok(super::predict_with(entries, works, figures)?.makespan)
-            })
-            .collect()
-    };
-    let mut best: Option<(f64, ChipFigures)> = None;
-    for shared in [false, true] {
-        let mut figures = ChipFigures {
-            shared_streams: Figure { value: shared, provenance: Provenance::Measured },
-            wait_s: Figure { value: 0.0, provenance: Provenance::Measured },
-            ..calibrated.clone()
-        };
-        // Each wait adds its cost to its stream; with the streams sharing the units (or on the
-        // critical path) it adds to the makespan, so the fit is linear: p + n·w against m.
-        let free = predict(&figures)?;
-        let (mut num, mut den) = (0.0, 0.0);
-        for ((_, m, n), p) in logs.iter().zip(&free) {
-            let (m, n) = (m.max(f64::MIN_POSITIVE), *n as f64);
-            num += n / m * (1.0 - p / m);
-            den += (n / m).powi(2);
-        }
-        if den > 0.0 {
-            figures.wait_s.value = (num / den).max(0.0);
-        }
-        let error: f64 = predict(&figures)?
-            .iter()
-            .zip(&logs)
-            .map(|(p, (_, m, _))| (p / m.max(f64::MIN_POSITIVE) - 1.0).powi(2))
-            .sum();
-        if best.as_ref().is_none_or(|(e, _)| error < *e) {
-            best = Some((error, figures));
-        }
-    }
-    Ok(best.map(|(_, f)| f).unwrap_or(calibrated))
 }

@@ -24,7 +24,7 @@ pub const BETA_SIGMOID: &str = "beta_sigmoid";
 /// - `preprocessed`: `beta` must be f32 and is only sliced (a view; nothing is launched).
 /// - raw: the live slice goes through [`Op::Sigmoid`] on `stream` into a new f32 tensor.
 pub fn prepare_beta<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     beta: &Tensor<B>,
     n_live: usize,
@@ -52,7 +52,7 @@ pub fn prepare_beta<B: Backend>(
         }
         return Ok(live);
     }
-    let y = backend.alloc(DType::F32, live.shape())?;
-    backend.launch_labeled(stream, BETA_SIGMOID, Op::Sigmoid { x: live, y: y.clone() })?;
+    let y = device.alloc(DType::F32, live.shape())?;
+    device.launch_labeled(stream, BETA_SIGMOID, Op::Sigmoid { x: live, y: y.clone() })?;
     Ok(y)
 }

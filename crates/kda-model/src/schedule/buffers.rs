@@ -8,7 +8,7 @@
 //! freed or reused in the order of the main stream, and only there.
 
 use crate::schedule::beta::prepare_beta;
-use crate::schedule::plan::QkvPlan;
+use crate::schedule::qkv_route::QkvRoute;
 use crate::schedule::weights::{BfgWeight, ProjectionWeights};
 use kda_core::device::Device;
 use kda_core::dtype::DType;
@@ -37,31 +37,31 @@ pub struct ProjectionBuffers<B: Backend> {
 }
 
 impl<B: Backend> ProjectionBuffers<B> {
-    /// Allocate everything a call with `plan` on `tokens` tokens needs.
+    /// Allocate everything a call with `route` on `tokens` tokens needs.
     pub fn alloc(
-        backend: &Device<B>,
+        device: &Device<B>,
         weights: &ProjectionWeights<B>,
-        plan: QkvPlan,
+        route: QkvRoute,
         tokens: usize,
     ) -> Result<Self> {
         let dims = weights.dims();
-        let quant = match plan {
-            QkvPlan::Dense => None,
-            QkvPlan::SplitQuant { .. } | QkvPlan::QuantInLinear { .. } => Some((
-                backend.alloc(DType::E4M3, &[tokens, dims.hidden])?,
-                backend.alloc(DType::E8M0, &[tokens, num_blocks(dims.hidden)])?,
+        let quant = match route {
+            QkvRoute::Dense => None,
+            QkvRoute::SplitQuant { .. } | QkvRoute::QuantInLinear { .. } => Some((
+                device.alloc(DType::E4M3, &[tokens, dims.hidden])?,
+                device.alloc(DType::E8M0, &[tokens, num_blocks(dims.hidden)])?,
             )),
         };
         let f_a = match weights.bfg() {
             BfgWeight::Composed { .. } => None,
-            BfgWeight::Staged { .. } => Some(backend.alloc(DType::BF16, &[tokens, dims.head_dim])?),
+            BfgWeight::Staged { .. } => Some(device.alloc(DType::BF16, &[tokens, dims.head_dim])?),
         };
         Ok(Self {
             tokens,
             heads: dims.heads,
-            mixed_qkv: backend.alloc(DType::BF16, &[tokens, dims.qkv_width()])?,
-            bfg: backend.alloc(DType::BF16, &[tokens, dims.bfg_width()])?,
-            beta: backend.alloc(DType::F32, &[tokens, dims.heads])?,
+            mixed_qkv: device.alloc(DType::BF16, &[tokens, dims.qkv_width()])?,
+            bfg: device.alloc(DType::BF16, &[tokens, dims.bfg_width()])?,
+            beta: device.alloc(DType::F32, &[tokens, dims.heads])?,
             quant,
             f_a,
         })
@@ -118,10 +118,10 @@ impl<B: Backend> Projected<B> {
     /// output's `preprocessed` flag (so no second sigmoid, and no op at all).
     pub fn dispatch_beta(
         &self,
-        backend: &Device<B>,
+        device: &Device<B>,
         stream: &B::Stream,
         n_live: usize,
     ) -> Result<Tensor<B>> {
-        prepare_beta(backend, stream, &self.beta, n_live, self.beta_preprocessed)
+        prepare_beta(device, stream, &self.beta, n_live, self.beta_preprocessed)
     }
 }

@@ -49,12 +49,12 @@ pub struct ScheduleEvents<B: Backend> {
 }
 
 impl<B: Backend> ScheduleEvents<B> {
-    pub fn new(backend: &Device<B>) -> Result<Self> {
+    pub fn new(device: &Device<B>) -> Result<Self> {
         Ok(Self {
-            hidden_ready: backend.new_event()?,
-            bfg_projection_ready: backend.new_event()?,
-            quant_ready: backend.new_event()?,
-            bfg_ready: backend.new_event()?,
+            hidden_ready: device.new_event()?,
+            bfg_projection_ready: device.new_event()?,
+            quant_ready: device.new_event()?,
+            bfg_ready: device.new_event()?,
         })
     }
 

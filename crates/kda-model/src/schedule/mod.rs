@@ -15,7 +15,8 @@
 //! (`docs/design/schedule.md#matrix-overlap`).
 //!
 //! - [`weights`]: the device weights (dense or MXFP8 QKV; composed or staged F);
-//! - [`plan`]: whether DynamicQuant is split out of the QKV linear
+//! - [`qkv_path`]: the precision the QKV projection runs in (MXFP8 or bf16), from the capabilities;
+//! - [`qkv_route`]: whether DynamicQuant is split out of the QKV linear
 //!   (`docs/design/kda.md#behaviour-10`);
 //! - [`buffers`]: outputs and workspace, and the views handed to dispatch;
 //! - [`steps`]: the ops both schedules queue, under the seeds' labels;
@@ -29,7 +30,8 @@ pub mod beta;
 pub mod buffers;
 pub mod events;
 mod overlapped;
-pub mod plan;
+pub mod qkv_path;
+pub mod qkv_route;
 mod serial;
 pub mod steps;
 pub mod weights;
@@ -38,7 +40,8 @@ pub use aux::AuxStream;
 pub use beta::prepare_beta;
 pub use buffers::{Projected, ProjectionBuffers};
 pub use events::{Mutation, ScheduleEvent, ScheduleEvents};
-pub use plan::{QkvPath, QkvPlan};
+pub use qkv_path::QkvPath;
+pub use qkv_route::QkvRoute;
 pub use steps::labels;
 pub use weights::{BfgWeight, ProjectionDims, ProjectionWeights, QkvWeight};
 
@@ -87,7 +90,7 @@ impl MatrixOverlap {
 /// One layer's QKV and BFG projections on one rank, with a schedule.
 #[derive(Debug)]
 pub struct QkvBfgProjection<B: Backend> {
-    backend: Device<B>,
+    device: Device<B>,
     weights: ProjectionWeights<B>,
     schedule: ProjectionSchedule,
     matrix_overlap: MatrixOverlap,
@@ -100,17 +103,17 @@ pub struct QkvBfgProjection<B: Backend> {
 impl<B: Backend> QkvBfgProjection<B> {
     /// `schedule` with the matrix-overlap policy the backend's capabilities choose.
     pub fn new(
-        backend: &Device<B>,
+        device: &Device<B>,
         weights: ProjectionWeights<B>,
         schedule: ProjectionSchedule,
     ) -> Result<Self> {
-        let matrix_overlap = MatrixOverlap::for_capabilities(&backend.info().capabilities);
+        let matrix_overlap = MatrixOverlap::for_capabilities(&device.info().capabilities);
         Ok(Self {
-            backend: backend.clone(),
+            device: device.clone(),
             weights,
             schedule,
             matrix_overlap,
-            events: ScheduleEvents::new(backend)?,
+            events: ScheduleEvents::new(device)?,
             aux: AuxStream::new(),
             mutation: Mutation::None,
         })
@@ -165,7 +168,7 @@ impl<B: Backend> QkvBfgProjection<B> {
     }
 
     /// How the QKV linear runs on `x`, after checking that `x` is `[T, Hd]` of a dtype it takes.
-    pub fn plan(&self, x: &Tensor<B>) -> Result<QkvPlan> {
+    pub fn route(&self, x: &Tensor<B>) -> Result<QkvRoute> {
         const OP: &str = "projection";
         let hidden = self.weights.dims().hidden;
         if x.shape().len() != 2 || x.shape()[1] != hidden {
@@ -176,15 +179,15 @@ impl<B: Backend> QkvBfgProjection<B> {
                 actual: x.shape().to_vec(),
             });
         }
-        let plan = QkvPlan::decide(self.weights.qkv(), x.dtype(), x.shape().len());
-        let ok = match plan {
-            QkvPlan::Dense => x.dtype().is_float(),
-            QkvPlan::SplitQuant { .. } | QkvPlan::QuantInLinear { .. } => {
+        let route = QkvRoute::decide(self.weights.qkv(), x.dtype(), x.shape().len());
+        let ok = match route {
+            QkvRoute::Dense => x.dtype().is_float(),
+            QkvRoute::SplitQuant { .. } | QkvRoute::QuantInLinear { .. } => {
                 matches!(x.dtype(), DType::BF16 | DType::F32)
             }
         };
         if !ok {
-            let expected = if plan == QkvPlan::Dense { "a float" } else { "bf16 or f32" };
+            let expected = if route == QkvRoute::Dense { "a float" } else { "bf16 or f32" };
             return Err(Error::DType {
                 op: OP,
                 param: "x",
@@ -192,13 +195,13 @@ impl<B: Backend> QkvBfgProjection<B> {
                 actual: x.dtype(),
             });
         }
-        Ok(plan)
+        Ok(route)
     }
 
     /// Allocate the outputs and workspace of a call on `x`.
     pub fn alloc_buffers(&self, x: &Tensor<B>) -> Result<ProjectionBuffers<B>> {
-        let plan = self.plan(x)?;
-        ProjectionBuffers::alloc(&self.backend, &self.weights, plan, x.shape()[0])
+        let route = self.route(x)?;
+        ProjectionBuffers::alloc(&self.device, &self.weights, route, x.shape()[0])
     }
 
     /// Project `x` (`[T, Hd]`, ready in the order of `main`) into fresh buffers. Returns once
@@ -239,7 +242,7 @@ impl<B: Backend> QkvBfgProjection<B> {
         bufs: &ProjectionBuffers<B>,
         mutation: Mutation,
     ) -> Result<Projected<B>> {
-        let plan = self.plan(x)?;
+        let route = self.route(x)?;
         if bufs.tokens() != x.shape()[0] {
             return Err(Error::Shape {
                 op: "projection",
@@ -249,21 +252,21 @@ impl<B: Backend> QkvBfgProjection<B> {
             });
         }
         // Checked before anything is queued, so a bad call leaves no half-queued schedule.
-        let fits = bufs.quant.is_some() == (plan != QkvPlan::Dense)
+        let fits = bufs.quant.is_some() == (route != QkvRoute::Dense)
             && bufs.f_a.is_some() == matches!(self.weights.bfg(), BfgWeight::Staged { .. });
         if !fits {
             return Err(Error::Param {
                 op: "projection",
                 param: "buffers",
-                expected: format!("buffers for {plan:?} with this BFG form (`alloc_buffers`)"),
-                actual: "buffers allocated for another plan or BFG form".into(),
+                expected: format!("buffers for {route:?} with this BFG form (`alloc_buffers`)"),
+                actual: "buffers allocated for another route or BFG form".into(),
             });
         }
-        let work = Work { backend: &self.backend, weights: &self.weights, x, bufs, plan };
+        let work = Work { device: &self.device, weights: &self.weights, x, bufs, route };
         match self.schedule {
             ProjectionSchedule::Serial => serial::run_serial(&work, main)?,
             ProjectionSchedule::Overlapped => {
-                let aux = self.aux.get(&self.backend)?;
+                let aux = self.aux.get(&self.device)?;
                 overlapped::run_overlapped(
                     &work,
                     (main, &aux),

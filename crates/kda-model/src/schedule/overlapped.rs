@@ -38,7 +38,7 @@ pub(crate) fn run_overlapped<B: Backend>(
     policy: MatrixOverlap,
     mutation: Mutation,
 ) -> Result<()> {
-    let b = work.backend;
+    let b = work.device;
     let record = |event: ScheduleEvent, stream: &B::Stream| {
         if mutation.keeps_record(event) { b.record(events.get(event), stream) } else { Ok(()) }
     };

@@ -3,7 +3,7 @@
 //! each step and in the events between them.
 
 use crate::schedule::buffers::ProjectionBuffers;
-use crate::schedule::plan::QkvPlan;
+use crate::schedule::qkv_route::QkvRoute;
 use crate::schedule::weights::{BfgWeight, ProjectionWeights, QkvWeight};
 use kda_core::device::Device;
 use kda_core::error::{Error, Result};
@@ -36,37 +36,37 @@ pub mod labels {
 
 /// One call's operands.
 pub(crate) struct Work<'a, B: Backend> {
-    pub(crate) backend: &'a Device<B>,
+    pub(crate) device: &'a Device<B>,
     pub(crate) weights: &'a ProjectionWeights<B>,
     pub(crate) x: &'a Tensor<B>,
     pub(crate) bufs: &'a ProjectionBuffers<B>,
-    pub(crate) plan: QkvPlan,
+    pub(crate) route: QkvRoute,
 }
 
 impl<B: Backend> Work<'_, B> {
     fn quant_op(&self) -> Result<Op<B>> {
-        let (Some((data, scale)), Some(alg)) = (&self.bufs.quant, self.plan.scale_alg()) else {
+        let (Some((data, scale)), Some(alg)) = (&self.bufs.quant, self.route.scale_alg()) else {
             return Err(missing("quant"));
         };
         Ok(Op::DynamicQuant { x: self.x.clone(), data: data.clone(), scale: scale.clone(), alg })
     }
 
-    /// DynamicQuant on its own (only when the plan splits it out; nothing otherwise).
+    /// DynamicQuant on its own (only when the route splits it out; nothing otherwise).
     pub(crate) fn quantize(&self, stream: &B::Stream) -> Result<()> {
-        if !self.plan.splits_quant() {
+        if !self.route.splits_quant() {
             return Ok(());
         }
-        self.backend.launch_labeled(stream, labels::DYNAMIC_QUANT, self.quant_op()?)
+        self.device.launch_labeled(stream, labels::DYNAMIC_QUANT, self.quant_op()?)
     }
 
     /// The QKV GEMM (with the quantization in front of it when it stays inside the linear).
     pub(crate) fn qkv_matmul(&self, stream: &B::Stream) -> Result<()> {
-        let b = self.backend;
+        let b = self.device;
         let y = self.bufs.mixed_qkv.clone();
         let op = match (self.weights.qkv(), &self.bufs.quant) {
             (QkvWeight::Bf16 { w }, _) => Op::Gemm { x: self.x.clone(), w: w.clone(), y },
             (QkvWeight::Mxfp8 { data, scale, .. }, Some((a, a_scale))) => {
-                if let QkvPlan::QuantInLinear { .. } = self.plan {
+                if let QkvRoute::QuantInLinear { .. } = self.route {
                     b.launch_labeled(stream, labels::QKV_LINEAR_QUANT, self.quant_op()?)?;
                 }
                 Op::MxGemm {
@@ -84,7 +84,7 @@ impl<B: Backend> Work<'_, B> {
 
     /// The BFG projection into `[B | F | G]`: one GEMM, or four with staged F.
     pub(crate) fn project_bfg(&self, stream: &B::Stream) -> Result<()> {
-        let b = self.backend;
+        let b = self.device;
         let x = self.x.clone();
         match self.weights.bfg() {
             BfgWeight::Composed { w } => b.launch_labeled(
@@ -111,16 +111,16 @@ impl<B: Backend> Work<'_, B> {
     pub(crate) fn postprocess(&self, stream: &B::Stream) -> Result<()> {
         let [raw_beta, _, _] = self.bufs.bfg_parts()?;
         let op = Op::Sigmoid { x: raw_beta, y: self.bufs.beta.clone() };
-        self.backend.launch_labeled(stream, labels::POSTPROCESS_BFG, op)
+        self.device.launch_labeled(stream, labels::POSTPROCESS_BFG, op)
     }
 }
 
-/// Buffers allocated for another plan or BFG form than the call's.
+/// Buffers allocated for another route or BFG form than the call's.
 fn missing(what: &str) -> Error {
     Error::Param {
         op: "projection",
         param: "buffers",
-        expected: format!("a `{what}` workspace (buffers allocated for this plan and weights)"),
+        expected: format!("a `{what}` workspace (buffers allocated for this route and weights)"),
         actual: "none".into(),
     }
 }

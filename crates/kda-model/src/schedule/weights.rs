@@ -3,7 +3,7 @@
 //! GEMMs for comparison), checked against each other, and [`ProjectionWeights::upload`] to put
 //! one rank's loaded checkpoint weights ([`LayerWeights`]) on a device.
 
-use crate::schedule::plan::QkvPath;
+use crate::schedule::qkv_path::QkvPath;
 use crate::weights::{BfgMode, HostTensor, LayerWeights, QkvWeights, dequantize_bf16};
 use kda_core::device::Device;
 use kda_core::dtype::DType;
@@ -146,25 +146,25 @@ impl<B: Backend> ProjectionWeights<B> {
     /// plain-layout scales with the checkpoint's `scale_alg` where the MX ops run, its exact bf16
     /// dequantization elsewhere; a dense QKV as loaded) and the composed fused BFG. A staged BFG
     /// has no single weight to upload; load it composed.
-    pub fn upload(backend: &Device<B>, stream: &B::Stream, layer: &LayerWeights) -> Result<Self> {
-        let info = backend.info();
+    pub fn upload(device: &Device<B>, stream: &B::Stream, layer: &LayerWeights) -> Result<Self> {
+        let info = device.info();
         let path = QkvPath::resolve(None, layer.qkv.format(), info.capabilities.native, info.name)?;
-        Self::upload_on(backend, stream, layer, path)
+        Self::upload_on(device, stream, layer, path)
     }
 
     /// [`Self::upload`] with the QKV on `path` (already resolved against the backend).
     pub fn upload_on(
-        backend: &Device<B>,
+        device: &Device<B>,
         stream: &B::Stream,
         layer: &LayerWeights,
         path: QkvPath,
     ) -> Result<Self> {
         let d = &layer.dims;
         let dims = ProjectionDims { hidden: d.hidden, heads: d.local_heads, head_dim: d.head_dim };
-        let qkv = upload_qkv(backend, stream, layer, path)?;
+        let qkv = upload_qkv(device, stream, layer, path)?;
         let bfg = match (layer.bfg.mode(), layer.bfg.weight()) {
             (BfgMode::Composed, Some(w)) if layer.bfg.is_composed() => {
-                BfgWeight::Composed { w: upload(backend, stream, w)? }
+                BfgWeight::Composed { w: upload(device, stream, w)? }
             }
             (mode, _) => {
                 let state = format!("{mode:?}, composed: {}", layer.bfg.is_composed());
@@ -200,13 +200,13 @@ fn incomplete(param: &'static str, actual: String) -> Error {
 /// scales with the checkpoint's `scale_alg`; or, on the bf16 path, the MXFP8 weight dequantized
 /// once here into its exact bf16 values (`docs/design/kda.md#qkv-precision`).
 pub(crate) fn upload_qkv<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     layer: &LayerWeights,
     path: QkvPath,
 ) -> Result<QkvWeight<B>> {
     Ok(match layer.qkv.weights() {
-        Some(QkvWeights::Dense(w)) => QkvWeight::Bf16 { w: upload(backend, stream, w)? },
+        Some(QkvWeights::Dense(w)) => QkvWeight::Bf16 { w: upload(device, stream, w)? },
         Some(QkvWeights::Mxfp8 { data, scale, .. }) if path == QkvPath::Bf16 => {
             let _span = tracing::debug_span!("qkv.dequantize_bf16", layer = layer.layer).entered();
             let w = dequantize_bf16(data, scale, layer.layer).map_err(|e| Error::Param {
@@ -215,11 +215,11 @@ pub(crate) fn upload_qkv<B: Backend>(
                 expected: "an MXFP8 weight exact in bf16 (the bf16 QKV path)".into(),
                 actual: e.to_string(),
             })?;
-            QkvWeight::Bf16 { w: upload(backend, stream, &w)? }
+            QkvWeight::Bf16 { w: upload(device, stream, &w)? }
         }
         Some(QkvWeights::Mxfp8 { data, scale, scale_alg }) => QkvWeight::Mxfp8 {
-            data: upload_as(backend, stream, data, DType::E4M3)?,
-            scale: upload_as(backend, stream, scale, DType::E8M0)?,
+            data: upload_as(device, stream, data, DType::E4M3)?,
+            scale: upload_as(device, stream, scale, DType::E8M0)?,
             alg: scale_alg,
         },
         None => return Err(incomplete("qkv", format!("missing {:?}", layer.qkv.missing()))),
@@ -228,24 +228,24 @@ pub(crate) fn upload_qkv<B: Backend>(
 
 /// A device copy of a float host tensor, in its own dtype.
 pub(crate) fn upload<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     t: &HostTensor,
 ) -> Result<Tensor<B>> {
-    upload_as(backend, stream, t, t.dtype())
+    upload_as(device, stream, t, t.dtype())
 }
 
 /// A device copy of `t`'s bytes as `dtype` (E4M3 and E8M0 bytes arrive as `u8` host tensors).
 pub(crate) fn upload_as<B: Backend>(
-    backend: &Device<B>,
+    device: &Device<B>,
     stream: &B::Stream,
     t: &HostTensor,
     dtype: DType,
 ) -> Result<Tensor<B>> {
-    let device = backend.alloc(dtype, t.shape())?;
-    backend.launch(
+    let tensor = device.alloc(dtype, t.shape())?;
+    device.launch(
         stream,
-        kda_core::op::Op::Upload { dst: device.clone(), data: t.as_bytes().into() },
+        kda_core::op::Op::Upload { dst: tensor.clone(), data: t.as_bytes().into() },
     )?;
-    Ok(device)
+    Ok(tensor)
 }

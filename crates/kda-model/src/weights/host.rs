@@ -5,7 +5,6 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use super::WeightError;
-use super::source::TensorRead;
 use kda_core::dtype::DType;
 
 /// A dense row-major tensor in host memory.
@@ -412,16 +411,9 @@ pub(crate) fn gather_bytes(
     }
 }
 
-impl TensorRead for HostTensor {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-
-    fn read(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError> {
+impl HostTensor {
+    /// The row-major sub-tensor `region` (one range per dimension), in this tensor's dtype.
+    pub fn region(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError> {
         if region.len() == self.shape.len()
             && region.iter().zip(&self.shape).all(|(r, &d)| *r == (0..d))
         {
@@ -451,7 +443,7 @@ mod tests {
     #[test]
     fn regions_match_index_arithmetic() {
         let t = iota(&[3, 4, 5]);
-        let r = t.read(&[1..3, 0..4, 2..4]).unwrap();
+        let r = t.region(&[1..3, 0..4, 2..4]).unwrap();
         assert_eq!(r.shape(), &[2, 4, 2]);
         let mut want = Vec::new();
         for i in 1..3 {
@@ -464,14 +456,14 @@ mod tests {
         assert_eq!(r.as_f32().unwrap(), &want[..]);
         // Whole trailing dimensions make one run; rows of a matrix; columns of a matrix.
         let m = iota(&[4, 3]);
-        assert_eq!(m.read(&[1..3, 0..3]).unwrap().as_f32().unwrap(), &[3., 4., 5., 6., 7., 8.]);
-        assert_eq!(m.read(&[0..4, 1..2]).unwrap().as_f32().unwrap(), &[1., 4., 7., 10.]);
-        assert_eq!(m.read(&[0..0, 0..3]).unwrap().numel(), 0);
-        assert!(m.read(&[0..5, 0..3]).is_err());
-        assert!(m.read(std::slice::from_ref(&(0..1))).is_err());
+        assert_eq!(m.region(&[1..3, 0..3]).unwrap().as_f32().unwrap(), &[3., 4., 5., 6., 7., 8.]);
+        assert_eq!(m.region(&[0..4, 1..2]).unwrap().as_f32().unwrap(), &[1., 4., 7., 10.]);
+        assert_eq!(m.region(&[0..0, 0..3]).unwrap().numel(), 0);
+        assert!(m.region(&[0..5, 0..3]).is_err());
+        assert!(m.region(std::slice::from_ref(&(0..1))).is_err());
         // Rank 0.
         let s = HostTensor::from_f32(&[], vec![7.0]).unwrap();
-        assert_eq!(s.read(&[]).unwrap().as_f32().unwrap(), &[7.0]);
+        assert_eq!(s.region(&[]).unwrap().as_f32().unwrap(), &[7.0]);
     }
 
     #[test]

@@ -19,6 +19,20 @@ pub trait TensorRead: std::fmt::Debug {
     fn read(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError>;
 }
 
+impl TensorRead for HostTensor {
+    fn dtype(&self) -> DType {
+        HostTensor::dtype(self)
+    }
+
+    fn shape(&self) -> &[usize] {
+        HostTensor::shape(self)
+    }
+
+    fn read(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError> {
+        self.region(region)
+    }
+}
+
 impl<T: TensorRead + ?Sized> TensorRead for &T {
     fn dtype(&self) -> DType {
         (**self).dtype()

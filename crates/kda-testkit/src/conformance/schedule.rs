@@ -18,7 +18,7 @@ use kda_core::{
 };
 use kda_model::schedule::{
     AuxStream, BfgWeight, MatrixOverlap, Mutation, Projected, ProjectionBuffers, ProjectionDims,
-    ProjectionSchedule, ProjectionWeights, QkvBfgProjection, QkvPlan, QkvWeight, ScheduleEvent,
+    ProjectionSchedule, ProjectionWeights, QkvBfgProjection, QkvRoute, QkvWeight, ScheduleEvent,
     labels, prepare_beta,
 };
 
@@ -974,7 +974,7 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
         let (b, main, weights) = setup(make, Qkv::Mxfp8(alg), Bfg::Composed);
         let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
         let (x, xv) = activation(&b, &main, &mut Gen::new(4), 3);
-        assert_eq!(p.plan(&x).unwrap(), QkvPlan::SplitQuant { alg });
+        assert_eq!(p.route(&x).unwrap(), QkvRoute::SplitQuant { alg });
         let g = graph_of(&b, &main, &p, &x);
         let found = quants(&g);
         assert_eq!(found.len(), 1, "{alg:?}");
@@ -989,7 +989,7 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
 
         // An f32 activation: the quant stays inside the linear, right before the QKV GEMM.
         let x32 = upload_f32(&b, &main, &[3, HIDDEN], &xv);
-        assert_eq!(p.plan(&x32).unwrap(), QkvPlan::QuantInLinear { alg });
+        assert_eq!(p.route(&x32).unwrap(), QkvRoute::QuantInLinear { alg });
         let g = graph_of(&b, &main, &p, &x32);
         let found = quants(&g);
         assert_eq!(found.len(), 1);
@@ -999,12 +999,15 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
         );
         assert_eq!(found[0].0 + 1, position(&g, labels::QKV_MATMUL));
         // A 3-D activation would not be split either.
-        assert_eq!(QkvPlan::decide(weights.qkv(), DType::BF16, 3), QkvPlan::QuantInLinear { alg });
+        assert_eq!(
+            QkvRoute::decide(weights.qkv(), DType::BF16, 3),
+            QkvRoute::QuantInLinear { alg }
+        );
     }
     let (b, main, weights) = setup(make, Qkv::Bf16, Bfg::Composed);
     let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
     let (x, _) = activation(&b, &main, &mut Gen::new(4), 3);
-    assert_eq!(p.plan(&x).unwrap(), QkvPlan::Dense);
+    assert_eq!(p.route(&x).unwrap(), QkvRoute::Dense);
     let g = graph_of(&b, &main, &p, &x);
     assert!(quants(&g).is_empty(), "bf16 QKV: a plain GEMM, no quant op");
     assert_eq!(g.ops().iter().filter(|(_, l)| *l == labels::QKV_MATMUL).count(), 1);

@@ -1,17 +1,8 @@
-//! Whether DynamicQuant is split out of the QKV linear
-//! (`docs/design/schedule.md#dynamicquant-split`, `docs/design/kda.md#behaviour-10`).
-//!
-//! The overlap hides the activation's quantization under the BFG GEMM, which needs the quant to
-//! be an op of its own on the main stream. The seeds split it only for MXFP8 methods on a 2-D
-//! bf16 activation, with the configured `scale_alg`; any other input keeps the quantization
-//! inside the linear, where it runs just before the quantized GEMM.
+//! Which precision the QKV projection of an MXFP8 checkpoint runs in, from the backend's
+//! capabilities and the caller's request (`docs/design/kda.md#qkv-precision`).
 
 use crate::config::QkvFormat;
-use crate::schedule::weights::QkvWeight;
-use kda_core::dtype::DType;
 use kda_core::error::{Error, Result};
-use kda_core::hal::Backend;
-use kda_core::mx::ScaleAlg;
 use kda_core::resource::NativeOps;
 
 /// The precision the QKV projection of an MXFP8 checkpoint runs in
@@ -65,47 +56,10 @@ impl QkvPath {
     }
 }
 
-/// How the QKV linear runs.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum QkvPlan {
-    /// A dense GEMM; no quantization op at all.
-    Dense,
-    /// `DynamicQuant(x)` with `alg` as its own op (overlapping the BFG GEMM), then the MXFP8 GEMM.
-    SplitQuant { alg: ScaleAlg },
-    /// The quantization stays inside the linear: DynamicQuant with `alg` directly before the
-    /// MXFP8 GEMM, both in the QKV GEMM's place.
-    QuantInLinear { alg: ScaleAlg },
-}
-
-impl QkvPlan {
-    /// The plan for `weight` applied to an activation of `x_dtype` and rank `x_rank`.
-    pub fn decide<B: Backend>(weight: &QkvWeight<B>, x_dtype: DType, x_rank: usize) -> Self {
-        match weight {
-            QkvWeight::Bf16 { .. } => QkvPlan::Dense,
-            QkvWeight::Mxfp8 { alg, .. } if x_dtype == DType::BF16 && x_rank == 2 => {
-                QkvPlan::SplitQuant { alg: *alg }
-            }
-            QkvWeight::Mxfp8 { alg, .. } => QkvPlan::QuantInLinear { alg: *alg },
-        }
-    }
-
-    /// Whether the quantization is an op of its own before the stage-1 join.
-    pub fn splits_quant(self) -> bool {
-        matches!(self, QkvPlan::SplitQuant { .. })
-    }
-
-    /// The activation quantization's scale algorithm, if there is one.
-    pub fn scale_alg(self) -> Option<ScaleAlg> {
-        match self {
-            QkvPlan::Dense => None,
-            QkvPlan::SplitQuant { alg } | QkvPlan::QuantInLinear { alg } => Some(alg),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kda_core::mx::ScaleAlg;
 
     const MX: QkvFormat = QkvFormat::Mxfp8 { scale_alg: ScaleAlg::OcpFloor };
     const NONE: NativeOps = NativeOps { mx_quant: false, mx_gemm: false };
