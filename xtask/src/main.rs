@@ -124,10 +124,10 @@ fn test() -> Result<(), String> {
 }
 
 /// The declared minimum Rust version (`rust-version` in the workspace manifest): the whole
-/// workspace is checked with that toolchain when rustup has it. Without it, clippy's
-/// `incompatible_msrv` lint (part of the clippy step, which reads `rust-version`) still rejects
-/// standard-library APIs newer than the MSRV; language features are then not checked, and the
-/// step says so.
+/// workspace is checked with that toolchain (`.ci/run` installs it with rustup when missing).
+/// Under CI a missing toolchain fails the step; elsewhere the step says what it could not check
+/// (clippy's `incompatible_msrv` lint, part of the clippy step, still rejects standard-library
+/// APIs newer than the MSRV).
 fn msrv(cargo: &str) -> Result<(), String> {
     let manifest = std::fs::read_to_string(doc_refs::repo_root().join("Cargo.toml"))
         .map_err(|e| format!("msrv: cannot read Cargo.toml: {e}"))?;
@@ -151,10 +151,16 @@ fn msrv(cargo: &str) -> Result<(), String> {
             &[],
         );
     }
+    if std::env::var_os("CI").is_some() {
+        return Err(format!(
+            "msrv: toolchain {version} is not installed (`rustup toolchain install {version} \
+             --profile minimal`, which .ci/run runs)"
+        ));
+    }
     eprintln!(
-        "==> msrv: toolchain {version} is not installed (rustup cannot download here); \
-         standard-library APIs were checked against {version} by clippy::incompatible_msrv, \
-         language features were not"
+        "==> msrv: toolchain {version} is not installed (`rustup toolchain install {version} \
+         --profile minimal`); standard-library APIs were checked against {version} by \
+         clippy::incompatible_msrv, language features were not"
     );
     Ok(())
 }
