@@ -11,8 +11,10 @@ use kda_model::schedule::ProjectionSchedule;
 use kda_model::weights::{Checkpoint, WeightError};
 
 use crate::array::{ForeignArray, Import};
+use crate::backends::{Family, KnownBackend, PerBackend};
 use crate::error::{EmbedError, Result};
-use crate::runtime::{AnyRuntime, Runtime, Session};
+use crate::on_backend;
+use crate::runtime::{Runtime, Session};
 
 /// `"serial"` or `"overlapped"`.
 pub fn parse_schedule(name: &str) -> Result<ProjectionSchedule> {
@@ -134,34 +136,23 @@ impl BatchArgs {
     }
 }
 
-/// A layer on one backend (boxed: the variants differ in size).
-enum AnyLayer {
-    Reference(Box<KdaLayer<kda_reference::ReferenceBackend>>),
-    #[cfg(feature = "cuda")]
-    Cuda(Box<KdaLayer<kda_cuda::CudaBackend>>),
-    #[cfg(feature = "ascend")]
-    Ascend(Box<KdaLayer<kda_ascend::AscendBackend>>),
+/// Layers on each backend (boxed: the variants differ in size).
+struct Layers;
+
+impl Family for Layers {
+    type Of<B: Backend> = Box<KdaLayer<B>>;
 }
 
-/// A cache on one backend.
-enum AnyCache {
-    Reference(StateCache<kda_reference::ReferenceBackend>),
-    #[cfg(feature = "cuda")]
-    Cuda(StateCache<kda_cuda::CudaBackend>),
-    #[cfg(feature = "ascend")]
-    Ascend(StateCache<kda_ascend::AscendBackend>),
+/// Caches on each backend.
+struct Caches;
+
+impl Family for Caches {
+    type Of<B: Backend> = StateCache<B>;
 }
 
-impl AnyCache {
-    fn backend(&self) -> &'static str {
-        match self {
-            AnyCache::Reference(_) => "reference",
-            #[cfg(feature = "cuda")]
-            AnyCache::Cuda(_) => "cuda",
-            #[cfg(feature = "ascend")]
-            AnyCache::Ascend(_) => "ascend",
-        }
-    }
+/// `cache` is on another backend than the layer's `runtime`.
+fn mismatch(runtime: &Runtime, cache: &PerBackend<Caches>) -> EmbedError {
+    EmbedError::BackendMismatch { what: "cache", layer: runtime.name(), other: cache.kind().name() }
 }
 
 /// The sizes of a loaded layer.
@@ -184,7 +175,7 @@ pub struct ForwardReport {
 /// several threads are serialised (a layer's schedule reuses its auxiliary stream and events).
 pub struct Layer {
     runtime: Runtime,
-    layer: AnyLayer,
+    layer: PerBackend<Layers>,
     info: LayerInfo,
     schedule: ProjectionSchedule,
     lock: Mutex<()>,
@@ -202,7 +193,7 @@ impl std::fmt::Debug for Layer {
 
 /// A layer's per-slot state (recurrent and conv), owned by the engine. `Send + Sync`.
 pub struct Cache {
-    cache: Mutex<AnyCache>,
+    cache: Mutex<PerBackend<Caches>>,
     slots: usize,
 }
 
@@ -239,24 +230,10 @@ impl Layer {
         schedule: ProjectionSchedule,
     ) -> Result<Self> {
         let tp = Tp::new(tp_size, tp_rank).map_err(WeightError::from)?;
-        let any = match &*runtime.inner {
-            AnyRuntime::Reference(s) => {
-                AnyLayer::Reference(Box::new(load_on(s, dir, layer, tp, schedule)?))
-            }
-            #[cfg(feature = "cuda")]
-            AnyRuntime::Cuda(s) => AnyLayer::Cuda(Box::new(load_on(s, dir, layer, tp, schedule)?)),
-            #[cfg(feature = "ascend")]
-            AnyRuntime::Ascend(s) => {
-                AnyLayer::Ascend(Box::new(load_on(s, dir, layer, tp, schedule)?))
-            }
-        };
-        let dims = match &any {
-            AnyLayer::Reference(l) => *l.dims(),
-            #[cfg(feature = "cuda")]
-            AnyLayer::Cuda(l) => *l.dims(),
-            #[cfg(feature = "ascend")]
-            AnyLayer::Ascend(l) => *l.dims(),
-        };
+        let any = on_backend!(&*runtime.inner, |B, s| {
+            B::wrap::<Layers>(Box::new(load_on(s, dir, layer, tp, schedule)?))
+        });
+        let dims = on_backend!(&any, |B, l| *l.dims());
         let info = LayerInfo {
             hidden_size: dims.hidden,
             local_heads: dims.local_heads,
@@ -281,21 +258,11 @@ impl Layer {
     /// A zeroed cache of `num_slots` slots with room for `num_spec` speculative tokens per step.
     pub fn new_cache(&self, num_slots: usize, num_spec: usize) -> Result<Cache> {
         let (n, spec) = (num_slots, num_spec);
-        let cache = match (&*self.runtime.inner, &self.layer) {
-            (AnyRuntime::Reference(s), AnyLayer::Reference(l)) => {
-                AnyCache::Reference(new_cache_on(s, l, n, spec)?)
-            }
-            #[cfg(feature = "cuda")]
-            (AnyRuntime::Cuda(s), AnyLayer::Cuda(l)) => {
-                AnyCache::Cuda(new_cache_on(s, l, n, spec)?)
-            }
-            #[cfg(feature = "ascend")]
-            (AnyRuntime::Ascend(s), AnyLayer::Ascend(l)) => {
-                AnyCache::Ascend(new_cache_on(s, l, n, spec)?)
-            }
-            #[allow(unreachable_patterns)]
-            _ => return Err(EmbedError::Panic("a layer outside its runtime".into())),
-        };
+        let cache = on_backend!(&*self.runtime.inner, |B, s| {
+            let l = B::get(&self.layer)
+                .ok_or_else(|| EmbedError::Panic("a layer outside its runtime".into()))?;
+            B::wrap::<Caches>(new_cache_on(s, l, n, spec)?)
+        });
         Ok(Cache { cache: Mutex::new(cache), slots: num_slots })
     }
 
@@ -322,30 +289,14 @@ impl Layer {
         let meta = batch.to_meta()?;
         let _serial = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let mut guard = cache.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        let rt_name = self.runtime.name();
-        let rt = &*self.runtime.inner;
-        match (rt, &self.layer, &mut *guard) {
-            (AnyRuntime::Reference(s), AnyLayer::Reference(l), AnyCache::Reference(c)) => {
-                // SAFETY: forwarded contract.
-                unsafe { forward_on(s, l, c, hidden_states, &meta, out, stream) }
-            }
-            #[cfg(feature = "cuda")]
-            (AnyRuntime::Cuda(s), AnyLayer::Cuda(l), AnyCache::Cuda(c)) => {
-                // SAFETY: forwarded contract.
-                unsafe { forward_on(s, l, c, hidden_states, &meta, out, stream) }
-            }
-            #[cfg(feature = "ascend")]
-            (AnyRuntime::Ascend(s), AnyLayer::Ascend(l), AnyCache::Ascend(c)) => {
-                // SAFETY: forwarded contract.
-                unsafe { forward_on(s, l, c, hidden_states, &meta, out, stream) }
-            }
-            #[allow(unreachable_patterns)]
-            (_, _, c) => Err(EmbedError::BackendMismatch {
-                what: "cache",
-                layer: rt_name,
-                other: c.backend(),
-            }),
-        }
+        let cache = &mut *guard;
+        on_backend!(&*self.runtime.inner, |B, s| {
+            let (Some(l), Some(c)) = (B::get(&self.layer), B::get_mut(cache)) else {
+                return Err(mismatch(&self.runtime, cache));
+            };
+            // SAFETY: forwarded contract.
+            unsafe { forward_on(s, l, c, hidden_states, &meta, out, stream) }
+        })
     }
 }
 
@@ -427,20 +378,10 @@ impl Cache {
             });
         }
         let guard = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        let rt_name = layer.runtime.name();
-        match (&*layer.runtime.inner, &*guard) {
-            (AnyRuntime::Reference(s), AnyCache::Reference(c)) => download_slot(s, c, slot),
-            #[cfg(feature = "cuda")]
-            (AnyRuntime::Cuda(s), AnyCache::Cuda(c)) => download_slot(s, c, slot),
-            #[cfg(feature = "ascend")]
-            (AnyRuntime::Ascend(s), AnyCache::Ascend(c)) => download_slot(s, c, slot),
-            #[allow(unreachable_patterns)]
-            (_, c) => Err(EmbedError::BackendMismatch {
-                what: "cache",
-                layer: rt_name,
-                other: c.backend(),
-            }),
-        }
+        on_backend!(&*layer.runtime.inner, |B, s| match B::get(&*guard) {
+            Some(c) => download_slot(s, c, slot),
+            None => Err(mismatch(&layer.runtime, &guard)),
+        })
     }
 }
 

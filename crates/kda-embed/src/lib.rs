@@ -15,6 +15,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod array;
+pub mod backends;
 pub mod error;
 pub mod layer;
 pub mod ops;

@@ -6,12 +6,16 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kda_core::{Backend, Device};
-use kda_reference::ReferenceBackend;
+
+use crate::backends::{
+    AscendBackend, BackendKind, CudaBackend, Family, KnownBackend, PerBackend, ReferenceBackend,
+};
+use crate::{for_kind, on_backend};
 
 use crate::error::{EmbedError, Result};
 
 /// The backends an engine can name.
-pub const BACKENDS: &str = "\"reference\", \"cuda\" or \"ascend\"";
+pub const BACKENDS: &str = BackendKind::NAMES;
 
 /// A backend instance, its own stream, and the engines' streams imported into it.
 pub(crate) struct Session<B: Backend> {
@@ -47,33 +51,18 @@ impl<B: Backend> Session<B> {
     }
 }
 
-/// The backend behind a [`Runtime`], one variant per backend compiled in.
-pub(crate) enum AnyRuntime {
-    Reference(Session<ReferenceBackend>),
-    #[cfg(feature = "cuda")]
-    Cuda(Session<kda_cuda::CudaBackend>),
-    #[cfg(feature = "ascend")]
-    Ascend(Session<kda_ascend::AscendBackend>),
-}
+/// The sessions a [`Runtime`] can hold, one per backend ([`PerBackend`]).
+pub(crate) struct Sessions;
 
-/// Run `$body` with `$s` bound to the session of whichever backend `$value` holds.
-macro_rules! each_backend {
-    ($value:expr, $s:ident => $body:expr) => {
-        match $value {
-            $crate::runtime::AnyRuntime::Reference($s) => $body,
-            #[cfg(feature = "cuda")]
-            $crate::runtime::AnyRuntime::Cuda($s) => $body,
-            #[cfg(feature = "ascend")]
-            $crate::runtime::AnyRuntime::Ascend($s) => $body,
-        }
-    };
+impl Family for Sessions {
+    type Of<B: Backend> = Session<B>;
 }
 
 /// One backend instance chosen by name, shared by the layers loaded on it and their caches.
 /// Cheap to clone; clones are the same instance. `Send + Sync`.
 #[derive(Clone)]
 pub struct Runtime {
-    pub(crate) inner: Arc<AnyRuntime>,
+    pub(crate) inner: Arc<PerBackend<Sessions>>,
 }
 
 impl fmt::Debug for Runtime {
@@ -87,29 +76,25 @@ impl Runtime {
     /// the reference). A backend not compiled into this build is an
     /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) error.
     pub fn new(name: &str, device: i64) -> Result<Self> {
-        let any = match name {
-            "reference" => AnyRuntime::Reference(Session::new(ReferenceBackend::new())?),
-            "cuda" => cuda(device)?,
-            "ascend" => ascend(device)?,
-            other => {
-                return Err(EmbedError::Argument {
-                    param: "backend",
-                    expected: BACKENDS,
-                    actual: other.to_string(),
-                });
-            }
+        let Some(kind) = BackendKind::parse(name) else {
+            return Err(EmbedError::Argument {
+                param: "backend",
+                expected: BackendKind::NAMES,
+                actual: name.to_string(),
+            });
         };
+        let any = for_kind!(kind, |B| B::wrap::<Sessions>(Session::new(B::open(device)?)?));
         Ok(Self { inner: Arc::new(any) })
     }
 
     /// The backend's name.
     pub fn name(&self) -> &'static str {
-        each_backend!(&*self.inner, s => s.device.info().name)
+        on_backend!(&*self.inner, |B, s| s.device.info().name)
     }
 
     /// Block until the work kda queued on its own stream has finished.
     pub fn synchronize(&self) -> Result<()> {
-        each_backend!(&*self.inner, s => Ok(s.device.synchronize(&s.stream)?))
+        on_backend!(&*self.inner, |B, s| Ok(s.device.synchronize(&s.stream)?))
     }
 }
 
@@ -121,45 +106,52 @@ fn device_index(device: i64) -> Result<usize> {
     })
 }
 
-#[cfg(feature = "cuda")]
-fn cuda(device: i64) -> Result<AnyRuntime> {
-    let options = kda_cuda::CudaOptions { ordinal: device_index(device)?, ..Default::default() };
-    let device =
-        kda_cuda::CudaBackend::with_options(options).map_err(|e| unavailable("cuda", e))?;
-    Ok(AnyRuntime::Cuda(Session::new(device)?))
+/// How an engine opens each backend on device `device` (the reference ignores it).
+pub(crate) trait OpenBackend: KnownBackend {
+    fn open(device: i64) -> Result<Device<Self>>;
 }
 
-#[cfg(not(feature = "cuda"))]
-fn cuda(device: i64) -> Result<AnyRuntime> {
-    device_index(device)?;
-    Err(kda_core::Error::Unsupported { backend: "cuda", feature: "this build (without `cuda`)" }
-        .into())
-}
-
-#[cfg(feature = "ascend")]
-fn ascend(device: i64) -> Result<AnyRuntime> {
-    let ordinal = i32::try_from(device_index(device)?).map_err(|_| EmbedError::Argument {
-        param: "device",
-        expected: "a device ordinal that fits i32",
-        actual: device.to_string(),
-    })?;
-    let options = kda_ascend::AscendOptions { device: ordinal, ..Default::default() };
-    let device =
-        kda_ascend::AscendBackend::with_options(options).map_err(|e| unavailable("ascend", e))?;
-    Ok(AnyRuntime::Ascend(Session::new(device)?))
-}
-
-#[cfg(not(feature = "ascend"))]
-fn ascend(device: i64) -> Result<AnyRuntime> {
-    device_index(device)?;
-    Err(kda_core::Error::Unsupported {
-        backend: "ascend",
-        feature: "this build (without `ascend`)",
+impl OpenBackend for ReferenceBackend {
+    fn open(_device: i64) -> Result<Device<Self>> {
+        Ok(ReferenceBackend::new())
     }
-    .into())
 }
 
-#[cfg(any(feature = "cuda", feature = "ascend"))]
+impl OpenBackend for CudaBackend {
+    fn open(device: i64) -> Result<Device<Self>> {
+        let options =
+            kda_cuda::CudaOptions { ordinal: device_index(device)?, ..Default::default() };
+        CudaBackend::with_options(options).map_err(|e| match e {
+            kda_cuda::CudaError::NotCompiledWithCuda => not_compiled("cuda"),
+            e => unavailable("cuda", e),
+        })
+    }
+}
+
+impl OpenBackend for AscendBackend {
+    fn open(device: i64) -> Result<Device<Self>> {
+        let ordinal = i32::try_from(device_index(device)?).map_err(|_| EmbedError::Argument {
+            param: "device",
+            expected: "a device ordinal that fits i32",
+            actual: device.to_string(),
+        })?;
+        let options = kda_ascend::AscendOptions { device: ordinal, ..Default::default() };
+        AscendBackend::with_options(options).map_err(|e| match e {
+            kda_ascend::AscendError::NotCompiledWithAscend => not_compiled("ascend"),
+            e => unavailable("ascend", e),
+        })
+    }
+}
+
+/// A backend this build does not carry (its crate is a twin here).
+fn not_compiled(backend: &'static str) -> EmbedError {
+    let feature = match backend {
+        "cuda" => "this build (without `cuda`)",
+        _ => "this build (without `ascend`)",
+    };
+    kda_core::Error::Unsupported { backend, feature }.into()
+}
+
 fn unavailable(backend: &'static str, e: impl fmt::Display) -> EmbedError {
     kda_core::Error::Backend { backend, message: e.to_string() }.into()
 }

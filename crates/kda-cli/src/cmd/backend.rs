@@ -11,7 +11,7 @@
 //! `kda bench schedule`, which are made of it, refuse with [`CliError::NeedsTimeline`]), and
 //! `--threads` (ignored, with a warning).
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use kda_ascend::{AscendBackend, AscendError, AscendOptions};
 use kda_core::sanitize::checked_from_env;
 use kda_core::timeline::Timeline;
@@ -22,34 +22,20 @@ use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions, WaitStrat
 
 use crate::error::{CliError, Unavailable};
 
-/// The backends kda knows.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendKind {
-    /// The CPU reference backend, the numerical oracle (always available).
-    Reference,
-    /// Ascend NPUs through ACL (feature `ascend`, or `ascend-emulated` for the emulated runtime).
-    Ascend,
-    /// NVIDIA GPUs through CUDA (feature `cuda`, on by default).
-    Cuda,
-}
+/// The backends kda knows: kda-embed's selector, which the bindings use too.
+pub use kda_embed::backends::BackendKind;
 
-impl BackendKind {
-    pub const ALL: [Self; 3] = [Self::Reference, Self::Ascend, Self::Cuda];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Reference => "reference",
-            Self::Ascend => "ascend",
-            Self::Cuda => "cuda",
-        }
-    }
+/// `--backend`'s value: a backend by name.
+fn parse_kind(name: &str) -> Result<BackendKind, String> {
+    BackendKind::parse(name).ok_or_else(|| format!("expected {}", BackendKind::NAMES))
 }
 
 /// `--backend`, flattened into every command that runs on a device.
 #[derive(Debug, Args)]
 pub struct BackendArg {
-    /// The backend to run on (`kda info` lists each one, or why it cannot start).
-    #[arg(long, value_enum, default_value_t = BackendKind::Reference)]
+    /// The backend to run on: reference, cuda or ascend (`kda info` lists each one, or why it
+    /// cannot start).
+    #[arg(long, value_parser = parse_kind, default_value = "reference")]
     pub backend: BackendKind,
 }
 
@@ -200,25 +186,15 @@ fn opened<B: CliBackend, E: std::fmt::Display>(
 
 /// Evaluate `$body` with `$device` bound to the [`Device`] of `$kind` opened with `$settings`
 /// (through [`CliBackend::open`]; its error returns from the enclosing function). The body is
-/// compiled once per backend, so it calls functions generic over `B: CliBackend`.
+/// compiled once per backend (kda-embed's `for_kind!`), so it calls functions generic over
+/// `B: CliBackend`.
 macro_rules! on_backend {
     ($kind:expr, $settings:expr, |$device:ident| $body:expr) => {{
-        use $crate::cmd::backend::{BackendKind, CliBackend};
         let settings: &$crate::cmd::backend::Settings = $settings;
-        match $kind {
-            BackendKind::Reference => {
-                let $device = <kda_reference::ReferenceBackend as CliBackend>::open(settings)?;
-                $body
-            }
-            BackendKind::Ascend => {
-                let $device = <kda_ascend::AscendBackend as CliBackend>::open(settings)?;
-                $body
-            }
-            BackendKind::Cuda => {
-                let $device = <kda_cuda::CudaBackend as CliBackend>::open(settings)?;
-                $body
-            }
-        }
+        kda_embed::for_kind!($kind, |B| {
+            let $device = <B as $crate::cmd::backend::CliBackend>::open(settings)?;
+            $body
+        })
     }};
 }
 pub(crate) use on_backend;
