@@ -2,10 +2,11 @@
 //! stream order decides.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use cudarc::driver::{CudaContext, DriverError, result, sys};
 
@@ -14,6 +15,37 @@ use crate::CudaError;
 /// Map a driver error to [`CudaError`], naming the call.
 pub(super) fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
     move |e| CudaError::Driver { call, message: e.to_string() }
+}
+
+/// kda's own stream captures (a graph being built, `graph.rs`) against the calls that wait for
+/// the whole device (the context synchronisation when an instance is dropped, `cublasDestroy`,
+/// which synchronises the device): the driver invalidates a capture when another thread
+/// synchronises the context while it is open, and every instance of a process shares the
+/// device's primary context. Captures share the gate; a whole-device wait takes it alone.
+static DEVICE_GATE: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// This thread is inside [`capturing`] (a whole-device wait here must not wait for itself).
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f`, a stream capture of kda's own, so that no other thread waits for the whole device
+/// meanwhile (see [`DEVICE_GATE`]).
+pub(super) fn capturing<R>(f: impl FnOnce() -> R) -> R {
+    let _shared = DEVICE_GATE.read().unwrap_or_else(PoisonError::into_inner);
+    let outer = CAPTURING.with(|c| c.replace(true));
+    let out = f();
+    CAPTURING.with(|c| c.set(outer));
+    out
+}
+
+/// Run `f`, which waits for the whole device, once no other thread is inside [`capturing`].
+pub(super) fn whole_device<R>(f: impl FnOnce() -> R) -> R {
+    if CAPTURING.with(Cell::get) {
+        return f();
+    }
+    let _alone = DEVICE_GATE.write().unwrap_or_else(PoisonError::into_inner);
+    f()
 }
 
 /// Run `f` with this thread's stream-capture mode relaxed: an allocation an op needs while an
@@ -82,18 +114,21 @@ impl DeviceMemory {
         Self { ptr, bytes, ctx: ctx.clone(), foreign: Some(owner) }
     }
 
-    /// Set every byte to zero and wait until that is done. `cuMemsetD8` runs on the legacy
-    /// default stream, which kda's non-blocking streams do not wait for; only the context
-    /// synchronisation makes the zeros visible to them (otherwise a kernel could still read
-    /// what an earlier owner of the memory left, e.g. a stale failure record).
+    /// Set every byte to zero and wait until that is done, so work queued later on any stream
+    /// reads zeros (not what an earlier owner of the memory left, e.g. a stale failure record).
+    /// The memset runs on a stream of its own, and only that stream is waited for: a context
+    /// synchronisation (or `cuMemsetD8` on the legacy stream) would invalidate a capture open
+    /// on another thread.
     pub(super) fn zero(&self) -> Result<(), CudaError> {
         if self.bytes == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        // SAFETY: `ptr` holds `bytes` bytes of this context's memory.
-        unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }.map_err(driver("cuMemsetD8"))?;
-        self.ctx.synchronize().map_err(driver("cuCtxSynchronize"))
+        let stream = self.ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        // SAFETY: `ptr` holds `bytes` bytes of this context's memory; the memset is waited for
+        // below, before the stream is dropped.
+        unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, stream.cu_stream()) }
+            .map_err(driver("cuMemsetD8Async"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 }
 

@@ -59,6 +59,8 @@ struct Inner {
     graphs: graph::GraphCache,
     /// The fast paths in effect (those requested that the device can take).
     fast: FastPaths,
+    /// How long a stream waits for a host function (`kda_host_wait`'s limit).
+    host_wait_limit: std::time::Duration,
     host_failures: Arc<Mutex<HashMap<u32, HostFailure>>>,
     /// Host functions already run, kept until a host thread drops them (a callback must not
     /// drop anything that may call CUDA).
@@ -85,9 +87,10 @@ impl fmt::Debug for CudaBackend {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Callbacks still queued hold mailboxes and staging buffers: let them run first.
+        // Callbacks still queued hold mailboxes and staging buffers: let them run first (not
+        // while another thread's capture is open, which the synchronisation would invalidate).
         if self.ctx.bind_to_thread().is_ok() {
-            let _ = self.ctx.synchronize();
+            let _ = memory::whole_device(|| self.ctx.synchronize());
         }
     }
 }
@@ -310,6 +313,7 @@ impl CudaBackend {
             scratch,
             graphs: graph::GraphCache::default(),
             fast,
+            host_wait_limit: options.host_wait_limit,
             ctx,
             name,
             sms,
