@@ -25,27 +25,41 @@ pub(super) fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
 static DEVICE_GATE: RwLock<()> = RwLock::new(());
 
 thread_local! {
-    /// This thread is inside [`capturing`] (a whole-device wait here must not wait for itself).
-    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+    /// This thread holds [`DEVICE_GATE`] (either way): nested calls run without taking it
+    /// again (the lock is not re-entrant, and a thread's own capture is not another's).
+    static HOLDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` holding the gate (shared or alone), or as it is when this thread holds it already.
+fn gated<R>(alone: bool, f: impl FnOnce() -> R) -> R {
+    if HOLDING.with(Cell::get) {
+        return f();
+    }
+    let shared = (!alone).then(|| DEVICE_GATE.read().unwrap_or_else(PoisonError::into_inner));
+    let exclusive = alone.then(|| DEVICE_GATE.write().unwrap_or_else(PoisonError::into_inner));
+    /// Clears [`HOLDING`] when `f` returns or unwinds.
+    struct Held;
+    impl Drop for Held {
+        fn drop(&mut self) {
+            HOLDING.with(|h| h.set(false));
+        }
+    }
+    HOLDING.with(|h| h.set(true));
+    let held = Held;
+    let out = f();
+    drop((held, shared, exclusive));
+    out
 }
 
 /// Run `f`, a stream capture of kda's own, so that no other thread waits for the whole device
 /// meanwhile (see [`DEVICE_GATE`]).
 pub(super) fn capturing<R>(f: impl FnOnce() -> R) -> R {
-    let _shared = DEVICE_GATE.read().unwrap_or_else(PoisonError::into_inner);
-    let outer = CAPTURING.with(|c| c.replace(true));
-    let out = f();
-    CAPTURING.with(|c| c.set(outer));
-    out
+    gated(false, f)
 }
 
 /// Run `f`, which waits for the whole device, once no other thread is inside [`capturing`].
 pub(super) fn whole_device<R>(f: impl FnOnce() -> R) -> R {
-    if CAPTURING.with(Cell::get) {
-        return f();
-    }
-    let _alone = DEVICE_GATE.write().unwrap_or_else(PoisonError::into_inner);
-    f()
+    gated(true, f)
 }
 
 /// Run `f` with this thread's stream-capture mode relaxed: an allocation an op needs while an
@@ -305,4 +319,41 @@ pub(super) fn enqueue_host(
         return Err(driver("cuLaunchHostFunc")(e));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{capturing, whole_device};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Barrier};
+    use std::time::Duration;
+
+    /// A whole-device wait on another thread waits until an open capture has ended; on the
+    /// capturing thread itself (or nested) it runs at once instead of deadlocking.
+    #[test]
+    fn whole_device_waits_never_overlap_another_threads_capture() {
+        let open = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(Barrier::new(2));
+        let capture = {
+            let (open, started) = (Arc::clone(&open), Arc::clone(&started));
+            std::thread::spawn(move || {
+                capturing(|| {
+                    open.store(true, Ordering::SeqCst);
+                    started.wait();
+                    std::thread::sleep(Duration::from_millis(200));
+                    // Nested on the capturing thread: runs, no deadlock.
+                    whole_device(|| capturing(|| ()));
+                    open.store(false, Ordering::SeqCst);
+                })
+            })
+        };
+        started.wait();
+        let overlapped = whole_device(|| open.load(Ordering::SeqCst));
+        assert!(!overlapped, "the whole-device wait ran inside another thread's capture");
+        capture.join().expect("the capture thread");
+        // After a panic inside, the gate is free again.
+        let _ = std::panic::catch_unwind(|| whole_device(|| panic!("inside")));
+        let free = std::thread::spawn(|| capturing(|| true)).join().expect("thread");
+        assert!(free && whole_device(|| true));
+    }
 }
