@@ -1,5 +1,5 @@
-//! `kda-cuda`: the kda HAL on NVIDIA GPUs, through cudarc (the driver and NVRTC loaded at run
-//! time) and cuBLAS opened by kda itself (CUDA 12 or 13, [`libs`]), so the crate builds without
+//! `kda-cuda`: the kda HAL on NVIDIA GPUs, through cudarc (the driver loaded at run time) and
+//! cuBLAS and NVRTC opened by kda itself (CUDA 12 or 13, [`libs`]), so the crate builds without
 //! a CUDA toolkit.
 //!
 //! - [`CudaBackend`] implements [`kda_core::Backend`]: CUDA streams and events map one to one
