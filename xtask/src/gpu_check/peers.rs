@@ -37,6 +37,9 @@ const TARGET_MS: f64 = 40.0;
 
 /// How long one request may take in the warm-up round (a case's first: inputs made, Triton's
 /// compiles and autotuning, kda's graph captures) and in the timed rounds.
+/// How long kda's server may take to say it is ready (the peers' half as long again).
+const STARTUP: Duration = Duration::from_secs(60);
+
 pub const REQUEST_LIMITS: (Duration, Duration) = (Duration::from_secs(90), Duration::from_secs(20));
 
 /// How to run the comparison.
@@ -421,7 +424,7 @@ fn unpack(wheels: &[PathBuf], into: &Path) -> Result<(), String> {
 }
 
 /// Start the peers' server (Python, with the wheels on its path), or say why not.
-fn start_peer(log: &Log, setup: &Setup) -> Result<Server, String> {
+fn start_peer(log: &Log, setup: &Setup, within: Duration) -> Result<Server, String> {
     let found = wheels(&setup.wheels);
     let site = std::env::temp_dir().join(format!("kda-peers-{}", std::process::id()));
     if found.is_empty() {
@@ -444,8 +447,7 @@ fn start_peer(log: &Log, setup: &Setup) -> Result<Server, String> {
     };
     env.push(("PYTHONPATH".into(), path));
     let args = vec![script.to_string_lossy().into_owned()];
-    // torch's import and CUDA start take a while on a fresh machine.
-    Server::start(log, "peer", "python3", &args, &env, Duration::from_secs(90))
+    Server::start(log, "peer", "python3", &args, &env, within)
 }
 
 /// Run the comparison (see the module docs) within `setup.limit`. After every round the
@@ -461,9 +463,10 @@ pub fn compare(
     let mut kda_args = setup.kda.1.clone();
     kda_args.push("--serve".into());
     let mut kda =
-        Server::start(log, "kda", &setup.kda.0, &kda_args, &setup.env, Duration::from_secs(60))?;
+        Server::start(log, "kda", &setup.kda.0, &kda_args, &setup.env, STARTUP.min(left()))?;
     let mut notes = Vec::new();
-    let mut peer = match start_peer(log, setup) {
+    // torch's import and CUDA start take a while on a fresh machine.
+    let mut peer = match start_peer(log, setup, (STARTUP + STARTUP / 2).min(left())) {
         Ok(p) => Some(p),
         Err(e) => {
             notes.push(format!("no peer server: {e}"));
