@@ -18,8 +18,8 @@ pub(super) fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
 }
 
 /// kda's own stream captures (a graph being built, `graph.rs`) against the calls that wait for
-/// the whole device (the context synchronisation when an instance is dropped, `cublasDestroy`,
-/// which synchronises the device): the driver invalidates a capture when another thread
+/// the whole device (an instance's teardown with its context synchronisation, `Teardown` in
+/// `mod.rs`; `cublasDestroy`, which synchronises the device): the driver invalidates a capture when another thread
 /// synchronises the context while it is open, and every instance of a process shares the
 /// device's primary context. Captures share the gate; a whole-device wait takes it alone.
 static DEVICE_GATE: RwLock<()> = RwLock::new(());
