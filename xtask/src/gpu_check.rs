@@ -563,7 +563,8 @@ fn bundle(dir: &Path) -> Result<(), String> {
     let wheels = peers::wheels(&dir.join("peers"));
     eprintln!(
         "gpu-check: bundle in {} (peer wheels: {}); on the GPU machine run: {}/xtask gpu-check \
-         --from {0}",
+         --from {0} --out $OUT/gpu-check.json --limit 360 (with a minute more for the call's \
+         own limit; docs/cuda.md, the first run)",
         dir.display(),
         if wheels.is_empty() {
             "none, the comparison will lack fla".to_string()
