@@ -1,26 +1,34 @@
-//! `cargo xtask gpu-check`: the CUDA backend on a real GPU, in one run sized for a lent H200
-//! (a 10-minute call), ending in one JSON report:
+//! `cargo xtask gpu-check`: the CUDA backend on a real GPU, in one run sized for a lent H200,
+//! ending in one JSON report. The steps run in the order of what they tell, each written to the
+//! report before the next starts, so the first results survive anything later going wrong:
 //!
-//! 1. build kda-cuda (feature `cuda`) with its tests and the benchmark driver, release;
-//! 2. its tests: unit, the whole conformance suite and the device trials (a run that skips any
-//!    trial, e.g. for want of a device, fails);
-//! 3. `examples/gpu_bench`: captures checked (valid, native CUDA graphs bit-identical to eager),
-//!    the fast paths' differences from the exact ones, CUDA-event timings;
-//! 4. the peer comparison ([`peers`]): kda against flash-linear-attention's `chunk_kda` and
+//! 1. (without a bundle) build kda-cuda (feature `cuda`) with its tests and the benchmark
+//!    driver, release;
+//! 2. the probe (`gpu_bench --probe`): the device, where cuBLAS and the kernels came from, the
+//!    fast paths in effect — whether the backend loads at all, in seconds;
+//! 3. the test binaries, one at a time and each under its own limit, every trial on one thread
+//!    (`--test-threads 1`: they share one CUDA context): unit, the whole conformance suite, the
+//!    device trials, the engine import trials (a run that skips any trial, e.g. for want of a
+//!    device, fails);
+//! 4. `examples/gpu_bench`: the tensor-core chunk against the token-by-token kernel, graphs
+//!    bit-identical to eager, the fast paths' differences from the exact ones, CUDA-event
+//!    timings;
+//! 5. the peer comparison ([`peers`]): kda against flash-linear-attention's `chunk_kda` and
 //!    torch's bf16 matmul, and kda's schedules, graphs and whole layer, interleaved in rounds,
-//!    medians, one table.
+//!    medians, one table, rewritten after every round.
 //!
 //! Every child's output is written to `gpu-check.log` beside the report as it arrives, each
-//! step runs under a time limit (killed with its children past it), and the report is
-//! rewritten after every step (`"complete": false` until the end): a run that hangs or is cut
-//! short still returns what it saw.
+//! step runs under its own time limit and all of them within the run's (`--limit SECONDS`,
+//! default [`RUN_LIMIT`]; a step with no time left is recorded as skipped), killed with its
+//! children past it, and the report is rewritten after every step (`"complete": false` until
+//! the end): a run that hangs or is cut short still returns what it saw.
 //!
 //! A GPU machine without cargo or network takes a bundle made here:
 //! `cargo xtask gpu-check --bundle DIR` builds the binaries, the kernels' CUBINs (NVRTC only, no
-//! GPU), fetches the peers' pure-Python wheels (`fla-core`, `einops`) and copies this tool into
-//! `DIR`; there, `DIR/xtask gpu-check --from DIR` runs steps 2 to 4 from it. The report goes to
-//! `--out PATH`, else `$OUT/gpu-check.json`, else `target/gpu-check.json`. `--quick` shortens
-//! the benchmarks.
+//! GPU; CUDA 12's or 13's), fetches the peers' pure-Python wheels (`fla-core`, `einops`) and
+//! copies this tool into `DIR`; there, `DIR/xtask gpu-check --from DIR` runs steps 2 to 5 from
+//! it. The report goes to `--out PATH`, else `$OUT/gpu-check.json`, else
+//! `target/gpu-check.json`. `--quick` shortens the benchmarks.
 
 mod peers;
 mod stream;
@@ -34,12 +42,26 @@ use stream::{Log, Outcome};
 
 const FEATURES: [&str; 5] = ["-p", "kda-cuda", "--features", "cuda", "--release"];
 
-/// Time limits of the steps on the device, which together fit a 10-minute call with room for
-/// the machine's start: every test binary together, the benchmark driver, the comparison.
-const TESTS_LIMIT: Duration = Duration::from_secs(200);
+/// The whole run's default limit, machine start not included: with the device tool's
+/// `timeout_s` a minute above it, the report always comes back, and a 15-minute device budget
+/// keeps room for a second, shorter run.
+const RUN_LIMIT: Duration = Duration::from_secs(360);
+/// The probe: the first process on a fresh machine pays for the driver's start and for loading
+/// the CUBINs.
+const PROBE_LIMIT: Duration = Duration::from_secs(45);
+/// The test binaries in the order they run (by cargo's target name), each with its own limit,
+/// so one that hangs cannot take the others' time: the unit tests (host side), the conformance
+/// suite, the device trials, the engine import trials. Any other test binary runs after them.
+const TEST_ORDER: [(&str, Duration); 4] = [
+    ("kda_cuda", Duration::from_secs(20)),
+    ("conformance", Duration::from_secs(100)),
+    ("device", Duration::from_secs(50)),
+    ("import", Duration::from_secs(40)),
+];
+const OTHER_TEST_LIMIT: Duration = Duration::from_secs(30);
 const BENCH_LIMIT: Duration = Duration::from_secs(90);
 const COMPARE_LIMIT: Duration = Duration::from_secs(200);
-/// Building from source (only without a bundle).
+/// Building from source (only without a bundle; not counted in the run's limit).
 const BUILD_LIMIT: Duration = Duration::from_secs(1800);
 
 #[derive(Debug, Default)]
@@ -48,6 +70,8 @@ struct Options {
     quick: bool,
     bundle: Option<PathBuf>,
     from: Option<PathBuf>,
+    /// The run's limit ([`RUN_LIMIT`] when not given).
+    limit: Option<Duration>,
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -62,6 +86,11 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--bundle" => o.bundle = Some(path("--bundle", rest.next())?),
             "--from" => o.from = Some(path("--from", rest.next())?),
             "--quick" => o.quick = true,
+            "--limit" => {
+                let seconds = rest.next().and_then(|v| v.parse::<u64>().ok()).filter(|&v| v > 0);
+                let seconds = seconds.ok_or("gpu-check: --limit needs a number of seconds")?;
+                o.limit = Some(Duration::from_secs(seconds));
+            }
             other => return Err(format!("gpu-check: unknown argument {other}")),
         }
     }
@@ -90,6 +119,8 @@ struct Report {
     from_bundle: bool,
     ld_library_path: String,
     steps: Vec<StepRecord>,
+    /// The probe's JSON (`gpu_bench --probe`), verbatim.
+    probe: Option<String>,
     /// gpu_bench's JSON report, verbatim.
     bench: Option<String>,
     /// The peer comparison's JSON, verbatim.
@@ -108,6 +139,7 @@ impl Report {
             from_bundle,
             ld_library_path,
             steps: Vec::new(),
+            probe: None,
             bench: None,
             comparison: None,
             complete: false,
@@ -153,8 +185,8 @@ impl Report {
         format!(
             "{{\n  \"ok\": {},\n  \"complete\": {},\n  \"from_bundle\": {},\n  \"log\": {},\n  \
              \"ld_library_path\": {},\n  \"tests\": {{ \"passed\": {}, \"failed\": {}, \
-             \"ignored\": {} }},\n  \"steps\": [\n{}\n  ],\n  \"bench\": {},\n  \
-             \"comparison\": {},\n  \"seconds\": {:.1}\n}}\n",
+             \"ignored\": {} }},\n  \"steps\": [\n{}\n  ],\n  \"probe\": {},\n  \
+             \"bench\": {},\n  \"comparison\": {},\n  \"seconds\": {:.1}\n}}\n",
             self.ok,
             self.complete,
             self.from_bundle,
@@ -164,6 +196,7 @@ impl Report {
             c.failed,
             c.ignored,
             steps.join(",\n"),
+            self.probe.as_deref().unwrap_or("null"),
             self.bench.as_deref().unwrap_or("null"),
             self.comparison.as_deref().unwrap_or("null"),
             self.start.elapsed().as_secs_f64(),
@@ -209,6 +242,91 @@ impl Report {
         self.write()?;
         Ok(outcome)
     }
+
+    /// Record `name` as not run: the run's time was spent before it.
+    fn skip(&mut self, name: &str) -> Result<(), String> {
+        self.steps.push(StepRecord {
+            name: name.to_string(),
+            timed_out: true,
+            failures: "skipped: the run's time limit was reached before this step".into(),
+            ..StepRecord::default()
+        });
+        self.write()
+    }
+
+    /// [`Self::step`] within what is left of the run (`left`): at most `limit`, or skipped.
+    #[allow(clippy::too_many_arguments, reason = "a step's description")]
+    fn step_within(
+        &mut self,
+        log: &Log,
+        name: &str,
+        (program, args): (&str, &[&str]),
+        env: &[(String, String)],
+        limit: Duration,
+        left: Duration,
+    ) -> Result<Option<Outcome>, String> {
+        if left < Duration::from_secs(1) {
+            self.skip(name)?;
+            return Ok(None);
+        }
+        self.step(log, name, program, args, env, limit.min(left)).map(Some)
+    }
+}
+
+/// One test binary to run: its name in the report, how to start it, its own limit.
+#[derive(Debug, PartialEq)]
+struct TestRun {
+    name: String,
+    program: String,
+    args: Vec<String>,
+    limit: Duration,
+}
+
+/// Every trial on one thread: the trials share one CUDA context (see `kda_cuda_trials`).
+const ONE_THREAD: [&str; 2] = ["--test-threads", "1"];
+
+/// cargo's target name of a test binary (`conformance-0123abcd` → `conformance`).
+fn target_of(file: &str) -> &str {
+    file.rsplit_once('-').map_or(file, |(target, _)| target)
+}
+
+/// The bundle's test binaries in [`TEST_ORDER`], then any others by name.
+fn bundle_tests(files: Vec<PathBuf>) -> Vec<TestRun> {
+    let rank = |p: &PathBuf| {
+        let file = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let i = TEST_ORDER.iter().position(|(t, _)| *t == target_of(&file));
+        (i.unwrap_or(TEST_ORDER.len()), file)
+    };
+    let mut files: Vec<((usize, String), PathBuf)> =
+        files.into_iter().map(|p| (rank(&p), p)).collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|((i, file), path)| TestRun {
+            name: format!("test {file}"),
+            program: path.to_string_lossy().into_owned(),
+            args: ONE_THREAD.map(String::from).into(),
+            limit: TEST_ORDER.get(i).map_or(OTHER_TEST_LIMIT, |(_, limit)| *limit),
+        })
+        .collect()
+}
+
+/// The test targets through cargo, in [`TEST_ORDER`].
+fn cargo_tests(cargo: &str) -> Vec<TestRun> {
+    TEST_ORDER
+        .iter()
+        .map(|&(target, limit)| {
+            let mut args: Vec<String> = vec!["test".into()];
+            args.extend(FEATURES.iter().map(|s| s.to_string()));
+            match target {
+                "kda_cuda" => args.push("--lib".into()),
+                t => args.extend(["--test".to_string(), t.to_string()]),
+            }
+            args.push("--".into());
+            args.extend(ONE_THREAD.map(String::from));
+            TestRun { name: format!("test {target}"), program: cargo.to_string(), args, limit }
+        })
+        .collect()
 }
 
 pub fn gpu_check(args: &[String]) -> Result<(), String> {
@@ -221,96 +339,7 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
             .map(|d| PathBuf::from(d).join("gpu-check.json"))
             .unwrap_or_else(|| PathBuf::from("target/gpu-check.json"))
     });
-    let out_dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(out_dir)
-        .map_err(|e| format!("gpu-check: {}: {e}", out_dir.display()))?;
-    let log_path = out_dir.join("gpu-check.log");
-    let log = Log::create(&log_path, true)?;
-    let library_path = cuda_library_path();
-    let mut env = vec![("LD_LIBRARY_PATH".to_string(), library_path.clone())];
-    if let Some(dir) = &options.from {
-        env.push(("KDA_CUDA_CUBIN_DIR".into(), dir.join("cubins").to_string_lossy().into()));
-    }
-    let mut report = Report::new(out.clone(), log_path, options.from.is_some(), library_path);
-    report.write()?;
-    let cargo = cargo();
-
-    let built = match &options.from {
-        Some(_) => true,
-        None => {
-            let mut build = vec!["build", "--tests", "--examples"];
-            build.extend(FEATURES);
-            report.step(&log, "build", &cargo, &build, &env, BUILD_LIMIT)?.ok
-        }
-    };
-    if built {
-        let deadline = Instant::now() + TESTS_LIMIT;
-        match &options.from {
-            Some(dir) => {
-                for exe in list(&dir.join("tests"))? {
-                    let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let name = format!("test {}", name.unwrap_or_default());
-                    report.step(&log, &name, &exe.to_string_lossy(), &[], &env, left)?;
-                }
-            }
-            None => {
-                let mut test = vec!["test"];
-                test.extend(FEATURES);
-                report.step(&log, "test", &cargo, &test, &env, TESTS_LIMIT)?;
-            }
-        }
-        let bench_path = out.with_file_name("gpu-bench.json");
-        let bench_out = bench_path.to_string_lossy().into_owned();
-        let mut bench_args = vec!["--out", &bench_out];
-        if options.quick {
-            bench_args.push("--quick");
-        }
-        let bench_exe = bench_program(&options, &cargo);
-        let (program, mut args) = (bench_exe.0.clone(), bench_exe.1.clone());
-        args.extend(bench_args.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        report.step(&log, "bench", &program, &args, &env, BENCH_LIMIT)?;
-        report.bench = std::fs::read_to_string(&bench_path).ok().filter(|t| !t.trim().is_empty());
-        report.write()?;
-
-        let compare_start = Instant::now();
-        let wheels = match &options.from {
-            Some(dir) => dir.join("peers"),
-            None => PathBuf::from("target/gpu-peers"),
-        };
-        if options.from.is_none() {
-            fetch_wheels(&wheels);
-        }
-        let setup = peers::Setup {
-            kda: bench_exe,
-            env: env.clone(),
-            wheels,
-            out_dir: out_dir.to_path_buf(),
-            quick: options.quick,
-            limit: COMPARE_LIMIT,
-        };
-        let compared = peers::compare(&log, &setup);
-        let (ok, failures) = match &compared {
-            Ok(c) => (c.complete, c.note.clone()),
-            Err(e) => (false, e.clone()),
-        };
-        report.comparison = compared.ok().map(|c| c.json);
-        report.steps.push(StepRecord {
-            name: "compare".into(),
-            ok,
-            timed_out: !ok && compare_start.elapsed() >= COMPARE_LIMIT,
-            seconds: compare_start.elapsed().as_secs_f64(),
-            failures,
-            ..StepRecord::default()
-        });
-        report.write()?;
-    }
-
-    let counts = report.counts();
-    report.ok = report.steps.iter().all(|s| s.ok) && counts.ignored == 0 && counts.passed > 0;
-    report.complete = true;
-    report.write()?;
+    let report = run(&options, &out, &cargo(), true)?;
     println!("{}", report.json());
     eprintln!(
         "gpu-check: report in {}, log in {} ({:.0} s)",
@@ -319,6 +348,133 @@ pub fn gpu_check(args: &[String]) -> Result<(), String> {
         report.start.elapsed().as_secs_f64()
     );
     if report.ok { Ok(()) } else { Err("gpu-check (see the report)".into()) }
+}
+
+/// The steps (see the module docs), the report at `out` rewritten after each.
+fn run(options: &Options, out: &Path, cargo: &str, echo: bool) -> Result<Report, String> {
+    let out_dir = out.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| format!("gpu-check: {}: {e}", out_dir.display()))?;
+    let log_path = out_dir.join("gpu-check.log");
+    let log = Log::create(&log_path, echo)?;
+    let library_path = cuda_library_path();
+    let mut env = vec![("LD_LIBRARY_PATH".to_string(), library_path.clone())];
+    if let Some(dir) = &options.from {
+        env.push(("KDA_CUDA_CUBIN_DIR".into(), dir.join("cubins").to_string_lossy().into()));
+    }
+    let mut report = Report::new(out.to_path_buf(), log_path, options.from.is_some(), library_path);
+    report.write()?;
+
+    let built = match &options.from {
+        Some(_) => true,
+        None => {
+            let mut build = vec!["build", "--tests", "--examples"];
+            build.extend(FEATURES);
+            report.step(&log, "build", cargo, &build, &env, BUILD_LIMIT)?.ok
+        }
+    };
+    if !built {
+        return finish(report);
+    }
+    let deadline = Instant::now() + options.limit.unwrap_or(RUN_LIMIT);
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let bench_exe = bench_program(options, cargo);
+    let bench = |extra: &[&str]| {
+        let mut args = bench_exe.1.clone();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+
+    // What loaded, first: a backend that cannot start makes everything after it moot.
+    let probe_path = out.with_file_name("gpu-probe.json");
+    let _ = std::fs::remove_file(&probe_path);
+    let probe_args = bench(&["--probe", "--out", &probe_path.to_string_lossy()]);
+    let probe_args: Vec<&str> = probe_args.iter().map(String::as_str).collect();
+    let program = (bench_exe.0.as_str(), probe_args.as_slice());
+    report.step_within(&log, "probe", program, &env, PROBE_LIMIT, left())?;
+    report.probe = read_json(&probe_path);
+    report.write()?;
+
+    let tests = match &options.from {
+        Some(dir) => bundle_tests(list(&dir.join("tests"))?),
+        None => cargo_tests(cargo),
+    };
+    for t in tests {
+        let args: Vec<&str> = t.args.iter().map(String::as_str).collect();
+        report.step_within(&log, &t.name, (&t.program, &args), &env, t.limit, left())?;
+    }
+
+    let bench_path = out.with_file_name("gpu-bench.json");
+    let _ = std::fs::remove_file(&bench_path);
+    let bench_out = bench_path.to_string_lossy().into_owned();
+    let mut bench_args = vec!["--out", bench_out.as_str()];
+    if options.quick {
+        bench_args.push("--quick");
+    }
+    let bench_args = bench(&bench_args);
+    let bench_args: Vec<&str> = bench_args.iter().map(String::as_str).collect();
+    let program = (bench_exe.0.as_str(), bench_args.as_slice());
+    report.step_within(&log, "bench", program, &env, BENCH_LIMIT, left())?;
+    report.bench = read_json(&bench_path);
+    report.write()?;
+
+    let limit = COMPARE_LIMIT.min(left());
+    if limit < Duration::from_secs(1) {
+        report.skip("compare")?;
+        return finish(report);
+    }
+    let compare_start = Instant::now();
+    let wheels = match &options.from {
+        Some(dir) => dir.join("peers"),
+        None => PathBuf::from("target/gpu-peers"),
+    };
+    if options.from.is_none() {
+        fetch_wheels(&wheels);
+    }
+    let setup = peers::Setup {
+        kda: bench_exe,
+        env: env.clone(),
+        wheels,
+        out_dir: out_dir.to_path_buf(),
+        quick: options.quick,
+        limit,
+        request_limits: peers::REQUEST_LIMITS,
+    };
+    let compared = peers::compare(&log, &setup, &mut |so_far| {
+        report.comparison = Some(so_far.json.clone());
+        let _ = report.write();
+    });
+    let (ok, failures) = match &compared {
+        Ok(c) => (c.complete, c.note.clone()),
+        Err(e) => (false, e.clone()),
+    };
+    if let Ok(c) = compared {
+        report.comparison = Some(c.json);
+    }
+    report.steps.push(StepRecord {
+        name: "compare".into(),
+        ok,
+        timed_out: !ok && compare_start.elapsed() >= limit,
+        seconds: compare_start.elapsed().as_secs_f64(),
+        failures,
+        ..StepRecord::default()
+    });
+    report.write()?;
+    finish(report)
+}
+
+/// The report's verdict, written: every step passed, no trial skipped, some passed.
+fn finish(mut report: Report) -> Result<Report, String> {
+    let counts = report.counts();
+    report.ok = report.steps.iter().all(|s| s.ok) && counts.ignored == 0 && counts.passed > 0;
+    report.complete = true;
+    report.write()?;
+    Ok(report)
+}
+
+/// A JSON file's text, when there is one.
+fn read_json(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok().filter(|t| !t.trim().is_empty())
 }
 
 /// How to start `gpu_bench`: the bundle's binary, or through cargo.
@@ -407,7 +563,8 @@ fn bundle(dir: &Path) -> Result<(), String> {
     let wheels = peers::wheels(&dir.join("peers"));
     eprintln!(
         "gpu-check: bundle in {} (peer wheels: {}); on the GPU machine run: {}/xtask gpu-check \
-         --from {0}",
+         --from {0} --out $OUT/gpu-check.json --limit 360 (with a minute more for the call's \
+         own limit; docs/cuda.md, the first run)",
         dir.display(),
         if wheels.is_empty() {
             "none, the comparison will lack fla".to_string()
@@ -448,28 +605,31 @@ fn list(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-/// The libraries the backend opens (cuBLAS 13 or 12, NVRTC) and the directories they were
-/// found in, where toolkits and the PyPI wheels put them.
-const LIBRARIES: [&[&str]; 3] = [
-    &["libcublas.so.13", "libcublas.so.12"],
-    &["libcublasLt.so.13", "libcublasLt.so.12"],
-    &["libnvrtc.so.13", "libnvrtc.so.12"],
+/// The libraries the backend opens, each soname on its own: a folder holding CUDA 13's does
+/// not stand in for CUDA 12's (kda's NVRTC search takes CUDA 12's first, its cuBLAS search
+/// CUDA 13's; either may be the one a machine can use).
+const LIBRARIES: [&str; 6] = [
+    "libcublas.so.13",
+    "libcublas.so.12",
+    "libcublasLt.so.13",
+    "libcublasLt.so.12",
+    "libnvrtc.so.12",
+    "libnvrtc.so.13",
 ];
 
 /// `LD_LIBRARY_PATH` extended with the directories that hold the libraries the backend opens,
 /// so a machine that has them anywhere usual runs the backend (the backend searches the same
 /// places itself, `kda_cuda::libs`; children started here find them on the loader's path).
 fn cuda_library_path() -> String {
-    let mut dirs: Vec<PathBuf> = std::env::var("LD_LIBRARY_PATH")
-        .unwrap_or_default()
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .collect();
-    let mut candidates: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
-        .iter()
-        .filter_map(|v| std::env::var_os(v).map(|d| PathBuf::from(d).join("lib64")))
-        .collect();
+    let existing = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    library_path(&existing, &candidate_dirs())
+}
+
+/// Where toolkits, the PyPI wheels and `.ci/run`'s NVRTC cache put the libraries.
+fn candidate_dirs() -> Vec<PathBuf> {
+    let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let mut candidates: Vec<PathBuf> =
+        ["CUDA_HOME", "CUDA_PATH"].iter().filter_map(|v| env(v).map(|d| d.join("lib64"))).collect();
     candidates.extend(
         [
             "/usr/local/cuda/lib64",
@@ -479,14 +639,22 @@ fn cuda_library_path() -> String {
         .map(PathBuf::from),
     );
     let mut site: Vec<PathBuf> = python_site_packages();
-    if let Some(home) = std::env::var_os("HOME") {
-        site.push(PathBuf::from(home).join(".cache/kda/nvrtc"));
-    }
+    site.extend(env("KDA_NVRTC_DIR"));
+    site.extend(env("XDG_CACHE_HOME").map(|d| d.join("kda/nvrtc")));
+    site.extend(env("HOME").map(|d| d.join(".cache/kda/nvrtc")));
     for s in site {
         candidates.extend(wheel_lib_dirs(&s));
     }
-    for names in LIBRARIES {
-        let here = |d: &PathBuf| names.iter().any(|lib| d.join(lib).exists());
+    candidates
+}
+
+/// `existing` (a `LD_LIBRARY_PATH`) with, for each of [`LIBRARIES`] none of its folders holds,
+/// the first of `candidates` that holds it appended.
+fn library_path(existing: &str, candidates: &[PathBuf]) -> String {
+    let mut dirs: Vec<PathBuf> =
+        existing.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
+    for lib in LIBRARIES {
+        let here = |d: &PathBuf| d.join(lib).exists();
         if dirs.iter().any(here) {
             continue;
         }
@@ -501,6 +669,8 @@ fn cuda_library_path() -> String {
 /// `nvidia/cu13/lib`, then CUDA 12's per-library folders (as `kda_cuda::libs` searches).
 fn wheel_lib_dirs(site_packages: &Path) -> Vec<PathBuf> {
     let nvidia = site_packages.join("nvidia");
+    // CUDA 13's wheels (`nvidia-cublas`, `nvidia-cuda-nvrtc`) share `nvidia/cu13/lib`; CUDA
+    // 12's (`nvidia-cublas-cu12`, `nvidia-cuda-nvrtc-cu12`) have a folder each.
     ["cu13", "cublas", "cuda_nvrtc", "cuda_runtime"].map(|p| nvidia.join(p).join("lib")).into()
 }
 
@@ -597,12 +767,134 @@ mod tests {
 
     #[test]
     fn options_parse_and_unknown_flags_are_errors() {
-        let args: Vec<String> =
-            ["--from", "b", "--quick", "--out", "r.json"].map(String::from).into();
+        let args: Vec<String> = ["--from", "b", "--quick", "--out", "r.json", "--limit", "300"]
+            .map(String::from)
+            .into();
         let o = parse(&args).unwrap();
         assert_eq!((o.from, o.quick, o.out), (Some("b".into()), true, Some("r.json".into())));
+        assert_eq!(o.limit, Some(Duration::from_secs(300)));
+        assert!(parse(&["--limit".to_string(), "soon".to_string()]).is_err());
         assert!(parse(&["--bogus".to_string()]).is_err());
         assert!(parse(&["--out".to_string()]).is_err());
+    }
+
+    /// CUDA 12's NVRTC folder is added though a folder on the path already holds CUDA 13's
+    /// (and the other way round), and CUDA 13's cuBLAS folder for the libraries it holds.
+    #[test]
+    fn library_path_adds_cuda_12_and_13_folders_each() {
+        let root = std::env::temp_dir().join(format!("xtask-libpath-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (on_path, site) = (root.join("on-path"), root.join("site"));
+        let (cu13, cu12) = (site.join("nvidia/cu13/lib"), site.join("nvidia/cuda_nvrtc/lib"));
+        for (dir, libs) in [
+            (&on_path, &["libnvrtc.so.13"][..]),
+            (&cu13, &["libcublas.so.13", "libcublasLt.so.13", "libnvrtc.so.13"][..]),
+            (&cu12, &["libnvrtc.so.12"][..]),
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+            for lib in libs {
+                std::fs::write(dir.join(lib), b"").unwrap();
+            }
+        }
+        let shown = |dirs: &[&PathBuf]| {
+            dirs.iter().map(|d| d.to_string_lossy().into_owned()).collect::<Vec<_>>().join(":")
+        };
+        let existing = on_path.to_string_lossy().into_owned();
+        let path = library_path(&existing, &wheel_lib_dirs(&site));
+        assert_eq!(path, shown(&[&on_path, &cu13, &cu12]));
+        // Only CUDA 12's NVRTC on the path: CUDA 13's folder still comes for cuBLAS and NVRTC.
+        let path = library_path(&cu12.to_string_lossy(), &wheel_lib_dirs(&site));
+        assert_eq!(path, shown(&[&cu12, &cu13]));
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// The device run's order: the probe, then the test binaries by what they tell (unit,
+    /// conformance, device, import, then any other), each on one thread under its own limit.
+    #[test]
+    fn test_binaries_run_in_order_on_one_thread() {
+        let files = ["zzz-9", "import-1", "device-2", "kda_cuda-3", "conformance-4"]
+            .map(|f| PathBuf::from("/b/tests").join(f));
+        let runs = bundle_tests(files.into());
+        let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "test kda_cuda-3",
+                "test conformance-4",
+                "test device-2",
+                "test import-1",
+                "test zzz-9"
+            ]
+        );
+        assert!(runs.iter().all(|r| r.args == ["--test-threads", "1"]), "{runs:?}");
+        assert_eq!(runs[1].limit, Duration::from_secs(100));
+        assert_eq!(runs[4].limit, OTHER_TEST_LIMIT);
+        let cargo = cargo_tests("cargo");
+        assert_eq!(
+            cargo[0].args[cargo[0].args.len() - 4..],
+            ["--lib", "--", "--test-threads", "1"]
+        );
+        assert!(cargo[1].args.windows(2).any(|w| w == ["--test", "conformance"]));
+        let total: Duration =
+            TEST_ORDER.iter().map(|(_, l)| *l).sum::<Duration>() + PROBE_LIMIT + BENCH_LIMIT;
+        assert!(total < RUN_LIMIT, "the probe, tests and bench fit the run with time to compare");
+    }
+
+    /// A whole run from a stand-in bundle: the steps in order, each test binary told to use one
+    /// thread, the probe's JSON in the report, the comparison's rounds in it too, and a run
+    /// limit that leaves no time for the last steps records them as skipped.
+    #[test]
+    fn a_run_from_a_bundle_writes_the_probe_first_and_keeps_to_its_limit() {
+        let dir = std::env::temp_dir().join(format!("xtask-run-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("tests")).unwrap();
+        let script = |path: PathBuf, body: &str| {
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            let _ = Command::new("chmod").arg("+x").arg(&path).status();
+        };
+        let passed = "echo \"args: $*\"; echo 'test result: ok. 2 passed; 0 failed; 0 ignored; \
+                      0 measured; 0 filtered out'";
+        for name in ["device-2", "kda_cuda-3", "conformance-4"] {
+            script(dir.join("tests").join(name), passed);
+        }
+        script(
+            dir.join("gpu_bench"),
+            "case \"$1\" in\n\
+             --probe) echo '{\"device\": {\"name\": \"stand-in\"}}' > \"$3\";;\n\
+             --serve) echo '@ready gemm chunk mx_gemm quant schedule layer_prefill layer_decode'; \
+             while read id case target; do echo \"@result $id $case 1.5\"; done;;\n\
+             --out) sleep 3; echo '{\"bench\": 1}' > \"$2\";;\n\
+             esac",
+        );
+        let out = dir.join("out/gpu-check.json");
+        let options = Options {
+            from: Some(dir.clone()),
+            quick: true,
+            limit: Some(Duration::from_secs(60)),
+            ..Options::default()
+        };
+        let report = run(&options, &out, "cargo", false).unwrap();
+        let names: Vec<&str> = report.steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["probe", "test kda_cuda-3", "test conformance-4", "test device-2", "bench", "compare"]
+        );
+        let json = std::fs::read_to_string(&out).unwrap();
+        assert!(json.contains("\"probe\": {\"device\": {\"name\": \"stand-in\"}}"), "{json}");
+        assert!(json.contains("\"bench\": {\"bench\": 1}"), "{json}");
+        assert!(json.contains("\"rounds\": 3, \"rounds_planned\": 3"), "{json}");
+        let log = std::fs::read_to_string(dir.join("out/gpu-check.log")).unwrap();
+        assert_eq!(log.matches("args: --test-threads 1").count(), 3, "{log}");
+        // Two seconds: the probe and the tests run, the bench is cut short, the comparison
+        // is skipped.
+        let options = Options { limit: Some(Duration::from_secs(2)), ..options };
+        let report = run(&options, &out, "cargo", false).unwrap();
+        let bench = report.steps.iter().find(|s| s.name == "bench").unwrap();
+        assert!(bench.timed_out, "{bench:?}");
+        let compare = report.steps.iter().find(|s| s.name == "compare").unwrap();
+        assert!(compare.failures.starts_with("skipped"), "{compare:?}");
+        assert!(!report.ok && report.complete);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     /// A step that hangs is killed at its limit, and the run keeps its log and a partial report

@@ -71,10 +71,34 @@ extern "C" __global__ void kda_convert(const Status* status, View src, View dst,
     }
 }
 
+// Nanoseconds since an arbitrary origin, the same on every SM (PTX's %globaltimer).
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The failure code of a host function the stream stopped waiting for (src/status.rs).
+#define CODE_HOST_TIMEOUT 5
+
 // Hold the stream until the host has run the host function with this ticket (the stream's
 // host worker writes `ticket`, or a later one, into the mapped flag). Host functions run on
 // kda's own per-stream threads, not in driver callbacks, so one that blocks never holds up
-// another stream's (the driver may run all callbacks on one thread).
-extern "C" __global__ void kda_host_wait(const u32* flag, u32 ticket) {
-    while ((int)(*((volatile const u32*)flag) - ticket) < 0) __nanosleep(2000);
+// another stream's (the driver may run all callbacks on one thread). A function that has not
+// finished after `limit_ns` fails the stream with `fid` (the host function's failure id) and
+// the limit in milliseconds, and the wait ends: a host function that never returns must not
+// hold the device, and every later synchronisation of the context, forever.
+extern "C" __global__ void kda_host_wait(Status* status, const u32* flag, u32 ticket, u32 fid,
+                                         i64 limit_ns) {
+    u64 start = global_ns();
+    while ((int)(*((volatile const u32*)flag) - ticket) < 0) {
+        i64 waited = (i64)(global_ns() - start);
+        if (waited > limit_ns) {
+            i64 ms = limit_ns / 1000000;
+            fail(status, fid, CODE_HOST_TIMEOUT, ms > 2147483647 ? 2147483647 : (int)ms, 0, 0, 0,
+                 0, 0);
+            return;
+        }
+        __nanosleep(2000);
+    }
 }

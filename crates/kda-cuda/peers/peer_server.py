@@ -1,9 +1,10 @@
 """The peers' side of kda's `gpu-check` comparison (xtask/src/gpu_check/peers.rs).
 
 A measuring server on stdin/stdout: it announces the kinds of case it can measure
-(`@ready chunk gemm`), then answers each request `<case> <target ms>` with
-`@result <case> <ms per call>` or `@error <case> <message>`. Anything else it prints goes to
-the run's log.
+(`@ready chunk gemm`), then answers each request `<id> <case> <target ms>` with
+`@result <id> <case> <ms per call>` or `@error <id> <case> <message>` (the id lets the asking
+side drop a reply that comes after it stopped waiting, e.g. behind Triton's autotuning).
+Anything else it prints goes to the run's log.
 
 - `chunk:T:H:D`: flash-linear-attention's Triton `chunk_kda` (the `fla-core` wheel, unpacked
   on PYTHONPATH) on one sequence of T tokens, H heads of D: bf16 q, k, v, fp32 log decay in
@@ -76,9 +77,10 @@ def main():
     reply("ready " + " ".join(kinds))
     for line in sys.stdin:
         words = line.split()
-        if not words:
+        if len(words) < 2:
             continue
-        case, target = words[0], float(words[1]) if len(words) > 1 else 40.0
+        rid, case = words[0], words[1]
+        target = float(words[2]) if len(words) > 2 else 40.0
         try:
             if case not in prepared:
                 fn = build(case)
@@ -97,10 +99,10 @@ def main():
                 fn()
             end.record()
             end.synchronize()
-            reply(f"result {case} {start.elapsed_time(end) / calls:.6f}")
+            reply(f"result {rid} {case} {start.elapsed_time(end) / calls:.6f}")
         except Exception as e:  # noqa: BLE001 - reported to the caller, the server goes on
             traceback.print_exc()
-            reply(f"error {case} {type(e).__name__}: {e}".replace("\n", " "))
+            reply(f"error {rid} {case} {type(e).__name__}: {e}".replace("\n", " "))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-//! `kda-cuda`: the kda HAL on NVIDIA GPUs, through cudarc (the driver and NVRTC loaded at run
-//! time) and cuBLAS opened by kda itself (CUDA 12 or 13, [`libs`]), so the crate builds without
+//! `kda-cuda`: the kda HAL on NVIDIA GPUs, through cudarc (the driver loaded at run time) and
+//! cuBLAS and NVRTC opened by kda itself (CUDA 12 or 13, [`libs`]), so the crate builds without
 //! a CUDA toolkit.
 //!
 //! - [`CudaBackend`] implements [`kda_core::Backend`]: CUDA streams and events map one to one
@@ -66,18 +66,36 @@ pub struct CudaOptions {
     pub checked: bool,
     /// The fast paths to take where the device has them (the spec paths otherwise).
     pub fast: FastPaths,
+    /// How long a stream waits for one of its host functions (`Op::Host`) before it gives up
+    /// and fails the stream (reported at `synchronize`), so a host function that never returns
+    /// cannot hold the device forever.
+    pub host_wait_limit: std::time::Duration,
 }
 
 impl Default for CudaOptions {
     /// Device 0; checked mode as `KDA_SANITIZE` says (off when unset); fast paths as
-    /// `KDA_CUDA_FAST` says (none when unset).
+    /// `KDA_CUDA_FAST` says (none when unset); host functions waited for up to
+    /// `KDA_CUDA_HOST_WAIT_S` seconds (60 when unset).
     fn default() -> Self {
         Self {
             ordinal: 0,
             checked: kda_core::sanitize::checked_from_env(false),
             fast: FastPaths::from_env(),
+            host_wait_limit: host_wait_limit(std::env::var(HOST_WAIT_VAR).ok().as_deref()),
         }
     }
+}
+
+/// The variable [`CudaOptions::default`] reads the host-function wait limit from, in seconds.
+pub const HOST_WAIT_VAR: &str = "KDA_CUDA_HOST_WAIT_S";
+
+/// The wait limit `text` (seconds, fractions allowed) names; [`plan::HOST_WAIT_LIMIT`] when
+/// unset or not a positive number.
+fn host_wait_limit(text: Option<&str>) -> std::time::Duration {
+    text.and_then(|t| t.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(plan::HOST_WAIT_LIMIT)
 }
 
 /// Ops with a spec path and a fast one. The spec paths are what the conformance suite holds
@@ -125,7 +143,17 @@ impl FastPaths {
 
 #[cfg(test)]
 mod tests {
-    use super::FastPaths;
+    use super::{FastPaths, host_wait_limit};
+    use std::time::Duration;
+
+    #[test]
+    fn the_host_wait_limit_parses_from_its_variable() {
+        assert_eq!(host_wait_limit(None), Duration::from_secs(60));
+        assert_eq!(host_wait_limit(Some("2.5")), Duration::from_millis(2500));
+        for bad in ["0", "-1", "soon", "inf", "NaN"] {
+            assert_eq!(host_wait_limit(Some(bad)), Duration::from_secs(60), "{bad}");
+        }
+    }
 
     #[test]
     fn fast_paths_parse_from_their_variable() {

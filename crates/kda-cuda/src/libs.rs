@@ -1,10 +1,11 @@
 //! Where the shared libraries the backend opens at run time are looked for.
 //!
-//! cudarc opens the driver (`libcuda.so.1`) and NVRTC itself, but its candidate names stop at
-//! `.so.12`: CUDA 13's cuBLAS (`libcublas.so.13`, e.g. from the `nvidia-cublas` wheel's
-//! `nvidia/cu13/lib`) would never be found. kda therefore opens cuBLAS itself
-//! (`device::blas`), by name through the loader's own path first, then by full path in the
-//! directories [`search_dirs`] lists; a miss names every name and directory it tried.
+//! cudarc opens the driver (`libcuda.so.1`) itself, but its candidate names stop at `.so.12`:
+//! CUDA 13's cuBLAS and NVRTC (`libcublas.so.13`, `libnvrtc.so.13`, e.g. from the
+//! `nvidia-cublas` and `nvidia-cuda-nvrtc` wheels' `nvidia/cu13/lib`) would never be found.
+//! kda therefore opens cuBLAS (`device::cublas`) and NVRTC (`nvrtc`) itself, by name through the
+//! loader's own path first, then by full path in the directories [`search_dirs`] lists; a miss
+//! names every name and directory it tried.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,23 @@ pub const CUBLAS_NAMES: [&str; 3] = ["libcublas.so.13", "libcublas.so.12", "libc
 
 /// An environment variable naming the cuBLAS library file to open, before any search.
 pub const CUBLAS_VAR: &str = "KDA_CUBLAS";
+
+/// NVRTC sonames in the order they are tried, each in every directory before the next:
+/// CUDA 12's first (its CUBINs load on the drivers of CUDA 12 and 13; CUDA 13's need a CUDA 13
+/// driver), then CUDA 13's (`nvidia-cuda-nvrtc`), then an unversioned link.
+pub const NVRTC_NAMES: [&str; 3] = ["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so"];
+
+/// An environment variable naming the NVRTC library file to open, before any search.
+pub const NVRTC_VAR: &str = "KDA_NVRTC";
+
+/// The folder `.ci/run` installs the NVRTC wheels into (`--target`): `$KDA_NVRTC_DIR`, else
+/// `$XDG_CACHE_HOME/kda/nvrtc`, else `~/.cache/kda/nvrtc`; searched like a site-packages.
+pub fn nvrtc_cache_dir() -> Option<PathBuf> {
+    let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    env("KDA_NVRTC_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("kda/nvrtc")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache/kda/nvrtc")))
+}
 
 /// The library directories of the usual places, in order: `LD_LIBRARY_PATH`, `CUDA_HOME` /
 /// `CUDA_PATH`, the toolkit's default prefix, the distribution's, and the `lib` folders of the
@@ -49,6 +67,7 @@ pub fn search_dirs() -> Vec<PathBuf> {
     let mut site: Vec<PathBuf> = std::env::var_os("PYTHONPATH")
         .map(|p| std::env::split_paths(&p).collect())
         .unwrap_or_default();
+    site.extend(nvrtc_cache_dir());
     for prefix in prefixes {
         for python in subdirs(&prefix.join("lib"), "python3") {
             site.push(python.join("site-packages"));
@@ -113,6 +132,14 @@ pub fn find(names: &[&str], dirs: &[PathBuf]) -> Result<PathBuf, NotFound> {
     )
 }
 
+/// The first file named one of `names` in `dirs`, name by name (each name in every directory
+/// before the next name): where the version matters more than the directory (NVRTC).
+pub fn find_by_name(names: &[&str], dirs: &[PathBuf]) -> Result<PathBuf, NotFound> {
+    names.iter().flat_map(|n| dirs.iter().map(move |d| d.join(n))).find(|p| p.is_file()).ok_or_else(
+        || NotFound { names: names.iter().map(|n| n.to_string()).collect(), dirs: dirs.to_vec() },
+    )
+}
+
 /// The cuBLASLt file beside a cuBLAS file of the same major version (`libcublas.so.13` →
 /// `libcublasLt.so.13`), which cuBLAS needs loaded first when its folder is not on the
 /// loader's path.
@@ -163,6 +190,25 @@ mod tests {
         std::fs::write(first.join("libcublas.so.13"), b"").expect("write");
         assert_eq!(find(&CUBLAS_NAMES, &dirs), Ok(first.join("libcublas.so.13")));
         assert_eq!(companion_lt(&first.join("libcublas.so.13")), None, "no Lt beside it");
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    /// Both NVRTC wheels in one site-packages (CUDA 13's `nvidia/cu13/lib` listed first, as
+    /// for cuBLAS): CUDA 12's library is taken; with only CUDA 13's, that one.
+    #[test]
+    fn nvrtc_of_cuda_12_or_13_is_found_in_the_wheels_folders() {
+        let root = scratch_dir("nvrtc");
+        let (cu13, cu12) = (root.join("nvidia/cu13/lib"), root.join("nvidia/cuda_nvrtc/lib"));
+        std::fs::create_dir_all(&cu13).expect("mkdir");
+        std::fs::write(cu13.join("libnvrtc.so.13"), b"").expect("write");
+        let dirs = wheel_lib_dirs(&root);
+        assert_eq!(find_by_name(&NVRTC_NAMES, &dirs), Ok(cu13.join("libnvrtc.so.13")));
+        std::fs::create_dir_all(&cu12).expect("mkdir");
+        std::fs::write(cu12.join("libnvrtc.so.12"), b"").expect("write");
+        assert_eq!(find_by_name(&NVRTC_NAMES, &dirs), Ok(cu12.join("libnvrtc.so.12")));
+        assert_eq!(find(&NVRTC_NAMES, &dirs), Ok(cu13.join("libnvrtc.so.13")), "dir by dir");
+        let miss = find_by_name(&NVRTC_NAMES, &[root.join("none")]).unwrap_err();
+        assert!(miss.to_string().starts_with("none of libnvrtc.so.12, libnvrtc.so.13"), "{miss}");
         let _ = std::fs::remove_dir_all(root);
     }
 

@@ -121,9 +121,58 @@ pub fn gemm_dtypes(x: DType, w: DType, y: DType) -> (DType, DType) {
     (input, output)
 }
 
+/// How long a stream waits for a host function by default before it fails the stream
+/// ([`crate::CudaOptions::host_wait_limit`]).
+pub const HOST_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The shortest limit `kda_host_wait` is given: a zero limit would fail every host function.
+pub const MIN_HOST_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// `kda_host_wait`'s arguments after the stream's record and flag addresses: the ticket the
+/// stream waits for, the host function's failure id (written with code 5 when the wait gives
+/// up) and the limit in nanoseconds, as the kernel reads `%globaltimer`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct HostWait {
+    pub ticket: u32,
+    pub fid: u32,
+    pub limit_ns: i64,
+}
+
+impl HostWait {
+    /// The byte sizes of the kernel's arguments as the launch passes them: the status record
+    /// and flag addresses (u64), then `ticket`, `fid`, `limit_ns`.
+    pub const SIZES: [usize; 5] =
+        [size_of::<u64>(), size_of::<u64>(), size_of::<u32>(), size_of::<u32>(), size_of::<i64>()];
+
+    /// The wait for `ticket` of a host function failing as `fid`, given up after `limit`
+    /// (at least [`MIN_HOST_WAIT`], at most `i64::MAX` ns, about 292 years).
+    pub fn new(ticket: u32, fid: u32, limit: std::time::Duration) -> Self {
+        let ns = limit.max(MIN_HOST_WAIT).as_nanos();
+        Self { ticket, fid, limit_ns: i64::try_from(ns).unwrap_or(i64::MAX) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kda_host_wait`'s time limit reaches the kernel as the `i64` its source declares, after
+    /// the ticket and the failure id: the launch's argument sizes are the kernel's.
+    #[test]
+    fn the_host_waits_limit_is_a_kernel_parameter() {
+        let memory = crate::kernels::SOURCES.iter().find(|s| s.name == "memory.cu");
+        let sizes = memory.and_then(|s| crate::kernels::parameter_sizes(s.body, "kda_host_wait"));
+        assert_eq!(sizes, Some(HostWait::SIZES.to_vec()));
+        let body = memory.map_or("", |s| s.body);
+        assert!(body.contains("u32 ticket, u32 fid,") && body.contains("i64 limit_ns)"), "{body}");
+        let code = format!("#define CODE_HOST_TIMEOUT {}", crate::status::CODE_HOST_TIMEOUT);
+        assert!(body.contains(&code), "the kernel writes the code the host decodes");
+        let wait = HostWait::new(7, 0x8000_0003, std::time::Duration::from_secs(60));
+        assert_eq!(wait, HostWait { ticket: 7, fid: 0x8000_0003, limit_ns: 60_000_000_000 });
+        let zero = HostWait::new(1, 1, std::time::Duration::ZERO);
+        assert_eq!(zero.limit_ns, 1_000_000, "never zero: every host function would fail");
+        assert_eq!(HostWait::new(1, 1, std::time::Duration::MAX).limit_ns, i64::MAX);
+    }
 
     #[test]
     fn grids_cover_the_work_and_respect_the_cap() {

@@ -26,6 +26,8 @@ const CODE_RANGE: u32 = 1;
 const CODE_SLOT: u32 = 2;
 const CODE_ACCEPTED: u32 = 3;
 const CODE_LIVE: u32 = 4;
+/// `kda_host_wait` gave up on a host function (`kernels/memory.cu`); detail 0: the limit in ms.
+pub const CODE_HOST_TIMEOUT: u32 = 5;
 const PARAMS: [&str; 3] = ["cu_seqlens", "query_start_loc", "state_slots"];
 
 /// The ops whose kernels check device metadata.
@@ -150,6 +152,15 @@ pub fn to_error(
         Some(FailureId::Kernel { stream: index, op }) => {
             (stream_id(index), op.name().to_string(), kernel_message(record))
         }
+        Some(FailureId::Host { key }) if record.code == CODE_HOST_TIMEOUT => {
+            let origin = host(key).map_or(stream, |f| f.stream);
+            let message = format!(
+                "host function #{key} did not finish within {} ms; its stream stopped waiting \
+                 for it (CudaOptions::host_wait_limit)",
+                record.detail[0]
+            );
+            (origin, "host".into(), message)
+        }
         Some(FailureId::Host { key }) => match host(key) {
             Some(f) => (f.stream, f.op, f.message),
             None => (stream, "host".into(), format!("host function failure #{key}")),
@@ -253,6 +264,18 @@ mod tests {
         match to_error(id(2), &record, lookup, id) {
             Error::OpFailed { op, message, .. } => {
                 assert_eq!((op.as_str(), message.as_str()), ("failing_host_fn", "boom"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let timeout = StatusRecord {
+            fid: FailureId::Host { key: 9 }.encode(),
+            code: CODE_HOST_TIMEOUT,
+            detail: [60_000, 0, 0, 0, 0, 0],
+        };
+        match to_error(id(2), &timeout, |_| None, id) {
+            Error::OpFailed { op, message, .. } => {
+                assert_eq!(op, "host");
+                assert!(message.contains("#9 did not finish within 60000 ms"), "{message}");
             }
             other => panic!("{other:?}"),
         }

@@ -248,6 +248,11 @@ fn graph_replayed_decode_step_equals_eager_bit_for_bit() -> Result<(), Failed> {
                 .forward(&s, &prompt, &BatchMeta::prefills(&[6, 6], &[0, 1]), c, &mut warm)
                 .unwrap();
         }
+        // One eager decode step first (on a cache of its own), as engines warm up before they
+        // capture: cuBLAS then meets the decode GEMM shapes (M = 2) outside a capture.
+        let mut warm_cache = layer.new_cache(&s, 2, 0).unwrap();
+        let mut warm_out = b.alloc(DType::F32, &[2, hidden]).unwrap();
+        layer.forward(&s, &x, &meta, &mut warm_cache, &mut warm_out).unwrap();
         let [eager_cache, graph_cache] = &mut caches;
         let [eager_out, graph_out] = &mut out;
         b.synchronize(&s).unwrap();

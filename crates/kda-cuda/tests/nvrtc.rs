@@ -2,9 +2,9 @@
 //! sm_90 (exactly what the backend loads on an H200) and to compute_90 PTX, whose entries must
 //! include every kernel the backend looks up.
 //!
-//! Runs wherever libnvrtc can be loaded (the CUDA toolkit, or the `nvidia-cuda-nvrtc-cu12`
-//! wheel with its `lib/` on `LD_LIBRARY_PATH`); elsewhere each trial is reported ignored, by
-//! name. No GPU is needed.
+//! Runs wherever libnvrtc can be loaded (the CUDA toolkit, or the `nvidia-cuda-nvrtc-cu12` or
+//! `nvidia-cuda-nvrtc` (CUDA 13) wheel, found as `kda_cuda::libs` searches); elsewhere each
+//! trial is reported ignored, by name. No GPU is needed.
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "test setup")]
 
 use kda_cuda::kernels::{CHECK_ARCH, CHECK_PTX_ARCH, COMMON, KernelSource, SOURCES};
@@ -39,8 +39,9 @@ fn rejects_a_broken_kernel() -> Result<(), Failed> {
 
 fn main() {
     let present = nvrtc::present();
-    if !present {
-        eprintln!("kda-cuda nvrtc: libnvrtc not found; every trial is ignored");
+    match nvrtc::library() {
+        Ok(library) => eprintln!("kda-cuda nvrtc: {library}"),
+        Err(why) => eprintln!("kda-cuda nvrtc: every trial is ignored: {why}"),
     }
     assert!(!COMMON.is_empty());
     let mut trials: Vec<Trial> = SOURCES

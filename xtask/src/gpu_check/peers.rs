@@ -4,12 +4,18 @@
 //! Two measuring servers run at once, each holding its data on the device: kda's
 //! (`gpu_bench --serve`) and the peers' (`peer_server.py`: flash-linear-attention's Triton
 //! `chunk_kda` from the bundled `fla-core` wheel, and torch's bf16 matmul, on the machine's own
-//! torch and Triton). Each answers one request at a time, `<case> <target ms>`, with the mean
-//! time per call over as many calls as fill the target (fixed at its first, warm-up, request),
-//! timed with CUDA events. This side asks: one warm-up round, then rounds in a shuffled order
-//! (seeded), kda and its peer back to back for each case, their order alternating by round; so
-//! both see the same clocks and thermals, and a median over rounds drops the outliers. The
-//! result is one JSON object and `peers.md`, a table for the run's closing note.
+//! torch and Triton). Each answers one request at a time, `<id> <case> <target ms>`, with the
+//! mean time per call over as many calls as fill the target (fixed at its first, warm-up,
+//! request), timed with CUDA events, its reply tagged with the request's id. This side asks:
+//! one warm-up round, then rounds in a shuffled order (seeded), kda and its peer back to back
+//! for each case, their order alternating by round; so both see the same clocks and thermals,
+//! and a median over rounds drops the outliers. The result is one JSON object and `peers.md`,
+//! a table for the run's closing note, both rewritten after every round.
+//!
+//! Each request has its own time limit (longer in the warm-up round, where Triton compiles and
+//! autotunes). A request given up on is still running on its server: its reply, when it comes,
+//! is recognised by its id and dropped, never taken as the answer to a later request; the next
+//! request first waits for it, and a server that never answers is given up on.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -29,6 +35,13 @@ const PEER_SERVER: &str = include_str!("../../../crates/kda-cuda/peers/peer_serv
 /// Each measurement fills about this long.
 const TARGET_MS: f64 = 40.0;
 
+/// How long one request may take in the warm-up round (a case's first: inputs made, Triton's
+/// compiles and autotuning, kda's graph captures) and in the timed rounds.
+/// How long kda's server may take to say it is ready (the peers' half as long again).
+const STARTUP: Duration = Duration::from_secs(60);
+
+pub const REQUEST_LIMITS: (Duration, Duration) = (Duration::from_secs(90), Duration::from_secs(20));
+
 /// How to run the comparison.
 #[derive(Debug)]
 pub struct Setup {
@@ -40,13 +53,18 @@ pub struct Setup {
     /// Where `peers.md` goes.
     pub out_dir: PathBuf,
     pub quick: bool,
+    /// The whole comparison's limit.
     pub limit: Duration,
+    /// One request's limits: in the warm-up round, and in the timed rounds.
+    pub request_limits: (Duration, Duration),
 }
 
-/// The comparison's outcome.
+/// The comparison's outcome (so far, while it runs).
 #[derive(Debug)]
 pub struct Comparison {
     pub json: String,
+    /// The table for the closing note (`peers.md`).
+    pub table: String,
     /// Every round ran.
     pub complete: bool,
     /// What was missing or went wrong (empty when nothing).
@@ -159,6 +177,23 @@ fn cases(quick: bool) -> Vec<Case> {
     all
 }
 
+/// Why a request has no answer.
+#[derive(Debug, PartialEq)]
+enum Failure {
+    /// No answer within its limit: the request may still be running there.
+    Late(String),
+    /// The server answered with an error, an answer this side cannot read, or is gone.
+    Failed(String),
+}
+
+impl Failure {
+    fn message(self) -> String {
+        match self {
+            Failure::Late(m) | Failure::Failed(m) => m,
+        }
+    }
+}
+
 /// A measuring server: a child speaking the line protocol on stdin/stdout, its stderr (and
 /// any stdout line outside the protocol) going to the log.
 struct Server {
@@ -168,6 +203,13 @@ struct Server {
     replies: Receiver<String>,
     /// The cases it announced it can measure (`@ready case-kind ...`).
     kinds: Vec<String>,
+    log: Log,
+    /// The last request's id.
+    last_id: u64,
+    /// A request given up on whose reply has not come yet (the server is still on it).
+    behind: Option<u64>,
+    /// Why it is no longer asked anything.
+    stuck: Option<String>,
 }
 
 impl Server {
@@ -216,7 +258,17 @@ impl Server {
                 }
             });
         }
-        let mut server = Self { name, child, stdin, replies, kinds: Vec::new() };
+        let mut server = Self {
+            name,
+            child,
+            stdin,
+            replies,
+            kinds: Vec::new(),
+            log: log.clone(),
+            last_id: 0,
+            behind: None,
+            stuck: None,
+        };
         let ready = server.reply(ready_within)?;
         let kinds = ready.strip_prefix("ready").ok_or_else(|| format!("{name}: said {ready:?}"))?;
         server.kinds = kinds.split_whitespace().map(String::from).collect();
@@ -241,21 +293,79 @@ impl Server {
         self.kinds.iter().any(|k| k == kind)
     }
 
-    /// Milliseconds per call of `case`.
-    fn measure(&mut self, case: &str, within: Duration) -> Result<f64, String> {
-        writeln!(self.stdin, "{case} {TARGET_MS}")
+    /// Milliseconds per call of `case`, asked as request `id`, answered within `within`.
+    fn measure(&mut self, case: &str, within: Duration) -> Result<f64, Failure> {
+        let deadline = Instant::now() + within;
+        if let Some(why) = &self.stuck {
+            return Err(Failure::Failed(why.clone()));
+        }
+        // A request given up on is still running there: its reply comes before any other.
+        if let Some(late) = self.behind {
+            match self.answer(late, deadline) {
+                Ok(line) => self.log.line(&format!(
+                    "[{}] late reply to request #{late} dropped: {line}",
+                    self.name
+                )),
+                Err(e) => {
+                    let why =
+                        format!("{}: still busy with request #{late}: {}", self.name, e.message());
+                    self.stuck = Some(why.clone());
+                    return Err(Failure::Failed(why));
+                }
+            }
+            self.behind = None;
+        }
+        self.last_id += 1;
+        let id = self.last_id;
+        writeln!(self.stdin, "{id} {case} {TARGET_MS}")
             .and_then(|()| self.stdin.flush())
-            .map_err(|e| format!("{}: {e}", self.name))?;
-        let reply = self.reply(within)?;
-        let mut words = reply.split_whitespace();
-        match (words.next(), words.next(), words.next()) {
-            (Some("result"), Some(c), Some(ms)) if c == case => {
-                ms.parse().map_err(|_| format!("{}: bad time in {reply:?}", self.name))
+            .map_err(|e| Failure::Failed(format!("{}: {e}", self.name)))?;
+        let reply = match self.answer(id, deadline) {
+            Ok(reply) => reply,
+            Err(Failure::Late(e)) => {
+                self.behind = Some(id);
+                return Err(Failure::Late(e));
             }
-            (Some("error"), Some(c), _) if c == case => {
-                Err(reply.splitn(3, ' ').nth(2).unwrap_or("error").to_string())
+            Err(e) => return Err(e),
+        };
+        let unexpected =
+            || Failure::Failed(format!("{}: unexpected reply {reply:?} to {case}", self.name));
+        let mut words = reply.splitn(4, ' ');
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("result"), _, Some(c), Some(ms)) if c == case => ms
+                .trim()
+                .parse()
+                .map_err(|_| Failure::Failed(format!("{}: bad time in {reply:?}", self.name))),
+            (Some("error"), _, Some(c), message) if c == case => {
+                Err(Failure::Failed(message.unwrap_or("error").to_string()))
             }
-            _ => Err(format!("{}: unexpected reply {reply:?} to {case}", self.name)),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// The reply to request `id` (the whole line after `@`), dropping (and logging) replies to
+    /// earlier requests that come first.
+    fn answer(&mut self, id: u64, deadline: Instant) -> Result<String, Failure> {
+        loop {
+            let within = deadline.saturating_duration_since(Instant::now());
+            let line = self.reply(within).map_err(|e| {
+                if e.ends_with("exited") { Failure::Failed(e) } else { Failure::Late(e) }
+            })?;
+            match line.split_whitespace().nth(1).and_then(|w| w.parse::<u64>().ok()) {
+                Some(rid) if rid == id => return Ok(line),
+                Some(rid) if rid < id => {
+                    self.log.line(&format!(
+                        "[{}] late reply to request #{rid} dropped: {line}",
+                        self.name
+                    ));
+                }
+                _ => {
+                    return Err(Failure::Failed(format!(
+                        "{}: reply {line:?} is not to request #{id}",
+                        self.name
+                    )));
+                }
+            }
         }
     }
 }
@@ -314,7 +424,7 @@ fn unpack(wheels: &[PathBuf], into: &Path) -> Result<(), String> {
 }
 
 /// Start the peers' server (Python, with the wheels on its path), or say why not.
-fn start_peer(log: &Log, setup: &Setup) -> Result<Server, String> {
+fn start_peer(log: &Log, setup: &Setup, within: Duration) -> Result<Server, String> {
     let found = wheels(&setup.wheels);
     let site = std::env::temp_dir().join(format!("kda-peers-{}", std::process::id()));
     if found.is_empty() {
@@ -337,20 +447,26 @@ fn start_peer(log: &Log, setup: &Setup) -> Result<Server, String> {
     };
     env.push(("PYTHONPATH".into(), path));
     let args = vec![script.to_string_lossy().into_owned()];
-    // torch's import and CUDA start take a while on a fresh machine.
-    Server::start(log, "peer", "python3", &args, &env, Duration::from_secs(90))
+    Server::start(log, "peer", "python3", &args, &env, within)
 }
 
-/// Run the comparison (see the module docs) within `setup.limit`.
-pub fn compare(log: &Log, setup: &Setup) -> Result<Comparison, String> {
+/// Run the comparison (see the module docs) within `setup.limit`. After every round the
+/// figures so far are written (`peers.md`, `gpu-comparison.json` in `setup.out_dir`) and handed
+/// to `progress`, so a run cut short keeps what it measured.
+pub fn compare(
+    log: &Log,
+    setup: &Setup,
+    progress: &mut dyn FnMut(&Comparison),
+) -> Result<Comparison, String> {
     let deadline = Instant::now() + setup.limit;
     let left = || deadline.saturating_duration_since(Instant::now());
     let mut kda_args = setup.kda.1.clone();
     kda_args.push("--serve".into());
     let mut kda =
-        Server::start(log, "kda", &setup.kda.0, &kda_args, &setup.env, Duration::from_secs(60))?;
+        Server::start(log, "kda", &setup.kda.0, &kda_args, &setup.env, STARTUP.min(left()))?;
     let mut notes = Vec::new();
-    let mut peer = match start_peer(log, setup) {
+    // torch's import and CUDA start take a while on a fresh machine.
+    let mut peer = match start_peer(log, setup, (STARTUP + STARTUP / 2).min(left())) {
         Ok(p) => Some(p),
         Err(e) => {
             notes.push(format!("no peer server: {e}"));
@@ -363,12 +479,13 @@ pub fn compare(log: &Log, setup: &Setup) -> Result<Comparison, String> {
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let mut done = 0;
     // Round 0 warms up (Triton's compiles and autotuning, kda's graph instantiation); it is
-    // not kept.
+    // not kept, and a request that runs past its limit there only warms up longer.
     'rounds: for round in 0..=rounds {
         let mut order: Vec<usize> = (0..all.len()).collect();
         if round > 0 {
             shuffle(&mut order, &mut seed);
         }
+        let limit = if round == 0 { setup.request_limits.0 } else { setup.request_limits.1 };
         for &i in &order {
             let case = &all[i];
             if samples[i].error.is_some() {
@@ -382,11 +499,13 @@ pub fn compare(log: &Log, setup: &Setup) -> Result<Comparison, String> {
                     notes.push(format!("stopped at the time limit in round {round}"));
                     break 'rounds;
                 }
+                let within = limit.min(left());
                 let got = match (side, peer_case, peer.as_mut()) {
-                    (true, _, _) => kda.measure(&case.kda, left()),
-                    (false, Some(c), Some(p)) => p.measure(c, left()),
+                    (true, _, _) => kda.measure(&case.kda, within),
+                    (false, Some(c), Some(p)) => p.measure(c, within),
                     _ => continue,
                 };
+                let who = if side { "kda" } else { "peer" };
                 match got {
                     Ok(ms) if round > 0 => {
                         if side {
@@ -396,21 +515,57 @@ pub fn compare(log: &Log, setup: &Setup) -> Result<Comparison, String> {
                         }
                     }
                     Ok(_) => {}
-                    Err(e) => {
+                    Err(Failure::Late(e)) if round == 0 => {
                         log.line(&format!(
-                            "compare: {}: {e}",
-                            if side { &case.kda } else { "peer" }
+                            "compare: {who} {}: warm-up past its limit: {e}",
+                            case.kda
                         ));
+                    }
+                    Err(e) => {
+                        let e = e.message();
+                        log.line(&format!("compare: {who} {}: {e}", case.kda));
+                        let e = if e.starts_with(who) { e } else { format!("{who}: {e}") };
                         samples[i].error = Some(e);
                     }
                 }
             }
         }
         done = round;
+        if round > 0 {
+            let so_far = summarise(&all, &samples, (done, rounds), &notes, peer.is_some());
+            write_out(setup, &so_far);
+            progress(&so_far);
+        }
     }
     if peer.is_none() {
         notes.push("peer figures missing (see the log)".into());
     }
+    let errors = samples.iter().filter(|s| s.error.is_some()).count();
+    if errors > 0 {
+        notes.push(format!("{errors} case(s) failed (see the rows and the log)"));
+    }
+    let comparison = summarise(&all, &samples, (done, rounds), &notes, peer.is_some());
+    write_out(setup, &comparison);
+    drop(peer);
+    drop(kda);
+    Ok(comparison)
+}
+
+/// `peers.md` and `gpu-comparison.json` in the output folder (best effort: the report holds
+/// the same).
+fn write_out(setup: &Setup, c: &Comparison) {
+    let _ = std::fs::write(setup.out_dir.join("peers.md"), &c.table);
+    let _ = std::fs::write(setup.out_dir.join("gpu-comparison.json"), &c.json);
+}
+
+/// The comparison as it stands after `done` of `planned` rounds.
+fn summarise(
+    all: &[Case],
+    samples: &[Samples],
+    (done, planned): (usize, usize),
+    notes: &[String],
+    peer_present: bool,
+) -> Comparison {
     let peak = |side: fn(&Samples) -> &Vec<f64>| {
         let i = all.iter().position(|c| c.kda == format!("gemm:{PEAK}:{PEAK}:{PEAK}"))?;
         let ms = median(side(&samples[i]))?;
@@ -418,27 +573,22 @@ pub fn compare(log: &Log, setup: &Setup) -> Result<Comparison, String> {
     };
     let (kda_peak, peer_peak) = (peak(|s| &s.kda), peak(|s| &s.peer));
     let rows: Vec<Row> =
-        all.iter().zip(&samples).map(|(case, s)| Row::new(case, s, kda_peak)).collect();
-    let table = markdown(&rows, rounds, kda_peak, peer_peak);
-    let _ = std::fs::write(setup.out_dir.join("peers.md"), &table);
+        all.iter().zip(samples).map(|(case, s)| Row::new(case, s, kda_peak)).collect();
+    let table = markdown(&rows, done, kda_peak, peer_peak);
     let errors = samples.iter().filter(|s| s.error.is_some()).count();
-    if errors > 0 {
-        notes.push(format!("{errors} case(s) failed (see the rows and the log)"));
-    }
-    let complete = done == rounds && errors == 0 && peer.is_some();
+    let complete = done == planned && errors == 0 && peer_present;
+    let note = notes.join("; ");
     let json = format!(
-        "{{ \"rounds\": {done}, \"rounds_planned\": {rounds}, \"target_ms\": {TARGET_MS}, \
+        "{{ \"rounds\": {done}, \"rounds_planned\": {planned}, \"target_ms\": {TARGET_MS}, \
          \"measured_peak_tflops\": {{ \"kda_cublas\": {}, \"torch\": {} }}, \"rows\": [\n{}\n  ], \
          \"table\": {}, \"notes\": {} }}",
         num(kda_peak.map(|f| f / 1e12)),
         num(peer_peak.map(|f| f / 1e12)),
         rows.iter().map(Row::json).collect::<Vec<_>>().join(",\n"),
         json_string(&table),
-        json_string(&notes.join("; ")),
+        json_string(&note),
     );
-    drop(peer);
-    drop(kda);
-    Ok(Comparison { json, complete, note: notes.join("; ") })
+    Comparison { json, table, complete, note }
 }
 
 fn num(x: Option<f64>) -> String {
@@ -594,38 +744,88 @@ mod tests {
         );
     }
 
-    /// The whole exchange against a stand-in kda server (a shell loop) and no usable peer: every
-    /// kda case gets its rounds, the peer's absence is a note, and the table is written.
-    #[test]
-    fn a_comparison_runs_its_rounds_and_degrades_without_a_peer() {
-        let dir = std::env::temp_dir().join(format!("xtask-compare-{}", std::process::id()));
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-compare-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let log = Log::create(&dir.join("gpu-check.log"), false).unwrap();
-        let fake = "case \"$1\" in --serve) ;; *) exit 2;; esac; \
-                    echo '@ready chunk gemm mx_gemm quant schedule layer_prefill layer_decode'; \
-                    while read case target; do echo \"@result $case 2.5\"; done";
-        let setup = Setup {
-            kda: ("sh".into(), vec!["-c".into(), fake.into(), "sh".into()]),
-            // No Python packages: the peer server cannot import torch.
+        dir
+    }
+
+    /// A stand-in kda server (a shell loop answering `@result <id> <case> 2.5`, `slow` running
+    /// first for the requests it names) and no usable peer (no Python packages: the peer
+    /// server cannot import torch).
+    fn stand_in(dir: &Path, slow: &str, limit: Duration) -> Setup {
+        let fake = format!(
+            "case \"$1\" in --serve) ;; *) exit 2;; esac; \
+             echo '@ready chunk gemm mx_gemm quant schedule layer_prefill layer_decode'; \
+             n=0; while read id case target; do n=$((n+1)); {slow} \
+             echo \"@result $id $case 2.5\"; done"
+        );
+        Setup {
+            kda: ("sh".into(), vec!["-c".into(), fake, "sh".into()]),
             env: vec![("PYTHONNOUSERSITE".into(), "1".into())],
             wheels: dir.join("no-wheels"),
-            out_dir: dir.clone(),
+            out_dir: dir.to_path_buf(),
             quick: true,
-            limit: Duration::from_secs(60),
-        };
-        let c = compare(&log, &setup).unwrap();
-        // Every round ran, but without its peers the comparison is not complete.
+            limit,
+            request_limits: (Duration::from_secs(1), Duration::from_secs(1)),
+        }
+    }
+
+    /// The whole exchange: every kda case gets its rounds, the peer's absence is a note, and
+    /// the table and JSON are written after every round. Request 40 (in round 1) answers after
+    /// its limit, with a different figure: that case fails, its late reply is dropped by its id,
+    /// and every other case gets its own answers.
+    #[test]
+    fn a_late_reply_is_dropped_never_taken_for_the_next_case() {
+        let dir = scratch("late");
+        let log = Log::create(&dir.join("gpu-check.log"), false).unwrap();
+        let slow =
+            "if [ $n -eq 40 ]; then sleep 1.5; echo \"@result $id $case 777.25\"; continue; fi;";
+        let setup = stand_in(&dir, slow, Duration::from_secs(60));
+        let mut seen = Vec::new();
+        let c = compare(&log, &setup, &mut |c| seen.push(c.json.clone())).unwrap();
         assert!(!c.complete && c.note.contains("peer"), "{}", c.note);
         assert!(c.json.starts_with("{ \"rounds\": 3, \"rounds_planned\": 3"), "{}", c.json);
+        assert!(!c.json.contains("777.25"), "the late figure was taken: {}", c.json);
+        let failed: Vec<&str> = c.json.lines().filter(|l| !l.contains("\"error\": null")).collect();
+        let failed: Vec<&&str> = failed.iter().filter(|l| l.contains("\"case\"")).collect();
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(failed[0].contains("no answer within"), "{}", failed[0]);
+        assert!(c.note.contains("1 case(s) failed"), "{}", c.note);
         assert!(
             c.json.contains("\"case\": \"chunk:8192:96:128\", \"kda_ms\": 2.500000"),
             "{}",
             c.json
         );
-        assert!(c.json.contains("\"samples\": 3"), "{}", c.json);
+        let text = std::fs::read_to_string(dir.join("gpu-check.log")).unwrap();
+        assert!(text.contains("late reply to request #40 dropped"), "{text}");
+        // Written after each timed round, the rounds counting up.
+        assert_eq!(seen.len(), 3);
+        for (i, json) in seen.iter().enumerate() {
+            assert!(json.starts_with(&format!("{{ \"rounds\": {}", i + 1)), "{json}");
+        }
         let table = std::fs::read_to_string(dir.join("peers.md")).unwrap();
         assert!(table.contains("| chunked prefill | `chunk:8192:96:128` | 2.5000 |"), "{table}");
+        assert!(std::fs::read_to_string(dir.join("gpu-comparison.json")).unwrap() == c.json);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A server that stops answering (request 30 on, in round 1) is given up on after its next
+    /// request waits for it in vain: the rest of the comparison fails at once instead of
+    /// waiting out every request's limit, and what round 1 had measured is kept.
+    #[test]
+    fn a_server_that_stops_answering_is_given_up_on() {
+        let dir = scratch("stuck");
+        let log = Log::create(&dir.join("gpu-check.log"), false).unwrap();
+        let slow = "if [ $n -ge 30 ]; then sleep 30; fi;";
+        let setup = stand_in(&dir, slow, Duration::from_secs(20));
+        let start = Instant::now();
+        let c = compare(&log, &setup, &mut |_| {}).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(15), "{:?}", start.elapsed());
+        assert!(!c.complete);
+        assert!(c.json.contains("still busy with request #30"), "{}", c.json);
+        assert!(c.json.contains("\"samples\": 1"), "round 1's figures are kept: {}", c.json);
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -50,6 +50,10 @@ pub fn captures(mxfp8: bool) -> Result<Value> {
             let p = QkvBfgProjection::new(&b, weights.clone(), ProjectionSchedule::Overlapped)?
                 .with_matrix_overlap(policy);
             let out = p.alloc_buffers(&x)?;
+            // Every GEMM shape and stream once eagerly before the capture (see
+            // `layer_decode_graph`).
+            p.forward_into(&s, &x, &out)?;
+            b.synchronize(&s)?;
             b.begin_capture(&s)?;
             p.forward_into(&s, &x, &out)?;
             let captured = b.end_capture(&s);
@@ -101,6 +105,11 @@ pub fn layer_decode_graph() -> Result<Value> {
     }
     let mut eager_out = b.alloc(DType::F32, &[batch, hidden])?;
     let mut graph_out = b.alloc(DType::F32, &[batch, hidden])?;
+    // One eager decode step first (on a cache of its own), as engines warm up before they
+    // capture: cuBLAS then meets the decode GEMM shapes (M = 32) outside a capture.
+    let mut warm_cache = hal(layer.new_cache(&s, batch, 0))?;
+    let mut warm_out = b.alloc(DType::F32, &[batch, hidden])?;
+    hal(layer.forward(&s, &x, &decode, &mut warm_cache, &mut warm_out))?;
     b.synchronize(&s)?;
     b.begin_capture(&s)?;
     hal(layer.forward(&s, &x, &decode, &mut graph_cache, &mut graph_out))?;

@@ -1,9 +1,10 @@
 //! `gpu_bench --serve`: kda's side of gpu-check's interleaved comparison
 //! (xtask/src/gpu_check/peers.rs). A line protocol on stdin/stdout: `@ready <kinds>` once, then
-//! for each request `<case> <target ms>` one `@result <case> <ms per call>` or
-//! `@error <case> <message>`. A case's first request builds it, runs it once (a graph is
-//! captured and instantiated there) and fixes how many calls fill the target; every request
-//! times that many calls between two CUDA events on the case's stream.
+//! for each request `<id> <case> <target ms>` one `@result <id> <case> <ms per call>` or
+//! `@error <id> <case> <message>` (the id lets the asking side drop a reply that comes after
+//! it stopped waiting). A case's first request builds it, runs it once (a graph is run once
+//! eagerly, then captured and instantiated there) and fixes how many calls fill the target;
+//! every request times that many calls between two CUDA events on the case's stream.
 //!
 //! Cases (`:`-separated; fast paths on unless the case names the exact one):
 //! `chunk:T:H:D`, `chunk_exact:T:H:D` (KdaChunk, one request), `gemm:M:N:K` (bf16 Gemm),
@@ -237,6 +238,8 @@ impl Server {
                 })
             }
             "graph" => {
+                // Once eagerly first: cuBLAS meets every GEMM shape outside the capture.
+                forward(&s)?;
                 b.synchronize(&s)?;
                 b.begin_capture(&s)?;
                 let captured = forward(&s);
@@ -285,13 +288,13 @@ pub fn serve() -> i32 {
     let _ = std::io::stdout().flush();
     for line in std::io::stdin().lock().lines().map_while(std::io::Result::ok) {
         let mut words = line.split_whitespace();
-        let Some(case) = words.next() else { continue };
+        let (Some(id), Some(case)) = (words.next(), words.next()) else { continue };
         let target = words.next().and_then(|w| w.parse().ok()).unwrap_or(40.0);
         let measured = catch_unwind(AssertUnwindSafe(|| server.measure(case, target)));
         match measured {
-            Ok(Ok(ms)) => println!("@result {case} {ms:.6}"),
-            Ok(Err(e)) => println!("@error {case} {}", e.to_string().replace('\n', " ")),
-            Err(_) => println!("@error {case} panicked (see the log)"),
+            Ok(Ok(ms)) => println!("@result {id} {case} {ms:.6}"),
+            Ok(Err(e)) => println!("@error {id} {case} {}", e.to_string().replace('\n', " ")),
+            Err(_) => println!("@error {id} {case} panicked (see the log)"),
         }
         let _ = std::io::stdout().flush();
     }

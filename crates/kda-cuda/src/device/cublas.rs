@@ -4,6 +4,18 @@
 //!
 //! The handle's workspace is set explicitly (`cublasSetWorkspace`), so cuBLAS never allocates
 //! inside a GEMM: a GEMM captured into a CUDA graph then holds no allocation of cuBLAS's own.
+//!
+//! Bit-equality across streams: cuBLAS promises bitwise identical results run to run (same
+//! toolkit, same architecture and SM count) only while one stream is active per handle and
+//! workspace; with several concurrent streams it may pick other implementations, unless each
+//! stream has its own workspace or its own handle (cuBLAS guide, "Results reproducibility").
+//! kda gives every stream its own handle and its own workspace, every handle the same
+//! configuration ([`HANDLE_CONFIG`]: workspace size, default math mode, atomics not allowed),
+//! and every GEMM the same call (`CUBLAS_GEMM_DEFAULT`: the heuristic, which depends only on
+//! the call and the handle's configuration; cublasGemmEx cannot force an algorithm on Hopper,
+//! its explicit `CUBLAS_GEMM_ALGO*` values being deprecated no-ops there). So a GEMM gives
+//! the same bits on any stream, alone or beside others, and the overlapped schedules are
+//! compared with serial bit for bit.
 //! Dropping a handle never panics (a failed `cublasDestroy` is ignored: nothing is left to
 //! recover, and a drop must not unwind).
 
@@ -32,8 +44,23 @@ pub(super) const R_16BF: c_int = 14;
 const COMPUTE_32F: c_int = 68;
 const GEMM_DEFAULT: c_int = -1;
 
-/// Workspace per handle: NVIDIA's recommendation for Hopper.
-const WORKSPACE_BYTES: usize = 32 << 20;
+/// How every handle is configured: the same for all, so the heuristic picks the same
+/// implementation for the same call on every stream (see the module docs).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) struct HandleConfig {
+    /// Bytes of the handle's own workspace (NVIDIA's recommendation for Hopper).
+    pub(super) workspace_bytes: usize,
+    /// `cublasMath_t`: `CUBLAS_DEFAULT_MATH` (0).
+    pub(super) math_mode: c_int,
+    /// `cublasAtomicsMode_t`: `CUBLAS_ATOMICS_NOT_ALLOWED` (0), cuBLAS's default, set anyway:
+    /// routines that use atomics are not deterministic.
+    pub(super) atomics: c_int,
+}
+
+pub(super) const HANDLE_CONFIG: HandleConfig =
+    HandleConfig { workspace_bytes: 32 << 20, math_mode: 0, atomics: 0 };
+
+const WORKSPACE_BYTES: usize = HANDLE_CONFIG.workspace_bytes;
 
 type GemmEx = unsafe extern "C" fn(
     Handle,
@@ -65,6 +92,8 @@ struct Api {
     destroy: unsafe extern "C" fn(Handle) -> Status,
     set_stream: unsafe extern "C" fn(Handle, sys::CUstream) -> Status,
     set_workspace: unsafe extern "C" fn(Handle, *mut c_void, usize) -> Status,
+    set_math_mode: unsafe extern "C" fn(Handle, c_int) -> Status,
+    set_atomics_mode: unsafe extern "C" fn(Handle, c_int) -> Status,
     gemm_ex: GemmEx,
     /// Kept open for the life of the process (the entry points above point into them).
     _libraries: Vec<Library>,
@@ -134,6 +163,8 @@ fn resolve(origin: String, libraries: Vec<Library>) -> Result<Api, String> {
         destroy: sym(lib, "cublasDestroy_v2")?,
         set_stream: sym(lib, "cublasSetStream_v2")?,
         set_workspace: sym(lib, "cublasSetWorkspace_v2")?,
+        set_math_mode: sym(lib, "cublasSetMathMode")?,
+        set_atomics_mode: sym(lib, "cublasSetAtomicsMode")?,
         gemm_ex: sym(lib, "cublasGemmEx")?,
         origin,
         _libraries: libraries,
@@ -176,6 +207,9 @@ impl BlasHandle {
             check("cublasSetStream", (api.set_stream)(this.handle, stream))?;
             let ptr = this._workspace.ptr as *mut c_void;
             check("cublasSetWorkspace", (api.set_workspace)(this.handle, ptr, WORKSPACE_BYTES))?;
+            check("cublasSetMathMode", (api.set_math_mode)(this.handle, HANDLE_CONFIG.math_mode))?;
+            let atomics = HANDLE_CONFIG.atomics;
+            check("cublasSetAtomicsMode", (api.set_atomics_mode)(this.handle, atomics))?;
         }
         Ok(this)
     }
@@ -228,9 +262,25 @@ impl BlasHandle {
 impl Drop for BlasHandle {
     fn drop(&mut self) {
         if let Ok(api) = api() {
+            // `cublasDestroy` synchronises the device: not while another thread captures.
             // SAFETY: created in `new`, destroyed once, here; a failure is ignored (a drop must
             // not panic, and nothing is left to recover).
-            let _ = unsafe { (api.destroy)(self.handle) };
+            let _ = super::memory::whole_device(|| unsafe { (api.destroy)(self.handle) });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What cuBLAS's reproducibility rules need of every handle: a workspace of its own (set,
+    /// so cuBLAS never shares one between streams), the default math mode and no atomics.
+    #[test]
+    fn every_handle_is_configured_for_reproducible_gemms() {
+        const { assert!(HANDLE_CONFIG.workspace_bytes >= 4 << 20, "room for the heuristic's choices") };
+        assert_eq!(HANDLE_CONFIG.atomics, 0, "CUBLAS_ATOMICS_NOT_ALLOWED");
+        assert_eq!(HANDLE_CONFIG.math_mode, 0, "CUBLAS_DEFAULT_MATH");
+        assert_eq!(GEMM_DEFAULT, -1, "one algorithm choice for every stream: the heuristic");
     }
 }

@@ -204,25 +204,30 @@ impl CudaBackend {
             self.blas(stream_of(i))?;
         }
         let events = (0..plan.events).map(|_| self.new_event()).collect::<Result<Vec<_>>>()?;
-        // The graph's own snapshot slots, zeroed before the capture (zeroing synchronises).
+        // The graph's own snapshot slots, zeroed before the capture (zeroing waits for its stream).
         let snapshots = DeviceMemory::new(ctx, 4 * plan.events.max(1))?;
         snapshots.zero()?;
         let ops = graph.launched_ops();
         self.bind()?;
         let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: a live stream of the bound context, not already capturing (the HAL allows one
-        // capture per instance, and replays are built under the cache lock).
-        unsafe { sys::cuStreamBeginCapture_v2(origin.raw(), relaxed) }
-            .result()
-            .map_err(driver("cuStreamBeginCapture"))?;
-        let (replayed, owned) = scratch::capture_scope(|| {
-            plan.steps.iter().try_for_each(|step| {
-                self.capture_step(graph, *step, &stream_of, &events, snapshots.ptr)
-            })
-        });
         let mut cu_graph: sys::CUgraph = std::ptr::null_mut();
-        // SAFETY: ends the capture begun above on the same stream; `cu_graph` receives it.
-        let ended = unsafe { sys::cuStreamEndCapture(origin.raw(), &mut cu_graph) }.result();
+        // While the capture is open no other thread waits for the whole device (which would
+        // invalidate it): see `memory::capturing`.
+        let (replayed, owned, ended) = super::memory::capturing(|| {
+            // SAFETY: a live stream of the bound context, not already capturing (the HAL allows
+            // one capture per instance, and replays are built under the cache lock).
+            unsafe { sys::cuStreamBeginCapture_v2(origin.raw(), relaxed) }
+                .result()
+                .map_err(driver("cuStreamBeginCapture"))?;
+            let (replayed, owned) = scratch::capture_scope(|| {
+                plan.steps.iter().try_for_each(|step| {
+                    self.capture_step(graph, *step, &stream_of, &events, snapshots.ptr)
+                })
+            });
+            // SAFETY: ends the capture begun above on the same stream; `cu_graph` receives it.
+            let ended = unsafe { sys::cuStreamEndCapture(origin.raw(), &mut cu_graph) }.result();
+            Ok::<_, CudaError>((replayed, owned, ended))
+        })?;
         let destroy = |g: sys::CUgraph| {
             if !g.is_null() {
                 // SAFETY: a graph made by this capture, not instantiated, destroyed once.

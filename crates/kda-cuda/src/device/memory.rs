@@ -2,10 +2,11 @@
 //! stream order decides.
 
 use std::any::Any;
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use cudarc::driver::{CudaContext, DriverError, result, sys};
 
@@ -14,6 +15,51 @@ use crate::CudaError;
 /// Map a driver error to [`CudaError`], naming the call.
 pub(super) fn driver(call: &'static str) -> impl Fn(DriverError) -> CudaError {
     move |e| CudaError::Driver { call, message: e.to_string() }
+}
+
+/// kda's own stream captures (a graph being built, `graph.rs`) against the calls that wait for
+/// the whole device (an instance's teardown with its context synchronisation, `Teardown` in
+/// `mod.rs`; `cublasDestroy`, which synchronises the device): the driver invalidates a capture when another thread
+/// synchronises the context while it is open, and every instance of a process shares the
+/// device's primary context. Captures share the gate; a whole-device wait takes it alone.
+static DEVICE_GATE: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// This thread holds [`DEVICE_GATE`] (either way): nested calls run without taking it
+    /// again (the lock is not re-entrant, and a thread's own capture is not another's).
+    static HOLDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` holding the gate (shared or alone), or as it is when this thread holds it already.
+fn gated<R>(alone: bool, f: impl FnOnce() -> R) -> R {
+    if HOLDING.with(Cell::get) {
+        return f();
+    }
+    let shared = (!alone).then(|| DEVICE_GATE.read().unwrap_or_else(PoisonError::into_inner));
+    let exclusive = alone.then(|| DEVICE_GATE.write().unwrap_or_else(PoisonError::into_inner));
+    /// Clears [`HOLDING`] when `f` returns or unwinds.
+    struct Held;
+    impl Drop for Held {
+        fn drop(&mut self) {
+            HOLDING.with(|h| h.set(false));
+        }
+    }
+    HOLDING.with(|h| h.set(true));
+    let held = Held;
+    let out = f();
+    drop((held, shared, exclusive));
+    out
+}
+
+/// Run `f`, a stream capture of kda's own, so that no other thread waits for the whole device
+/// meanwhile (see [`DEVICE_GATE`]).
+pub(super) fn capturing<R>(f: impl FnOnce() -> R) -> R {
+    gated(false, f)
+}
+
+/// Run `f`, which waits for the whole device, once no other thread is inside [`capturing`].
+pub(super) fn whole_device<R>(f: impl FnOnce() -> R) -> R {
+    gated(true, f)
 }
 
 /// Run `f` with this thread's stream-capture mode relaxed: an allocation an op needs while an
@@ -82,18 +128,21 @@ impl DeviceMemory {
         Self { ptr, bytes, ctx: ctx.clone(), foreign: Some(owner) }
     }
 
-    /// Set every byte to zero and wait until that is done. `cuMemsetD8` runs on the legacy
-    /// default stream, which kda's non-blocking streams do not wait for; only the context
-    /// synchronisation makes the zeros visible to them (otherwise a kernel could still read
-    /// what an earlier owner of the memory left, e.g. a stale failure record).
+    /// Set every byte to zero and wait until that is done, so work queued later on any stream
+    /// reads zeros (not what an earlier owner of the memory left, e.g. a stale failure record).
+    /// The memset runs on a stream of its own, and only that stream is waited for: a context
+    /// synchronisation (or `cuMemsetD8` on the legacy stream) would invalidate a capture open
+    /// on another thread.
     pub(super) fn zero(&self) -> Result<(), CudaError> {
         if self.bytes == 0 {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
-        // SAFETY: `ptr` holds `bytes` bytes of this context's memory.
-        unsafe { result::memset_d8_sync(self.ptr, 0, self.bytes) }.map_err(driver("cuMemsetD8"))?;
-        self.ctx.synchronize().map_err(driver("cuCtxSynchronize"))
+        let stream = self.ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        // SAFETY: `ptr` holds `bytes` bytes of this context's memory; the memset is waited for
+        // below, before the stream is dropped.
+        unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, stream.cu_stream()) }
+            .map_err(driver("cuMemsetD8Async"))?;
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))
     }
 }
 
@@ -270,4 +319,41 @@ pub(super) fn enqueue_host(
         return Err(driver("cuLaunchHostFunc")(e));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{capturing, whole_device};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Barrier};
+    use std::time::Duration;
+
+    /// A whole-device wait on another thread waits until an open capture has ended; on the
+    /// capturing thread itself (or nested) it runs at once instead of deadlocking.
+    #[test]
+    fn whole_device_waits_never_overlap_another_threads_capture() {
+        let open = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(Barrier::new(2));
+        let capture = {
+            let (open, started) = (Arc::clone(&open), Arc::clone(&started));
+            std::thread::spawn(move || {
+                capturing(|| {
+                    open.store(true, Ordering::SeqCst);
+                    started.wait();
+                    std::thread::sleep(Duration::from_millis(200));
+                    // Nested on the capturing thread: runs, no deadlock.
+                    whole_device(|| capturing(|| ()));
+                    open.store(false, Ordering::SeqCst);
+                })
+            })
+        };
+        started.wait();
+        let overlapped = whole_device(|| open.load(Ordering::SeqCst));
+        assert!(!overlapped, "the whole-device wait ran inside another thread's capture");
+        capture.join().expect("the capture thread");
+        // After a panic inside, the gate is free again.
+        let _ = std::panic::catch_unwind(|| whole_device(|| panic!("inside")));
+        let free = std::thread::spawn(|| capturing(|| true)).join().expect("thread");
+        assert!(free && whole_device(|| true));
+    }
 }

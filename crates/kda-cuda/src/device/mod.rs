@@ -39,7 +39,30 @@ const SNAPSHOT_SLOTS: usize = 1 << 16;
 /// The CUDA backend. Cheap to clone; clones are the same instance.
 #[derive(Clone)]
 pub struct CudaBackend {
-    inner: Arc<Inner>,
+    inner: Arc<Teardown<Inner>>,
+}
+
+/// An instance's state, dropped as a whole under the device gate (`memory::whole_device`): its
+/// teardown (the context synchronisation, module unloads, frees, graph and handle destruction)
+/// waits for the whole device at several points, none of which may fall inside another
+/// thread's capture.
+struct Teardown<T>(std::mem::ManuallyDrop<T>);
+
+impl<T> std::ops::Deref for Teardown<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> Drop for Teardown<T> {
+    fn drop(&mut self) {
+        memory::whole_device(|| {
+            // SAFETY: the value is dropped once, here, and never used again (`self` is being
+            // dropped).
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.0) }
+        });
+    }
 }
 
 struct Inner {
@@ -59,6 +82,8 @@ struct Inner {
     graphs: graph::GraphCache,
     /// The fast paths in effect (those requested that the device can take).
     fast: FastPaths,
+    /// How long a stream waits for a host function (`kda_host_wait`'s limit).
+    host_wait_limit: std::time::Duration,
     host_failures: Arc<Mutex<HashMap<u32, HostFailure>>>,
     /// Host functions already run, kept until a host thread drops them (a callback must not
     /// drop anything that may call CUDA).
@@ -85,7 +110,9 @@ impl fmt::Debug for CudaBackend {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Callbacks still queued hold mailboxes and staging buffers: let them run first.
+        // Callbacks still queued hold mailboxes and staging buffers: let them run first (under
+        // the device gate, `Teardown`: not while another thread's capture is open, which the
+        // synchronisation would invalidate).
         if self.ctx.bind_to_thread().is_ok() {
             let _ = self.ctx.synchronize();
         }
@@ -310,6 +337,7 @@ impl CudaBackend {
             scratch,
             graphs: graph::GraphCache::default(),
             fast,
+            host_wait_limit: options.host_wait_limit,
             ctx,
             name,
             sms,
@@ -327,7 +355,7 @@ impl CudaBackend {
             next_snapshot: AtomicU64::new(0),
             next_host_key: AtomicU32::new(1),
         };
-        Ok(Self { inner: Arc::new(inner) })
+        Ok(Self { inner: Arc::new(Teardown(std::mem::ManuallyDrop::new(inner))) })
     }
 
     /// The device's name as the driver reports it.

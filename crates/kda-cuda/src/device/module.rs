@@ -27,12 +27,13 @@ fn cubins_for(arch: &'static str) -> Result<Vec<Vec<u8>>, CudaError> {
         cache.push((arch, cubins.clone()));
         return Ok(cubins);
     }
-    if !nvrtc::present() {
+    if let Err(why) = nvrtc::library() {
         return Err(CudaError::KernelCompile {
             source_name: "kernels",
-            log: "libnvrtc could not be loaded (install the CUDA toolkit or the \
-                  nvidia-cuda-nvrtc-cu12 wheel and put its lib/ on LD_LIBRARY_PATH)"
-                .into(),
+            log: format!(
+                "{why} (install the CUDA toolkit, or the nvidia-cuda-nvrtc-cu12 or \
+                 nvidia-cuda-nvrtc wheel, or set {CUBIN_DIR_VAR} to prebuilt CUBINs)"
+            ),
         });
     }
     let cubins = SOURCES.iter().map(|s| nvrtc::compile(s, arch)).collect::<Result<Vec<_>, _>>()?;

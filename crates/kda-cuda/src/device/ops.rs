@@ -412,7 +412,9 @@ impl CudaBackend {
             // A worker that is gone (its stream dropped) leaves nothing to run.
             let _ = worker.send(Box::new(job));
         })?;
-        self.single(stream, "kda_host_wait", args!(flag, ticket))?;
+        let wait = crate::plan::HostWait::new(ticket, fid, inner.host_wait_limit);
+        let (ticket, fid, limit_ns) = (wait.ticket, wait.fid, wait.limit_ns);
+        self.single(stream, "kda_host_wait", args!(status, flag, ticket, fid, limit_ns))?;
         self.single(stream, "kda_status_absorb", args!(status, mailbox))?;
         Ok(())
     }

@@ -8,7 +8,10 @@
 //!   reported ignored, by name, when the device is unavailable, never passed silently.
 //! - [`run`]: libtest-mimic with the command line `cargo test` passes, except that any number
 //!   of name filters is accepted (`cargo test --workspace -- NAME1 NAME2`, as libtest does):
-//!   libtest-mimic alone takes one and rejects the run otherwise.
+//!   libtest-mimic alone takes one and rejects the run otherwise. Trials run one at a time
+//!   unless `--test-threads N` says otherwise: they share one CUDA context, and a trial that
+//!   synchronises the context (making or dropping an instance) while another thread captures a
+//!   stream would invalidate that capture (and a hung trial would block every later one).
 
 pub use inventory;
 pub use kda_cuda_trials_macros::test;
@@ -101,6 +104,7 @@ fn split_filters(command_line: Vec<String>) -> (Vec<String>, Vec<String>) {
 fn arguments(command_line: Vec<String>, mut trials: Vec<Trial>) -> (Arguments, Vec<Trial>) {
     let (rest, filters) = split_filters(command_line);
     let mut args = Arguments::from_iter(rest);
+    args.test_threads = args.test_threads.or(Some(1));
     match filters.as_slice() {
         [] => {}
         [one] => args.filter = Some(one.clone()),
@@ -159,6 +163,15 @@ mod tests {
         assert!(args.quiet);
         let (_, kept) = arguments(line(&["--exact", "suite::gemm_bf16", "gemm"]), trials(&all));
         assert_eq!(names(&kept), ["suite::gemm_bf16"]);
+    }
+
+    /// Device trials share one CUDA context: one at a time unless the command line asks.
+    #[test]
+    fn trials_run_one_at_a_time_unless_told_otherwise() {
+        let (args, _) = arguments(line(&[]), trials(&["a"]));
+        assert_eq!(args.test_threads, Some(1));
+        let (args, _) = arguments(line(&["--test-threads", "4", "a", "b"]), trials(&["a"]));
+        assert_eq!(args.test_threads, Some(4));
     }
 
     #[test]
