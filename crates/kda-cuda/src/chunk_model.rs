@@ -12,7 +12,7 @@
 
 use half::bf16;
 
-use crate::plan::{TC_BV, TC_CHUNK, TC_MIN_LEFT};
+use crate::launch::{TC_BV, TC_CHUNK, TC_MIN_LEFT};
 
 fn b(x: f32) -> f32 {
     bf16::from_f32(x).to_f32()

@@ -199,8 +199,8 @@ mod tests {
         let body = SOURCES.iter().find(|s| s.name == "chunk.cu").map(|s| s.body).unwrap_or("");
         let line = body.lines().find(|l| l.starts_with("#define TC_SMEM_BYTES "));
         let bytes = line.and_then(|l| l.split_whitespace().nth(2)).and_then(|n| n.parse().ok());
-        assert_eq!(bytes, Some(crate::plan::TC_SHARED_BYTES));
-        const { assert!(crate::plan::TC_SHARED_BYTES <= 232_448, "fits an H100/H200 block") };
+        assert_eq!(bytes, Some(crate::launch::TC_SHARED_BYTES));
+        const { assert!(crate::launch::TC_SHARED_BYTES <= 232_448, "fits an H100/H200 block") };
     }
 
     #[test]

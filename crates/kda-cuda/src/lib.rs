@@ -5,7 +5,7 @@
 //! - [`CudaBackend`] implements [`kda_core::Backend`]: CUDA streams and events map one to one
 //!   onto the HAL's, memory is `cuMemAlloc`, dense GEMMs are cuBLAS (`cublasGemmEx`, fp32
 //!   accumulation), every other op is an NVRTC-compiled kernel whose source lives in
-//!   `kernels/` ([`kernels`]). A captured graph runs as one CUDA graph ([`graph_plan`]):
+//!   `kernels/` ([`kernels`]). A captured graph runs as one CUDA graph ([`graph_recipe`]):
 //!   the HAL validates the capture, the backend replays it into a stream capture once and
 //!   launches it with one `cuGraphLaunch`.
 //! - Two ops have a fast path beside the spec path ([`FastPaths`]): the chunked prefill on
@@ -17,7 +17,7 @@
 //!   [`CudaBackend::new`] returns [`CudaError::NotCompiledWithCuda`]; without a device or
 //!   driver it returns [`CudaError::NoCudaDevice`].
 //!
-//! Host-side pieces (kernel argument layouts, GEMM operand plans, failure messages, the kernel
+//! Host-side pieces (kernel argument layouts, GEMM operand mappings, failure messages, the kernel
 //! inventory) are plain Rust, tested everywhere; see `docs/cuda.md` for what is verified where.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -25,11 +25,11 @@
 #[cfg(test)]
 mod chunk_model;
 mod error;
-pub mod graph_plan;
+pub mod graph_recipe;
 pub mod import;
 pub mod kernels;
+pub mod launch;
 pub mod libs;
-pub mod plan;
 pub mod status;
 pub mod view;
 
@@ -89,13 +89,13 @@ impl Default for CudaOptions {
 /// The variable [`CudaOptions::default`] reads the host-function wait limit from, in seconds.
 pub const HOST_WAIT_VAR: &str = "KDA_CUDA_HOST_WAIT_S";
 
-/// The wait limit `text` (seconds, fractions allowed) names; [`plan::HOST_WAIT_LIMIT`] when
+/// The wait limit `text` (seconds, fractions allowed) names; [`launch::HOST_WAIT_LIMIT`] when
 /// unset or not a positive number.
 fn host_wait_limit(text: Option<&str>) -> std::time::Duration {
     text.and_then(|t| t.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s > 0.0)
         .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
-        .unwrap_or(plan::HOST_WAIT_LIMIT)
+        .unwrap_or(launch::HOST_WAIT_LIMIT)
 }
 
 /// Ops with a spec path and a fast one. The spec paths are what the conformance suite holds

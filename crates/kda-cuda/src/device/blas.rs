@@ -1,6 +1,6 @@
 //! Dense GEMMs on cuBLAS: `y[M, N] = x[M, K] · w[N, K]^T` as one column-major `cublasGemmEx`
 //! with fp32 compute, reading strided views in place where cuBLAS can (see
-//! [`crate::plan::matrix_operand`]) and staging them through scratch where it cannot.
+//! [`crate::launch::matrix_operand`]) and staging them through scratch where it cannot.
 //!
 //! cuBLAS calls are not skipped after an earlier failure on the stream (only kernels check
 //! the stream's failure record); the failure is still reported at `synchronize`.
@@ -13,7 +13,7 @@ use super::cublas::{self, BlasHandle};
 use super::scratch::Scratch;
 use super::{CudaBackend, CudaStream};
 use crate::CudaError;
-use crate::plan::{MatrixOperand, gemm_dtypes, matrix_operand};
+use crate::launch::{MatrixOperand, gemm_dtypes, matrix_operand};
 use crate::view::KernelView;
 
 type T = kda_core::Tensor<CudaBackend>;

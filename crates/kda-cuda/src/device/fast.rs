@@ -11,7 +11,7 @@ use super::blas::Ready;
 use super::memory::driver;
 use super::module::{Kernels, args};
 use super::{CudaBackend, CudaStream};
-use crate::plan::{self, BLOCK, TC_SHARED_BYTES};
+use crate::launch::{self, BLOCK, TC_SHARED_BYTES};
 use crate::view::KernelView;
 use crate::{CudaError, FastPaths};
 
@@ -101,7 +101,7 @@ impl CudaBackend {
         };
         let ar = operand(m, a, a_scale)?;
         let wr = operand(n, w, w_scale)?;
-        let (_, output) = plan::gemm_dtypes(DType::BF16, DType::BF16, y.dtype());
+        let (_, output) = launch::gemm_dtypes(DType::BF16, DType::BF16, y.dtype());
         self.gemm_ready(stream, (&ar, &wr), (m, n, k), y, output, scratch)
     }
 

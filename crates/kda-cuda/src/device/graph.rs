@@ -5,7 +5,7 @@
 //! stream, the backend replays that record into a real stream capture on the stream
 //! (`cuStreamBeginCapture`; forks and joins through the graph's own events; cuBLAS handles with
 //! their workspaces made beforehand), instantiates it once, and from then on a launch is one
-//! `cuGraphLaunch` (see [`crate::graph_plan`] for what is captured and how failure records
+//! `cuGraphLaunch` (see [`crate::graph_recipe`] for what is captured and how failure records
 //! travel).
 //!
 //! Graphs holding host work (host functions, downloads) replay through the façade instead, op
@@ -28,7 +28,7 @@ use super::memory::{DeviceMemory, driver};
 use super::module::args;
 use super::scratch::{self, Owned};
 use super::{CudaBackend, CudaEvent, CudaStream};
-use crate::graph_plan::{self, GraphPlan, Step};
+use crate::graph_recipe::{self, GraphRecipe, Step};
 use crate::{CudaError, GraphRoute};
 
 /// CUDA graphs kept per instance before the least recently built is released.
@@ -172,16 +172,16 @@ impl CudaBackend {
     }
 
     fn build(&self, graph: &Graph<Self>, stream: &CudaStream) -> Result<Route> {
-        match graph_plan::plan(graph).map_err(|why| why.to_string()) {
-            Ok(plan) => {
-                let native = self.instantiate(graph, &plan, stream)?;
+        match graph_recipe::recipe(graph).map_err(|why| why.to_string()) {
+            Ok(recipe) => {
+                let native = self.instantiate(graph, &recipe, stream)?;
                 let (forks, events) = (native._forks.clone(), native._events.clone());
                 Ok(Route::Native { graph: Mutex::new(native), forks, events })
             }
             Err(reason) => {
                 let forks =
                     (1..graph.streams()).map(|_| self.new_stream()).collect::<Result<_>>()?;
-                let events = (0..graph_plan::event_count(graph))
+                let events = (0..graph_recipe::event_count(graph))
                     .map(|_| self.new_event())
                     .collect::<Result<_>>()?;
                 Ok(Route::Replay { reason, forks, events })
@@ -189,23 +189,23 @@ impl CudaBackend {
         }
     }
 
-    /// Replay `plan` into a stream capture on `origin` and instantiate it.
+    /// Replay `recipe` into a stream capture on `origin` and instantiate it.
     fn instantiate(
         &self,
         graph: &Graph<Self>,
-        plan: &GraphPlan,
+        recipe: &GraphRecipe,
         origin: &CudaStream,
     ) -> Result<NativeGraph> {
         let ctx = &self.inner.ctx;
-        let forks = (1..plan.streams).map(|_| self.new_stream()).collect::<Result<Vec<_>>>()?;
+        let forks = (1..recipe.streams).map(|_| self.new_stream()).collect::<Result<Vec<_>>>()?;
         let stream_of = |i: usize| if i == 0 { origin } else { &forks[i - 1] };
         // Made before the capture: creating a handle allocates its workspace.
-        for i in 0..plan.streams {
+        for i in 0..recipe.streams {
             self.blas(stream_of(i))?;
         }
-        let events = (0..plan.events).map(|_| self.new_event()).collect::<Result<Vec<_>>>()?;
+        let events = (0..recipe.events).map(|_| self.new_event()).collect::<Result<Vec<_>>>()?;
         // The graph's own snapshot slots, zeroed before the capture (zeroing waits for its stream).
-        let snapshots = DeviceMemory::new(ctx, 4 * plan.events.max(1))?;
+        let snapshots = DeviceMemory::new(ctx, 4 * recipe.events.max(1))?;
         snapshots.zero()?;
         let ops = graph.launched_ops();
         self.bind()?;
@@ -220,7 +220,7 @@ impl CudaBackend {
                 .result()
                 .map_err(driver("cuStreamBeginCapture"))?;
             let (replayed, owned) = scratch::capture_scope(|| {
-                plan.steps.iter().try_for_each(|step| {
+                recipe.steps.iter().try_for_each(|step| {
                     self.capture_step(graph, *step, &stream_of, &events, snapshots.ptr)
                 })
             });
@@ -262,7 +262,7 @@ impl CudaBackend {
         })
     }
 
-    /// One step of a plan, queued on a capturing stream.
+    /// One step of a recipe, queued on a capturing stream.
     fn capture_step<'a>(
         &self,
         graph: &Graph<Self>,

@@ -409,7 +409,7 @@ impl CudaBackend {
         let inner = &self.inner;
         let index = inner.next_stream.fetch_add(1, Ordering::Relaxed);
         let slot = index as usize;
-        crate::plan::within("new_stream", "streams", slot + 1, STREAMS_PER_INSTANCE)?;
+        crate::launch::within("new_stream", "streams", slot + 1, STREAMS_PER_INSTANCE)?;
         let record = std::mem::size_of::<StatusRecord>() as u64;
         let base = inner.mailboxes.host() as *mut u32;
         // SAFETY: `slot` < STREAMS_PER_INSTANCE and the allocation holds two u32 per stream
@@ -439,7 +439,7 @@ impl CudaBackend {
 
     /// Blocks for a grid-stride loop over `work` items.
     fn grid(&self, work: usize, per_block: u32) -> Option<u32> {
-        crate::plan::grid_for(work, per_block, self.inner.sms * 16)
+        crate::launch::grid_for(work, per_block, self.inner.sms * 16)
     }
 }
 

@@ -15,7 +15,7 @@ use super::memory::{OwnedPinned, driver, enqueue_host};
 use super::module::{Args, args};
 use super::scratch::{self, Owned, Scratch};
 use super::{CudaBackend, CudaStream};
-use crate::plan::{self, BLOCK, MAX_CONV_WINDOW, MAX_KEY_DIM, MX_TILE, ROWS_PER_BLOCK};
+use crate::launch::{self, BLOCK, MAX_CONV_WINDOW, MAX_KEY_DIM, MX_TILE, ROWS_PER_BLOCK};
 use crate::status::{CheckedOp, FailureId, HostFailure};
 use crate::view::{KernelView, fill_bits};
 
@@ -95,7 +95,7 @@ impl CudaBackend {
                     dims.m.div_ceil(MX_TILE as usize) as u32,
                     1,
                 );
-                plan::within(OP, "ceil(M / 16)", grid.1 as usize, 65535)?;
+                launch::within(OP, "ceil(M / 16)", grid.1 as usize, 65535)?;
                 let (m, n, k) = (dims.m as i64, dims.n as i64, dims.k as i64);
                 let [av, asv, wv, wsv, yv] = views;
                 self.inner.kernels.launch(
@@ -173,9 +173,9 @@ impl CudaBackend {
     /// Check a recurrence against the kernels' limits and return its grid: a warp per state
     /// row, `(ceil(V / ROWS_PER_BLOCK), H, B)`; `None` when there is nothing to compute.
     fn recurrence_grid(op: &'static str, dims: &RecurrenceDims) -> Result<Option<(u32, u32, u32)>> {
-        plan::within(op, "K", dims.k, MAX_KEY_DIM)?;
-        plan::within(op, "H", dims.heads, 65535)?;
-        plan::within(op, "B", dims.batch, 65535)?;
+        launch::within(op, "K", dims.k, MAX_KEY_DIM)?;
+        launch::within(op, "H", dims.heads, 65535)?;
+        launch::within(op, "B", dims.batch, 65535)?;
         if dims.batch == 0 || dims.heads == 0 || dims.v == 0 {
             return Ok(None);
         }
@@ -412,7 +412,7 @@ impl CudaBackend {
             // A worker that is gone (its stream dropped) leaves nothing to run.
             let _ = worker.send(Box::new(job));
         })?;
-        let wait = crate::plan::HostWait::new(ticket, fid, inner.host_wait_limit);
+        let wait = crate::launch::HostWait::new(ticket, fid, inner.host_wait_limit);
         let (ticket, fid, limit_ns) = (wait.ticket, wait.fid, wait.limit_ns);
         self.single(stream, "kda_host_wait", args!(status, flag, ticket, fid, limit_ns))?;
         self.single(stream, "kda_status_absorb", args!(status, mailbox))?;
@@ -451,7 +451,7 @@ impl CudaBackend {
         if channels == 0 {
             return Ok(());
         }
-        plan::within(OP, "W - 1", width - 1, MAX_CONV_WINDOW)?;
+        launch::within(OP, "W - 1", width - 1, MAX_CONV_WINDOW)?;
         let fid = self.fid(stream, CheckedOp::CausalConv);
         let (x, w, starts, slot_v, init, state, y) = (
             view(OP, "x", &op.x)?,
@@ -501,7 +501,7 @@ impl CudaBackend {
         if channels == 0 {
             return Ok(());
         }
-        plan::within(OP, "W - 1 + n", width - 1 + tokens, MAX_CONV_WINDOW)?;
+        launch::within(OP, "W - 1 + n", width - 1 + tokens, MAX_CONV_WINDOW)?;
         let fid = self.fid(stream, CheckedOp::CausalConvUpdate);
         let (x, w, slot_v, state, y) = (
             view(OP, "x", &op.x)?,
@@ -615,14 +615,14 @@ impl CudaBackend {
         let Some(grid) = grid else { return Ok(()) };
         // The tensor-core chunked form (FastPaths::chunk): the same operands, a block per
         // (32 value columns, head, request).
-        let tensor_cores = self.inner.fast.chunk && dims.k <= plan::TC_MAX_KEY;
+        let tensor_cores = self.inner.fast.chunk && dims.k <= launch::TC_MAX_KEY;
         let (name, grid, block, shared) = if tensor_cores {
-            let tiles = dims.v.div_ceil(plan::TC_BV) as u32;
+            let tiles = dims.v.div_ceil(launch::TC_BV) as u32;
             (
                 "kda_chunk_tc",
                 (tiles, grid.1, grid.2),
-                (plan::TC_THREADS, 1, 1),
-                plan::TC_SHARED_BYTES,
+                (launch::TC_THREADS, 1, 1),
+                launch::TC_SHARED_BYTES,
             )
         } else {
             ("kda_chunk", grid, (32 * ROWS_PER_BLOCK, 1, 1), 0)

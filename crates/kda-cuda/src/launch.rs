@@ -1,4 +1,4 @@
-//! Launch planning that needs no device: grid sizes, the kernels' register limits, and how a
+//! Launch rules that need no device: grid sizes, the kernels' register limits, and how a
 //! dense GEMM's strided views map onto one column-major `cublasGemmEx` call.
 
 use kda_core::DType;

@@ -1,9 +1,9 @@
-//! How a HAL graph ([`kda_core::graph::Graph`]) becomes one CUDA graph: the host-side plan
+//! How a HAL graph ([`kda_core::graph::Graph`]) becomes one CUDA graph: the host-side recipe
 //! the backend replays into a `cuStreamBeginCapture` on the origin stream, instantiates once and
 //! then launches with one `cuGraphLaunch`.
 //!
 //! The HAL has already validated the capture (every forked stream joined, no host block, no
-//! event from outside); the plan only decides whether the graph can run as device work alone
+//! event from outside); the recipe only decides whether the graph can run as device work alone
 //! and how each captured stream's failure record is carried:
 //!
 //! - A fork's first node is always the wait that pulled it into the capture. Replayed, that wait
@@ -31,7 +31,7 @@ pub enum Step {
 
 /// A HAL graph as one CUDA graph: its streams and events, and the calls to replay.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GraphPlan {
+pub struct GraphRecipe {
     /// Captured streams, the origin included.
     pub streams: usize,
     /// Events recorded inside the capture.
@@ -64,7 +64,7 @@ pub fn event_count<B: Backend>(graph: &Graph<B>) -> usize {
 }
 
 /// Plan `graph` as one CUDA graph, or say why it cannot be one.
-pub fn plan<B: Backend>(graph: &Graph<B>) -> Result<GraphPlan, NotCapturable> {
+pub fn recipe<B: Backend>(graph: &Graph<B>) -> Result<GraphRecipe, NotCapturable> {
     let mut seen = vec![false; graph.streams()];
     if let Some(origin) = seen.first_mut() {
         *origin = true;
@@ -95,7 +95,7 @@ pub fn plan<B: Backend>(graph: &Graph<B>) -> Result<GraphPlan, NotCapturable> {
         }
         steps.push(step);
     }
-    Ok(GraphPlan { streams: graph.streams(), events: event_count(graph), steps })
+    Ok(GraphRecipe { streams: graph.streams(), events: event_count(graph), steps })
 }
 
 #[cfg(test)]
@@ -130,10 +130,10 @@ mod tests {
     #[test]
     fn a_fork_and_join_plans_as_one_graph_whose_fork_resets_at_its_first_wait() {
         let b = B::new();
-        let plan = plan(&forked(&b, None)).unwrap();
-        assert_eq!((plan.streams, plan.events), (2, 2));
+        let recipe = recipe(&forked(&b, None)).unwrap();
+        assert_eq!((recipe.streams, recipe.events), (2, 2));
         assert_eq!(
-            plan.steps,
+            recipe.steps,
             [
                 Step::Launch { stream: 0, node: 0 },
                 Step::Record { stream: 0, event: 0 },
@@ -151,15 +151,15 @@ mod tests {
         let b = B::new();
         let x = b.alloc(DType::F32, &[2]).unwrap();
         let upload = Op::Upload { dst: x.clone(), data: vec![0u8; 8].into() };
-        assert!(plan(&forked(&b, Some(upload))).is_ok());
+        assert!(recipe(&forked(&b, Some(upload))).is_ok());
         let host = Op::Host { name: "notify", f: HostFn::new(|| Ok(())) };
         assert_eq!(
-            plan(&forked(&b, Some(host))),
+            recipe(&forked(&b, Some(host))),
             Err(NotCapturable::HostWork { node: 4, label: "notify".into() })
         );
         let slot = kda_core::DownloadSlot::default();
         let download = Op::Download { src: x, slot };
-        assert!(matches!(plan(&forked(&b, Some(download))), Err(NotCapturable::HostWork { .. })));
+        assert!(matches!(recipe(&forked(&b, Some(download))), Err(NotCapturable::HostWork { .. })));
     }
 
     #[test]
@@ -170,7 +170,7 @@ mod tests {
         b.begin_capture(&s).unwrap();
         b.launch(&s, Op::Fill { dst: x, value: 0.5 }).unwrap();
         let graph = b.end_capture(&s).unwrap();
-        let plan = plan(&graph).unwrap();
-        assert_eq!((plan.streams, plan.events, plan.steps.len()), (1, 0, 1));
+        let recipe = recipe(&graph).unwrap();
+        assert_eq!((recipe.streams, recipe.events, recipe.steps.len()), (1, 0, 1));
     }
 }
