@@ -17,6 +17,7 @@ use std::time::Instant;
 mod ascend;
 mod doc_refs;
 mod gpu_check;
+mod import_cycles;
 mod kernel_check;
 mod npu_check;
 mod python;
@@ -71,6 +72,7 @@ fn test() -> Result<(), String> {
     let cargo = cargo();
     step("fmt", &cargo, &["fmt", "--all", "--", "--check"], &[])?;
     doc_refs::check(&doc_refs::repo_root())?;
+    import_cycles::check(&doc_refs::repo_root())?;
     step(
         "clippy",
         &cargo,
