@@ -104,7 +104,7 @@ fn test() -> Result<(), String> {
         ],
         &[],
     )?;
-    msrv(&cargo)?;
+    msrv()?;
     let mut counts = run_tests(&cargo)?;
     python::pytest(&mut counts)?;
     step(
@@ -130,7 +130,7 @@ fn test() -> Result<(), String> {
 /// Under CI a missing toolchain fails the step; elsewhere the step says what it could not check
 /// (clippy's `incompatible_msrv` lint, part of the clippy step, still rejects standard-library
 /// APIs newer than the MSRV).
-fn msrv(cargo: &str) -> Result<(), String> {
+fn msrv() -> Result<(), String> {
     let manifest = std::fs::read_to_string(doc_refs::repo_root().join("Cargo.toml"))
         .map_err(|e| format!("msrv: cannot read Cargo.toml: {e}"))?;
     let version = manifest
@@ -145,11 +145,21 @@ fn msrv(cargo: &str) -> Result<(), String> {
         .map(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.starts_with(&version)))
         .unwrap_or(false);
     if installed {
-        let toolchain = format!("+{version}");
+        // Through rustup: under `cargo xtask`, `$CARGO` is the running toolchain's own cargo
+        // binary, which takes no `+toolchain`.
         return step(
             "msrv",
-            cargo,
-            &[&toolchain, "check", "--workspace", "--all-targets", "--features", ascend::EMULATED],
+            "rustup",
+            &[
+                "run",
+                &version,
+                "cargo",
+                "check",
+                "--workspace",
+                "--all-targets",
+                "--features",
+                ascend::EMULATED,
+            ],
             &[],
         );
     }
