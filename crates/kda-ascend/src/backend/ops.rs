@@ -488,6 +488,8 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
             p.kernel(names::ZERO_PADDING, work, &[Some(&z.x), Some(&z.num_actual_tokens)], &[])
         }
         Op::CausalConvUpdate(c) => {
+            // The kernels index kda's own cache layout (dense f32 states).
+            kda_core::kda::require_dense_f32_state("ascend", &c.state)?;
             let d = dims_of!(dims, ConvUpdate, op);
             let work = tiling::conv_update(d.channels, d.width, d.tokens);
             let t = [
@@ -501,6 +503,8 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
             p.kernel(names::CONV_UPDATE, work, &t, &[])
         }
         Op::KdaRecurrent(r) => {
+            // The kernels index kda's own cache layout (dense f32 states).
+            kda_core::kda::require_dense_f32_state("ascend", &r.state)?;
             let d = dims_of!(dims, Recurrence, op);
             match vendor::recurrent_route(r, d, crate::sys::installed()) {
                 Ok(()) => {
@@ -530,6 +534,8 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
             )
         }
         Op::CausalConv(c) => {
+            // The kernels index kda's own cache layout (dense f32 states).
+            kda_core::kda::require_dense_f32_state("ascend", &c.state)?;
             let d = dims_of!(dims, Conv, op);
             let work = tiling::conv_prefill(d.channels, d.width);
             let t = [
@@ -559,6 +565,8 @@ fn build(p: &mut Prep<'_>, op: &Op<AscendBackend>, dims: OpDims) -> Result<()> {
             )
         }
         Op::KdaChunk(c) => {
+            // The kernels index kda's own cache layout (dense f32 states).
+            kda_core::kda::require_dense_f32_state("ascend", &c.state)?;
             let d = dims_of!(dims, Recurrence, op);
             match vendor::chunk_route(c, d, p.repeatable, crate::sys::installed()) {
                 Ok(meta) => return vendor::chunk(p, c, d, meta),

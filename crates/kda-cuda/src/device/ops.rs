@@ -181,12 +181,23 @@ impl CudaBackend {
                     args!(stream.inner.status, fid, xv, lv, rows, row_len, elsize),
                 )
             }
-            Op::CausalConv(op) => self.conv_prefill(stream, &op, dims_of!(dims, Conv, name)),
+            // The kernels index kda's own cache layout (dense f32 states).
+            Op::CausalConv(op) => {
+                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                self.conv_prefill(stream, &op, dims_of!(dims, Conv, name))
+            }
             Op::CausalConvUpdate(op) => {
+                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
                 self.conv_update(stream, &op, dims_of!(dims, ConvUpdate, name))
             }
-            Op::KdaRecurrent(op) => self.recurrent(stream, &op, dims_of!(dims, Recurrence, name)),
-            Op::KdaChunk(op) => self.chunk(stream, &op, dims_of!(dims, Recurrence, name)),
+            Op::KdaRecurrent(op) => {
+                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                self.recurrent(stream, &op, dims_of!(dims, Recurrence, name))
+            }
+            Op::KdaChunk(op) => {
+                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                self.chunk(stream, &op, dims_of!(dims, Recurrence, name))
+            }
         }
     }
 
