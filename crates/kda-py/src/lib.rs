@@ -344,6 +344,11 @@ impl PyLayer {
     }
 
     #[getter]
+    fn conv_width(&self) -> usize {
+        self.layer.info().conv_width
+    }
+
+    #[getter]
     fn backend(&self) -> &'static str {
         self.layer.runtime().name()
     }
