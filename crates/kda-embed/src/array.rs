@@ -253,7 +253,9 @@ impl ForeignArray {
             .zip(&self.strides)
             .zip(&self.shape)
             .all(|((c, &s), &d)| d <= 1 || isize::try_from(c).is_ok_and(|c| c == s));
-        let len = self.numel() * self.dtype.size_bytes();
+        let len = kda_core::layout::checked_size_bytes(self.dtype, &self.shape).map_err(|e| {
+            EmbedError::Array { param: "weights", message: format!("{param}: {e}") }
+        })?;
         if contiguous && (len == 0 || !self.ptr.is_null()) {
             if len == 0 {
                 return Ok(std::borrow::Cow::Borrowed(&[]));
