@@ -243,3 +243,27 @@ def test_bad_keep_states_are_metadata_errors(checkpoint_linear, keep):
     assert np.all(cache.recurrent_state(2) == 0)
     with pytest.raises(TypeError, match="keep_states"):
         layer.forward(x, [0, 100], cache, slots=[0], keep_states=[(0, 64)])
+
+
+def test_vllm_layout_with_speculative_slots(checkpoint):
+    """Spec-decode slots as in forward_spec: the conv state has num_spec spare rows."""
+    layer = kda.Layer.load(checkpoint)
+    lh, d, w, num_spec = layer.local_heads, layer.head_dim, layer.conv_width, 2
+    x0, x1, x2 = (hidden(n, layer.hidden_size, seed=s) for n, s in [(10, 20), (3, 21), (3, 22)])
+
+    def run(cache):
+        outs = [layer.forward(x0, [0, 10], cache, slots=[0])]
+        outs.append(layer.forward_spec(x1, [0, 3], cache, [[0, 1, 2]], [10], [1]))
+        outs.append(layer.forward_spec(x2, [0, 3], cache, [[0, 1, 2]], [12], [2]))
+        return outs
+
+    own = layer.new_cache(num_slots=4, num_spec=num_spec)
+    conv_state = np.zeros((4, w - 1 + num_spec, 3 * lh * d), np.float32)
+    rec_state = np.zeros((4, lh, d, d), np.float32)
+    wrapped = layer.wrap_cache(conv_state, rec_state, layout="vllm", num_spec=num_spec)
+    for a, b in zip(run(own), run(wrapped)):
+        assert np.array_equal(a, b)
+    for s in range(4):
+        assert np.array_equal(rec_state[s], own.recurrent_state(s))
+    with pytest.raises(kda.ShapeError, match="conv_state"):
+        layer.wrap_cache(conv_state, rec_state, layout="vllm", num_spec=1)
