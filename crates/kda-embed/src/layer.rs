@@ -240,10 +240,7 @@ fn load_on<B: Backend>(
 ) -> Result<KdaLayer<B>> {
     let config = KdaConfig::from_file(&dir.join("config.json")).map_err(WeightError::from)?;
     let checkpoint = Checkpoint::open(dir)?;
-    let options = LayerOptions { schedule: Some(schedule), ..LayerOptions::default() };
-    let loaded = KdaLayer::load(&s.device, &s.stream, &checkpoint, &config, tp, layer, options)?;
-    s.device.synchronize(&s.stream)?;
-    Ok(loaded)
+    from_source_on(s, &checkpoint, &config, layer, tp, schedule)
 }
 
 fn from_source_on<B: Backend>(
