@@ -1,5 +1,6 @@
 /* kda from C: load layer 0 of a checkpoint on disk, run a prefill of two requests and one
- * decode step, and print a checksum of the outputs.
+ * decode step, and print a checksum of the outputs; then run the same steps on the engine's own
+ * cache arrays (vLLM's layout, used in place by kda_cache_wrap) and print their checksum too.
  *
  *   kda_example CHECKPOINT_DIR
  *
@@ -73,6 +74,10 @@ int main(int argc, char **argv) {
     float *out = malloc(prefill_tokens * hidden * sizeof(float));
     if (!x || !out) return 1;
     for (size_t i = 0; i < prefill_tokens * hidden; i++) x[i] = next_value();
+    float *prefill_x = malloc(prefill_tokens * hidden * sizeof(float));
+    float *decode_x = malloc(2 * hidden * sizeof(float));
+    if (!prefill_x || !decode_x) return 1;
+    memcpy(prefill_x, x, prefill_tokens * hidden * sizeof(float));
     const int32_t prefill_qsl[3] = {0, 5, 8};
     const int32_t slots[2] = {1, 0};
     KdaBatch prefill = {2, prefill_qsl, NULL, slots, 0, NULL, NULL};
@@ -83,6 +88,7 @@ int main(int argc, char **argv) {
 
     /* Decode: one more token per request, continuing from the cached state. */
     for (size_t i = 0; i < 2 * hidden; i++) x[i] = next_value();
+    memcpy(decode_x, x, 2 * hidden * sizeof(float));
     const int32_t decode_qsl[3] = {0, 1, 2};
     const int32_t computed[2] = {5, 3};
     KdaBatch decode = {2, decode_qsl, computed, slots, 0, NULL, NULL};
@@ -98,10 +104,42 @@ int main(int argc, char **argv) {
     printf("rejected (status %d): %s\n", (int)status, kda_last_error());
 
     printf("checksum %.17g fnv1a %016llx\n", sum, (unsigned long long)fnv);
+
+    /* The same two steps on the engine's own state arrays, in vLLM's layout: conv
+     * [slots, W - 1, 3 lp] and recurrent [slots, lh, V, K], f32. kda updates them in place. */
+    const size_t channels = 3 * info.local_heads * info.head_dim, rows = info.conv_width - 1;
+    const size_t state_len = info.local_heads * info.head_dim * info.head_dim;
+    float *conv = calloc(2 * rows * channels, sizeof(float));
+    float *recurrent = calloc(2 * state_len, sizeof(float));
+    float *own_state = malloc(state_len * sizeof(float));
+    if (!conv || !recurrent || !own_state) return 1;
+    KdaCache *wrapped = NULL;
+    CHECK(kda_cache_wrap(layer, conv, KDA_DTYPE_F32, recurrent, KDA_CACHE_LAYOUT_VLLM, 2, 0,
+                         &wrapped));
+    sum = 0.0;
+    fnv = 0xcbf29ce484222325ull;
+    CHECK(kda_layer_forward(layer, wrapped, prefill_x, KDA_DTYPE_F32, prefill_tokens, &prefill,
+                            out, KDA_DTYPE_F32, 0));
+    add_to_checksum(out, prefill_tokens * hidden);
+    CHECK(kda_layer_forward(layer, wrapped, decode_x, KDA_DTYPE_F32, 2, &decode, out,
+                            KDA_DTYPE_F32, 0));
+    add_to_checksum(out, 2 * hidden);
+    printf("wrapped checksum %.17g fnv1a %016llx\n", sum, (unsigned long long)fnv);
+    /* Slot 1's state, read from the engine's array, is kda's own cache's bit for bit. */
+    CHECK(kda_cache_recurrent_state(layer, cache, 1, own_state, state_len));
+    int same = memcmp(own_state, recurrent + state_len, state_len * sizeof(float)) == 0;
+    printf("wrapped recurrent state: %s\n", same ? "same bits as kda's cache" : "differs");
+
+    kda_cache_destroy(wrapped);
+    free(conv);
+    free(recurrent);
+    free(own_state);
+    free(prefill_x);
+    free(decode_x);
     kda_cache_destroy(cache);
     kda_layer_destroy(layer);
     kda_backend_destroy(backend);
     free(x);
     free(out);
-    return status == KDA_STATUS_ERROR_METADATA ? 0 : 1;
+    return status == KDA_STATUS_ERROR_METADATA && same ? 0 : 1;
 }

@@ -39,6 +39,26 @@ typedef enum KdaSchedule {
   KDA_SCHEDULE_OVERLAPPED = 1,
 } KdaSchedule;
 
+// The layouts of an engine's state cache (pass as `int32_t`); `N` slots, `C = 3 lp` channels
+// (q | k | v), `L = W - 1 + num_spec`.
+typedef enum KdaCacheLayout {
+  // vLLM's default ("SD"): conv `[N, L, C]`, recurrent `[N, lh, V, K]` f32.
+  KDA_CACHE_LAYOUT_VLLM = 0,
+  // vLLM with `VLLM_SSM_CONV_STATE_LAYOUT=DS`: conv `[N, C, L]`, recurrent `[N, lh, V, K]`.
+  KDA_CACHE_LAYOUT_VLLM_DIM_FIRST = 1,
+  // transformers' `DynamicCache`: conv `[N, C, W]`, recurrent `[N, lh, K, V]` f32.
+  KDA_CACHE_LAYOUT_TRANSFORMERS = 2,
+} KdaCacheLayout;
+
+// Element types of weights (pass as `int32_t`): the three floats of `KdaDtype`, and bytes for
+// MXFP8 data (E4M3) and scales (E8M0).
+typedef enum KdaWeightDtype {
+  KDA_WEIGHT_DTYPE_F32 = 0,
+  KDA_WEIGHT_DTYPE_BF16 = 1,
+  KDA_WEIGHT_DTYPE_F16 = 2,
+  KDA_WEIGHT_DTYPE_U8 = 3,
+} KdaWeightDtype;
+
 // A backend instance (`kda_backend_create`), shared by the layers loaded on it.
 typedef struct KdaBackend KdaBackend;
 
@@ -75,6 +95,20 @@ typedef struct KdaBatch {
   // uses row `r` of `spec_slots`); NULL without speculative requests.
   const int32_t *num_accepted_tokens;
 } KdaBatch;
+
+// One named weight of `kda_layer_from_weights`: a dense row-major host array.
+typedef struct KdaWeight {
+  // The checkpoint's name (`model.layers.0.self_attn.q_proj.weight`), NUL-terminated.
+  const char *name;
+  // The elements, row-major.
+  const void *data;
+  // A `KdaWeightDtype`.
+  int32_t dtype;
+  // Dimensions.
+  size_t rank;
+  // `[rank]` sizes.
+  const size_t *shape;
+} KdaWeight;
 
 #ifdef __cplusplus
 extern "C" {
@@ -181,6 +215,78 @@ enum KdaStatus kda_cache_recurrent_state(const struct KdaLayer *layer,
                                          size_t slot,
                                          float *out,
                                          size_t len);
+
+// A cache for `layer` over the engine's own state arrays, used in place (kda reads and writes
+// them where they lie, never copies them): `conv_state` (`conv_dtype` a `KdaDtype`) and
+// `recurrent_state` (f32), dense row-major in `layout` (a `KdaCacheLayout`) with `num_slots`
+// slots and room for `num_spec` speculative tokens (vLLM layouts only), into `*out`. The
+// engine keeps both arrays alive while the cache is used. Reference backend only (a device
+// backend refuses it with `KDA_STATUS_ERROR_UNSUPPORTED` at the first forward).
+//
+// # Safety
+// `layer` is live; the arrays hold the elements the layout gives, 4-byte aligned, valid and
+// untouched by others while the cache is used; `out` is valid for a write.
+enum KdaStatus kda_cache_wrap(const struct KdaLayer *layer,
+                              void *conv_state,
+                              int32_t conv_dtype,
+                              void *recurrent_state,
+                              int32_t layout,
+                              size_t num_slots,
+                              size_t num_spec,
+                              struct KdaCache **out);
+
+// Slot `slot`'s conv history of `cache` (`[conv_width - 1, 3 * local_heads * head_dim]` f32,
+// q | k | v channels, oldest input first) into `out`, which holds `len` floats (exactly that
+// many), once kda's own stream has finished.
+//
+// # Safety
+// `layer` and `cache` are live; `out` is valid for `len` float writes.
+enum KdaStatus kda_cache_conv_state(const struct KdaLayer *layer,
+                                    const struct KdaCache *cache,
+                                    size_t slot,
+                                    float *out,
+                                    size_t len);
+
+// `kda_layer_forward`, also keeping prefix-cache states: `keep_states` holds `num_keep`
+// `(request, position, slot)` int32 triples; for each, the state of prefill request `request`
+// after `position` tokens of its sequence (counting `num_computed_tokens`:
+// `num_computed_tokens + 64 j` or the request's end) is written into cache slot `slot`, both
+// the recurrent and the conv halves (`docs/design/kda.md#chunk-boundary-states`). A bad triple
+// is `KDA_STATUS_ERROR_METADATA` and nothing runs.
+//
+// # Safety
+// As `kda_layer_forward`; `keep_states` is NULL (with `num_keep` 0) or valid for
+// `3 * num_keep` reads.
+enum KdaStatus kda_layer_forward_keeping_states(const struct KdaLayer *layer,
+                                                const struct KdaCache *cache,
+                                                const void *hidden_states,
+                                                int32_t hidden_dtype,
+                                                size_t num_tokens,
+                                                const struct KdaBatch *batch,
+                                                const int32_t *keep_states,
+                                                size_t num_keep,
+                                                void *out,
+                                                int32_t out_dtype,
+                                                size_t stream);
+
+// Build layer `layer` for TP rank `tp_rank` of `tp_size` on `backend` from weights in host
+// memory, into `*out`: `config_json` is the model's `config.json` text, `weights` a table of
+// `num_weights` named arrays (the checkpoint's names), read in place. The same checks and the
+// same fused BFG as `kda_layer_load`: the same layer, bit for bit.
+//
+// # Safety
+// `backend` is live; `config_json` a NUL-terminated string; `weights` valid for `num_weights`
+// entries whose names are NUL-terminated, shapes valid for `rank` reads and data valid for
+// the elements they give, during the call; `out` valid for a write.
+enum KdaStatus kda_layer_from_weights(const struct KdaBackend *backend,
+                                      const char *config_json,
+                                      const struct KdaWeight *weights,
+                                      size_t num_weights,
+                                      size_t layer,
+                                      size_t tp_size,
+                                      size_t tp_rank,
+                                      int32_t schedule,
+                                      struct KdaLayer **out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -9,6 +9,13 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod engine;
+
+pub use engine::{
+    KdaCacheLayout, KdaWeight, KdaWeightDtype, kda_cache_conv_state, kda_cache_wrap,
+    kda_layer_forward_keeping_states, kda_layer_from_weights,
+};
+
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::PathBuf;
@@ -189,6 +196,19 @@ fn dtype(param: &'static str, code: i32) -> Result<DType, EmbedError> {
     }
 }
 
+/// A `KdaSchedule` code.
+fn schedule_of(code: i32) -> Result<kda_model::schedule::ProjectionSchedule, EmbedError> {
+    match code {
+        0 => Ok(kda_model::schedule::ProjectionSchedule::Serial),
+        1 => Ok(kda_model::schedule::ProjectionSchedule::Overlapped),
+        other => Err(EmbedError::Argument {
+            param: "schedule",
+            expected: "KDA_SCHEDULE_SERIAL or KDA_SCHEDULE_OVERLAPPED",
+            actual: other.to_string(),
+        }),
+    }
+}
+
 /// A C string argument.
 ///
 /// # Safety
@@ -303,17 +323,7 @@ pub unsafe extern "C" fn kda_layer_load(
         let backend = unsafe { deref("backend", backend) }?;
         // SAFETY: the caller's contract.
         let dir = PathBuf::from(unsafe { string("checkpoint_dir", checkpoint_dir) }?);
-        let schedule = match schedule {
-            0 => kda_model::schedule::ProjectionSchedule::Serial,
-            1 => kda_model::schedule::ProjectionSchedule::Overlapped,
-            other => {
-                return Err(EmbedError::Argument {
-                    param: "schedule",
-                    expected: "KDA_SCHEDULE_SERIAL or KDA_SCHEDULE_OVERLAPPED",
-                    actual: other.to_string(),
-                });
-            }
-        };
+        let schedule = schedule_of(schedule)?;
         let layer = Layer::load(&backend.runtime, &dir, layer, tp_size, tp_rank, schedule)?;
         // SAFETY: the caller's contract.
         unsafe { give(out, KdaLayer { layer }) }

@@ -122,5 +122,13 @@ fn the_c_example_prints_the_rust_apis_checksum() {
     let line = stdout.lines().find_map(|l| l.strip_prefix("checksum ")).expect("a checksum line");
     let (sum, fnv) = line.split_once(" fnv1a ").expect("checksum SUM fnv1a HEX");
     let c = format!("{:e} {fnv}", sum.parse::<f64>().unwrap());
-    assert_eq!(c, rust_checksum(&checkpoint, 256));
+    let rust = rust_checksum(&checkpoint, 256);
+    assert_eq!(c, rust);
+    // The same steps on the engine's own arrays (kda_cache_wrap, vLLM's layout, f32): the same
+    // bits.
+    let line =
+        stdout.lines().find_map(|l| l.strip_prefix("wrapped checksum ")).expect("a wrapped run");
+    let (sum, fnv) = line.split_once(" fnv1a ").expect("checksum SUM fnv1a HEX");
+    assert_eq!(format!("{:e} {fnv}", sum.parse::<f64>().unwrap()), rust);
+    assert!(stdout.contains("wrapped recurrent state: same bits as kda's cache"));
 }

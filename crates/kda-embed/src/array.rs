@@ -239,6 +239,38 @@ impl ForeignArray {
         }
     }
 
+    /// A host array's elements in row-major order as bytes (native endianness): the engine's
+    /// memory itself when the array is row-major, a copy otherwise. `param` names it in errors.
+    pub fn host_bytes(&self, param: &str) -> Result<std::borrow::Cow<'_, [u8]>> {
+        if self.memory != Memory::Host {
+            return Err(EmbedError::Array {
+                param: "weights",
+                message: format!("{param}: {}: expected a host (CPU) array", self.memory),
+            });
+        }
+        let contiguous = kda_core::layout::contiguous_strides(&self.shape)
+            .into_iter()
+            .zip(&self.strides)
+            .zip(&self.shape)
+            .all(|((c, &s), &d)| d <= 1 || isize::try_from(c).is_ok_and(|c| c == s));
+        let len = kda_core::layout::checked_size_bytes(self.dtype, &self.shape).map_err(|e| {
+            EmbedError::Array { param: "weights", message: format!("{param}: {e}") }
+        })?;
+        if contiguous && (len == 0 || !self.ptr.is_null()) {
+            if len == 0 {
+                return Ok(std::borrow::Cow::Borrowed(&[]));
+            }
+            // SAFETY: `ForeignArray::new`'s contract: a row-major array's `len` bytes from `ptr`
+            // are valid host memory while `owner` (which `self` holds) lives; the borrow ends
+            // with `self`. u8 has no alignment requirement.
+            return Ok(std::borrow::Cow::Borrowed(unsafe {
+                std::slice::from_raw_parts(self.ptr, len)
+            }));
+        }
+        // SAFETY: host memory, valid per `ForeignArray::new`'s contract.
+        Ok(std::borrow::Cow::Owned(unsafe { self.gather_bytes() }))
+    }
+
     /// A host float array's values as f32 (exact for bf16 and f16), row-major.
     pub fn to_f32(&self, param: &'static str) -> Result<Vec<f32>> {
         self.expect_host(param)?;

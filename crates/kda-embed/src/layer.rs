@@ -6,9 +6,9 @@ use std::sync::{Mutex, PoisonError};
 
 use kda_core::{Backend, DType, Tensor};
 use kda_model::config::{KdaConfig, Tp};
-use kda_model::layer::{BatchMeta, KdaLayer, LayerOptions, RequestSlots, StateCache};
+use kda_model::layer::{BatchMeta, KdaLayer, KeepState, LayerOptions, RequestSlots, StateCache};
 use kda_model::schedule::ProjectionSchedule;
-use kda_model::weights::{Checkpoint, WeightError};
+use kda_model::weights::{Checkpoint, MemorySource, TensorSource, WeightError};
 
 use crate::array::{ForeignArray, Import};
 use crate::backends::{Family, KnownBackend, PerBackend};
@@ -136,22 +136,41 @@ impl BatchArgs {
     }
 }
 
+/// One state to keep (`Layer::forward_keeping_states`), as an engine passes it: the state of
+/// request `request` after `position` tokens of its sequence, written into slot `slot`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct KeepArg {
+    pub request: i64,
+    pub position: i64,
+    pub slot: i64,
+}
+
+impl KeepArg {
+    fn to_keep(self, index: usize) -> Result<KeepState> {
+        Ok(KeepState {
+            request: non_negative("keep_states.request", index, self.request)?,
+            position: non_negative("keep_states.position", index, self.position)?,
+            slot: non_negative("keep_states.slot", index, self.slot)?,
+        })
+    }
+}
+
 /// Layers on each backend (boxed: the variants differ in size).
-struct Layers;
+pub(crate) struct Layers;
 
 impl Family for Layers {
     type Of<B: Backend> = Box<KdaLayer<B>>;
 }
 
 /// Caches on each backend.
-struct Caches;
+pub(crate) struct Caches;
 
 impl Family for Caches {
     type Of<B: Backend> = StateCache<B>;
 }
 
 /// `cache` is on another backend than the layer's `runtime`.
-fn mismatch(runtime: &Runtime, cache: &PerBackend<Caches>) -> EmbedError {
+pub(crate) fn mismatch(runtime: &Runtime, cache: &PerBackend<Caches>) -> EmbedError {
     EmbedError::BackendMismatch { what: "cache", layer: runtime.name(), other: cache.kind().name() }
 }
 
@@ -174,8 +193,8 @@ pub struct ForwardReport {
 /// One KDA layer of a checkpoint for one TP rank, on a [`Runtime`]. `Send + Sync`: calls from
 /// several threads are serialised (a layer's schedule reuses its auxiliary stream and events).
 pub struct Layer {
-    runtime: Runtime,
-    layer: PerBackend<Layers>,
+    pub(crate) runtime: Runtime,
+    pub(crate) layer: PerBackend<Layers>,
     info: LayerInfo,
     schedule: ProjectionSchedule,
     lock: Mutex<()>,
@@ -193,8 +212,8 @@ impl std::fmt::Debug for Layer {
 
 /// A layer's per-slot state (recurrent and conv), owned by the engine. `Send + Sync`.
 pub struct Cache {
-    cache: Mutex<PerBackend<Caches>>,
-    slots: usize,
+    pub(crate) cache: Mutex<PerBackend<Caches>>,
+    pub(crate) slots: usize,
 }
 
 impl std::fmt::Debug for Cache {
@@ -212,8 +231,19 @@ fn load_on<B: Backend>(
 ) -> Result<KdaLayer<B>> {
     let config = KdaConfig::from_file(&dir.join("config.json")).map_err(WeightError::from)?;
     let checkpoint = Checkpoint::open(dir)?;
+    from_source_on(s, &checkpoint, &config, layer, tp, schedule)
+}
+
+fn from_source_on<B: Backend>(
+    s: &Session<B>,
+    source: &dyn TensorSource,
+    config: &KdaConfig,
+    layer: usize,
+    tp: Tp,
+    schedule: ProjectionSchedule,
+) -> Result<KdaLayer<B>> {
     let options = LayerOptions { schedule: Some(schedule), ..LayerOptions::default() };
-    let loaded = KdaLayer::load(&s.device, &s.stream, &checkpoint, &config, tp, layer, options)?;
+    let loaded = KdaLayer::load(&s.device, &s.stream, source, config, tp, layer, options)?;
     s.device.synchronize(&s.stream)?;
     Ok(loaded)
 }
@@ -233,6 +263,42 @@ impl Layer {
         let any = on_backend!(&*runtime.inner, |B, s| {
             B::wrap::<Layers>(Box::new(load_on(s, dir, layer, tp, schedule)?))
         });
+        Ok(Self::wrap(runtime, any, schedule))
+    }
+
+    /// Build layer `layer` for TP rank `tp_rank` of `tp_size` from weights the engine holds in
+    /// memory: `weights` maps the checkpoint's names (`model.layers.{i}.self_attn.q_proj.weight`,
+    /// ...) to host arrays, read in place (a non-contiguous one is copied once). The same
+    /// loader as [`Layer::load`] runs on them: the same checks and the same fused BFG, so the
+    /// same layer bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_weights(
+        runtime: &Runtime,
+        config: &KdaConfig,
+        weights: &[(String, ForeignArray)],
+        layer: usize,
+        tp_size: usize,
+        tp_rank: usize,
+        schedule: ProjectionSchedule,
+    ) -> Result<Self> {
+        let tp = Tp::new(tp_size, tp_rank).map_err(WeightError::from)?;
+        config.validate().map_err(WeightError::from)?;
+        let bytes = weights
+            .iter()
+            .map(|(name, a)| a.host_bytes(name).map(|b| (name, a, b)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut source = MemorySource::new("weights from memory");
+        for (name, a, b) in &bytes {
+            source.insert(name.as_str(), a.dtype(), a.shape(), b)?;
+        }
+        let c = config;
+        let any = on_backend!(&*runtime.inner, |B, s| {
+            B::wrap::<Layers>(Box::new(from_source_on(s, &source, c, layer, tp, schedule)?))
+        });
+        Ok(Self::wrap(runtime, any, schedule))
+    }
+
+    fn wrap(runtime: &Runtime, any: PerBackend<Layers>, schedule: ProjectionSchedule) -> Self {
         let dims = on_backend!(&any, |B, l| *l.dims());
         let info = LayerInfo {
             hidden_size: dims.hidden,
@@ -240,7 +306,7 @@ impl Layer {
             head_dim: dims.head_dim,
             conv_width: dims.conv_width,
         };
-        Ok(Self { runtime: runtime.clone(), layer: any, info, schedule, lock: Mutex::new(()) })
+        Self { runtime: runtime.clone(), layer: any, info, schedule, lock: Mutex::new(()) }
     }
 
     pub fn info(&self) -> LayerInfo {
@@ -286,7 +352,35 @@ impl Layer {
         out: ForeignArray,
         stream: Option<usize>,
     ) -> Result<ForwardReport> {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.forward_keeping_states(hidden_states, batch, &[], cache, out, stream) }
+    }
+
+    /// [`Layer::forward`], also writing the states `keep` asks for: for each `(request,
+    /// position, slot)`, the state of prefill request `request` after `position` tokens of its
+    /// sequence (counting `num_computed_tokens`: `num_computed_tokens + 64·j` or the request's
+    /// end) into cache slot `slot`, as `KdaLayer::forward_keeping_states` does
+    /// (`docs/design/kda.md#chunk-boundary-states`). A bad entry is a metadata error and
+    /// nothing is run.
+    ///
+    /// # Safety
+    /// As [`Layer::forward`].
+    pub unsafe fn forward_keeping_states(
+        &self,
+        hidden_states: ForeignArray,
+        batch: &BatchArgs,
+        keep: &[KeepArg],
+        cache: &Cache,
+        out: ForeignArray,
+        stream: Option<usize>,
+    ) -> Result<ForwardReport> {
         let meta = batch.to_meta()?;
+        let keep = keep
+            .iter()
+            .enumerate()
+            .map(|(i, k)| k.to_keep(i))
+            .collect::<Result<Vec<KeepState>>>()?;
+        let keep = &keep[..];
         let _serial = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         let mut guard = cache.cache.lock().unwrap_or_else(PoisonError::into_inner);
         let cache = &mut *guard;
@@ -295,7 +389,7 @@ impl Layer {
                 return Err(mismatch(&self.runtime, cache));
             };
             // SAFETY: forwarded contract.
-            unsafe { forward_on(s, l, c, hidden_states, &meta, out, stream) }
+            unsafe { forward_on(s, l, c, hidden_states, &meta, keep, out, stream) }
         })
     }
 }
@@ -315,12 +409,14 @@ fn new_cache_on<B: Backend>(
 ///
 /// # Safety
 /// As [`Layer::forward`].
+#[allow(clippy::too_many_arguments)]
 unsafe fn forward_on<B: Backend>(
     s: &Session<B>,
     layer: &KdaLayer<B>,
     cache: &mut StateCache<B>,
     hidden_states: ForeignArray,
     meta: &BatchMeta,
+    keep: &[KeepState],
     out: ForeignArray,
     stream: Option<usize>,
 ) -> Result<ForwardReport> {
@@ -335,7 +431,7 @@ unsafe fn forward_on<B: Backend>(
     out.expect_dtype("out", &[DType::F32, DType::BF16, DType::F16])?;
     let (x, import) = hidden_states.to_tensor(&s.device, stream, "hidden_states", true)?;
     let mut out = output_tensor(s, stream, out)?;
-    layer.forward(stream, &x, meta, cache, &mut out)?;
+    layer.forward_keeping_states(stream, &x, meta, keep, cache, &mut out)?;
     if engine.is_none() {
         s.device.synchronize(stream)?;
     }

@@ -6,6 +6,8 @@
 //! - [`Layer`] and [`Cache`]: one KDA layer of a checkpoint for one TP rank and its per-slot
 //!   state, run on the engine's arrays ([`ForeignArray`]: read in place where the layout
 //!   allows, the output written in place) and, on a device backend, on the engine's stream;
+//! - [`cache_view`]: the engine's own state cache used in place (`Layer::wrap_cache`, vLLM's
+//!   and transformers' layouts);
 //! - [`ops`]: MXFP8 quantization and the KDA recurrence alone;
 //! - [`EmbedError`] with its [`ErrorKind`] (what an exception class or C error code says), and
 //!   [`guard`], which turns a panic into an error so none crosses a language boundary;
@@ -16,6 +18,7 @@
 
 pub mod array;
 pub mod backends;
+pub mod cache_view;
 pub mod error;
 pub mod layer;
 pub mod ops;
@@ -23,8 +26,11 @@ pub mod runtime;
 pub mod testing;
 
 pub use array::{ForeignArray, Import, Memory};
+pub use cache_view::CacheLayout;
 pub use error::{EmbedError, ErrorKind, Result};
-pub use layer::{BatchArgs, Cache, ForwardReport, Layer, LayerInfo, SlotsArg, parse_schedule};
+pub use layer::{
+    BatchArgs, Cache, ForwardReport, KeepArg, Layer, LayerInfo, SlotsArg, parse_schedule,
+};
 pub use runtime::Runtime;
 
 /// Run `f`, turning a panic into [`EmbedError::Panic`]: no panic unwinds into Python or C.

@@ -16,7 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kda_embed::ops::{self, CoreAlgo, CoreArgs, CoreOptions};
 use kda_embed::testing::{self, LayerSpec, Step};
 use kda_embed::{
-    BatchArgs, Cache, EmbedError, Import, Layer, Memory, Runtime, SlotsArg, guard, parse_schedule,
+    BatchArgs, Cache, CacheLayout, EmbedError, Import, KeepArg, Layer, Memory, Runtime, SlotsArg,
+    guard, parse_schedule,
 };
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -73,6 +74,21 @@ fn slot_args(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SlotsArg>> {
         .collect()
 }
 
+/// `keep_states`: `(request, position, slot)` triples, or `None`.
+fn keep_args(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<KeepArg>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(Vec::new()) };
+    let list = if obj.hasattr("tolist")? { obj.call_method0("tolist")? } else { obj.clone() };
+    let triples: Vec<(i64, i64, i64)> = list.extract().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "keep_states: expected a sequence of (request, position, slot) int triples, got {obj:?}"
+        ))
+    })?;
+    Ok(triples
+        .into_iter()
+        .map(|(request, position, slot)| KeepArg { request, position, slot })
+        .collect())
+}
+
 impl PyLayer {
     /// The forward both `forward` and `forward_spec` are.
     #[allow(clippy::too_many_arguments)]
@@ -84,6 +100,7 @@ impl PyLayer {
         cache: &Bound<'py, PyStateCache>,
         out: Option<&Bound<'py, PyAny>>,
         stream: Option<usize>,
+        keep: Vec<KeepArg>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let x = array::foreign(py, "hidden_states", hidden_states, stream)?;
         x.expect_rank("hidden_states", 2, "[N, hidden_size]").map_err(to_py)?;
@@ -114,7 +131,9 @@ impl PyLayer {
                 guard(|| {
                     // SAFETY: the arrays are kept alive by their owners (references to the
                     // Python objects); `stream` is the engine's live stream (its contract).
-                    unsafe { layer.forward(x, &batch, cache, out_array, stream) }
+                    unsafe {
+                        layer.forward_keeping_states(x, &batch, &keep, cache, out_array, stream)
+                    }
                 })
             })
             .map_err(to_py)?;
@@ -156,6 +175,51 @@ impl PyLayer {
         Ok(Self { layer: Arc::new(layer) })
     }
 
+    /// Build layer `layer` for TP rank `tp_rank` of `tp_size` from weights in memory:
+    /// `config` is the model's config (a dict, a JSON string, or an object with the HF fields,
+    /// such as transformers' `KimiLinearConfig`), `weights` maps the checkpoint's names
+    /// (`model.layers.{i}.self_attn.q_proj.weight`, ...) to host arrays (numpy, torch CPU,
+    /// DLPack), read in place. The same checks and the same fused BFG as `Layer.load`: the
+    /// same layer, bit for bit.
+    #[staticmethod]
+    #[pyo3(signature = (config, weights, layer=0, tp_size=1, tp_rank=0, backend="reference", schedule="overlapped", device=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_weights(
+        py: Python<'_>,
+        config: &Bound<'_, PyAny>,
+        weights: &Bound<'_, PyAny>,
+        layer: usize,
+        tp_size: usize,
+        tp_rank: usize,
+        backend: &str,
+        schedule: &str,
+        device: i64,
+    ) -> PyResult<Self> {
+        let schedule = parse_schedule(schedule).map_err(to_py)?;
+        let helpers = py.import("kda._weights")?;
+        let text: String = helpers.call_method1("config_json", (config,))?.extract()?;
+        let config = kda_model::config::KdaConfig::from_json_str(&text, "config")
+            .map_err(|e| to_py(kda_model::weights::WeightError::from(e).into()))?;
+        let named: Vec<(String, Bound<'_, PyAny>)> =
+            helpers.call_method1("named_arrays", (weights,))?.extract()?;
+        let mut arrays = Vec::with_capacity(named.len());
+        for (name, obj) in &named {
+            arrays.push((name.clone(), array::foreign(py, "weights", obj, None)?));
+        }
+        let backend = backend.to_string();
+        let layer = py
+            .detach(|| {
+                guard(|| {
+                    let runtime = Runtime::new(&backend, device)?;
+                    Layer::from_weights(
+                        &runtime, &config, &arrays, layer, tp_size, tp_rank, schedule,
+                    )
+                })
+            })
+            .map_err(to_py)?;
+        Ok(Self { layer: Arc::new(layer) })
+    }
+
     /// A zeroed `kda.StateCache` of `num_slots` slots, with room for `num_spec` speculative
     /// tokens per step.
     #[pyo3(signature = (num_slots=8, num_spec=0))]
@@ -170,6 +234,33 @@ impl PyLayer {
         Ok(PyStateCache { layer: Arc::clone(&self.layer), cache: Arc::new(cache) })
     }
 
+    /// A `kda.StateCache` over the engine's own state tensors, used in place (kda reads and
+    /// writes them, never copies them): `conv_state` (f32, bf16 or f16) and `recurrent_state`
+    /// (f32), numpy / torch CPU / DLPack, in `layout`: `"vllm"` (conv `[N, W - 1 + num_spec,
+    /// 3 lp]` or `[N, 3 lp, W - 1 + num_spec]`, recurrent `[N, lh, V, K]`) or `"transformers"`
+    /// (conv `[B, 3 lp, W]`, recurrent `[B, lh, K, V]`, as `DynamicCache` holds them). The
+    /// slots are the first dimension. Runs on the reference backend.
+    #[pyo3(signature = (conv_state, recurrent_state, layout="vllm", num_spec=0))]
+    fn wrap_cache(
+        &self,
+        py: Python<'_>,
+        conv_state: &Bound<'_, PyAny>,
+        recurrent_state: &Bound<'_, PyAny>,
+        layout: &str,
+        num_spec: usize,
+    ) -> PyResult<PyStateCache> {
+        let layout = CacheLayout::parse(layout).map_err(to_py)?;
+        array::expect_writable("conv_state", conv_state)?;
+        array::expect_writable("recurrent_state", recurrent_state)?;
+        let conv = array::foreign(py, "conv_state", conv_state, None)?;
+        let recurrent = array::foreign(py, "recurrent_state", recurrent_state, None)?;
+        let layer = &*self.layer;
+        let cache = py
+            .detach(|| guard(|| layer.wrap_cache(conv, recurrent, layout, num_spec)))
+            .map_err(to_py)?;
+        Ok(PyStateCache { layer: Arc::clone(&self.layer), cache: Arc::new(cache) })
+    }
+
     /// Run the layer on `hidden_states` `[N, hidden]` (bf16 or f32; read in place where its
     /// layout allows) for `R = len(query_start_loc) - 1` requests; request `r` uses
     /// `slots[r]` (default `r`) and continues from `num_computed_tokens[r]` cached tokens
@@ -179,7 +270,13 @@ impl PyLayer {
     /// (`torch.cuda.current_stream().cuda_stream`); kda imports it once and keeps it for the
     /// layer's backend, so it must outlive the layer. The call then returns once the work is
     /// queued, and the engine may capture it into a CUDA graph (`docs/embedding.md`).
-    #[pyo3(signature = (hidden_states, query_start_loc, cache, slots=None, num_computed_tokens=None, out=None, stream=None))]
+    ///
+    /// `keep_states`: `(request, position, slot)` triples (prefix caching): the state of
+    /// prefill request `request` after `position` tokens of its sequence (counting
+    /// `num_computed_tokens`; `num_computed_tokens + 64·j` or the request's end) is written to
+    /// cache slot `slot`, recurrent and conv halves; a bad entry raises `kda.MetadataError`
+    /// before anything runs.
+    #[pyo3(signature = (hidden_states, query_start_loc, cache, slots=None, num_computed_tokens=None, out=None, stream=None, keep_states=None))]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
         &self,
@@ -191,7 +288,9 @@ impl PyLayer {
         num_computed_tokens: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
         stream: Option<usize>,
+        keep_states: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let keep = keep_args(keep_states)?;
         let batch = BatchArgs {
             query_start_loc: ints("query_start_loc", query_start_loc)?,
             num_computed_tokens: optional_ints("num_computed_tokens", num_computed_tokens)?,
@@ -199,7 +298,7 @@ impl PyLayer {
                 .map(|v| v.into_iter().map(SlotsArg::Single).collect()),
             num_accepted_tokens: None,
         };
-        self.run(py, hidden_states, batch, cache, out, stream)
+        self.run(py, hidden_states, batch, cache, out, stream, keep)
     }
 
     /// `forward` with speculative decodes: `slots[r]` is an int (a plain request) or a list of
@@ -226,7 +325,7 @@ impl PyLayer {
             slots: Some(slot_args(slots)?),
             num_accepted_tokens: Some(ints("num_accepted_tokens", num_accepted_tokens)?),
         };
-        self.run(py, hidden_states, batch, cache, out, stream)
+        self.run(py, hidden_states, batch, cache, out, stream, Vec::new())
     }
 
     #[getter]
@@ -242,6 +341,11 @@ impl PyLayer {
     #[getter]
     fn head_dim(&self) -> usize {
         self.layer.info().head_dim
+    }
+
+    #[getter]
+    fn conv_width(&self) -> usize {
+        self.layer.info().conv_width
     }
 
     #[getter]
@@ -278,6 +382,15 @@ impl PyStateCache {
         let values = py.detach(|| guard(|| cache.recurrent_state(layer, slot))).map_err(to_py)?;
         let i = layer.info();
         array::numpy_from(py, "float32", &[i.local_heads, i.head_dim, i.head_dim], &values)
+    }
+
+    /// Slot `slot`'s conv history, a numpy float32 array `[W - 1, 3 lp]` (q | k | v channels,
+    /// oldest input first).
+    fn conv_state<'py>(&self, py: Python<'py>, slot: usize) -> PyResult<Bound<'py, PyAny>> {
+        let (layer, cache) = (&*self.layer, &*self.cache);
+        let (values, shape) =
+            py.detach(|| guard(|| cache.conv_state(layer, slot))).map_err(to_py)?;
+        array::numpy_from(py, "float32", &shape, &values)
     }
 
     #[getter]

@@ -4,7 +4,8 @@
 //!
 //! # Conv state
 //!
-//! A slot of the state `[N, L, C]` (f32, token-major, `L ≥ W - 1`) holds past inputs, oldest
+//! A slot of the state `[N, L, C]` (token-major; f32 in kda's own cache, f32, bf16 or f16 in an
+//! engine's, `L ≥ W - 1`) holds past inputs, oldest
 //! first. Its **valid history** is the `W - 1` rows starting at row `a - 1`, where `a` is the
 //! number of tokens accepted from the last step that wrote it (`a = 1` after a prefill or a plain
 //! decode). Every op writes the rows a later step may need and leaves the rest alone:
@@ -61,7 +62,8 @@ pub struct CausalConv<B: Resources> {
     pub state_slots: Tensor<B>,
     /// `[B]` i32: nonzero continues from the slot's history, zero starts fresh (zero history).
     pub has_initial_state: Tensor<B>,
-    /// Conv state `[N, L, C]` f32, read and written in place (see the module docs).
+    /// Conv state `[N, L, C]` (f32, bf16 or f16; any strides: an engine's cache in place), read
+    /// and written in place (see the module docs).
     pub state: Tensor<B>,
     /// Outputs `[T, C]` (bf16, f16 or f32).
     pub y: Tensor<B>,
@@ -144,7 +146,8 @@ pub struct CausalConvUpdate<B: Resources> {
     pub state_slots: Tensor<B>,
     /// `[B]` i32, each in `1 ..= L - W + 2`; `None` means 1 for every request.
     pub num_accepted_tokens: Option<Tensor<B>>,
-    /// Conv state `[N, L, C]` f32 with `L >= W - 2 + n`, read and written in place.
+    /// Conv state `[N, L, C]` (f32, bf16 or f16, any strides) with `L >= W - 2 + n`, read and
+    /// written in place.
     pub state: Tensor<B>,
     /// Outputs `[B, n, C]` (bf16, f16 or f32).
     pub y: Tensor<B>,
@@ -185,6 +188,22 @@ impl<B: Resources> CausalConvUpdate<B> {
     }
 }
 
+/// What a backend whose kernels take kda's own cache layout only (dense f32 states) says of any
+/// other conv or recurrent state: an engine's cache wrapped in place (bf16 / f16 conv states,
+/// vLLM's or transformers' strides) runs on the reference backend.
+pub fn require_dense_f32_state<B: Resources>(
+    backend: &'static str,
+    state: &Tensor<B>,
+) -> Result<()> {
+    if state.dtype() == crate::DType::F32 && state.layout().is_contiguous() {
+        return Ok(());
+    }
+    Err(crate::Error::Unsupported {
+        backend,
+        feature: "a state that is not dense f32 (an engine's cache wrapped in place)",
+    })
+}
+
 /// The weight `[C, W]` with `W >= 1`; returns `W`.
 fn check_weight<B: Resources>(
     op: &'static str,
@@ -204,7 +223,7 @@ fn check_weight<B: Resources>(
     Ok(width)
 }
 
-/// The state `[N, L, C]` f32 with `L >= min_len`; returns `(N, L)`.
+/// The state `[N, L, C]` (f32, bf16 or f16, any strides) with `L >= min_len`; returns `(N, L)`.
 fn check_state<B: Resources>(
     op: &'static str,
     state: &Tensor<B>,
@@ -212,7 +231,7 @@ fn check_state<B: Resources>(
     min_len: usize,
     width: usize,
 ) -> Result<(usize, usize)> {
-    check::dtype(op, "state", state, crate::DType::F32)?;
+    check::float(op, "state", state)?;
     let [slots, len, c] = check::dims(op, "state", state, "[N, L, C]")?;
     if c != channels || len < min_len {
         return Err(crate::Error::Shape {

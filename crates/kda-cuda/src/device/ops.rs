@@ -158,10 +158,23 @@ impl CudaBackend {
                     args!(stream.inner.status, fid, xv, lv, rows, row_len, elsize),
                 )
             }
-            Launch::CausalConv(op, dims) => self.conv_prefill(stream, op, dims),
-            Launch::CausalConvUpdate(op, dims) => self.conv_update(stream, op, dims),
-            Launch::KdaRecurrent(op, dims) => self.recurrent(stream, op, dims),
-            Launch::KdaChunk(op, dims) => self.chunk(stream, op, dims),
+            // The kernels index kda's own cache layout (dense f32 states).
+            Launch::CausalConv(op, dims) => {
+                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                self.conv_prefill(stream, op, dims)
+            }
+            Launch::CausalConvUpdate(op, dims) => {
+                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                self.conv_update(stream, op, dims)
+            }
+            Launch::KdaRecurrent(op, dims) => {
+                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                self.recurrent(stream, op, dims)
+            }
+            Launch::KdaChunk(op, dims) => {
+                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                self.chunk(stream, op, dims)
+            }
         }
     }
 

@@ -70,6 +70,61 @@ impl<B: Backend> StateCache<B> {
         Ok(Self { dims, recurrent, conv })
     }
 
+    /// A cache over state tensors someone else allocated (an engine's cache, used in place):
+    /// `recurrent` viewed as `[N, lh, V, K]` f32 and `conv` as `[N, W - 1 + num_spec, 3 lp]`
+    /// (f32, bf16 or f16), each with any non-overlapping strides (the engine's layout, described
+    /// by the view). Nothing is filled: the states are the engine's.
+    pub fn wrap(dims: CacheDims, recurrent: Tensor<B>, conv: Tensor<B>) -> Result<Self> {
+        const OP: &str = "state cache";
+        if dims.slots == 0 || dims.heads == 0 || dims.head_dim == 0 || dims.conv_width == 0 {
+            return Err(Error::Param {
+                op: OP,
+                param: "dims",
+                expected: "slots, heads, head_dim and conv_width all at least 1".into(),
+                actual: format!("{dims:?}"),
+            });
+        }
+        for (param, t, shape, dtypes) in [
+            ("recurrent", &recurrent, &dims.recurrent_shape()[..], &[DType::F32][..]),
+            ("conv", &conv, &dims.conv_shape()[..], &[DType::F32, DType::BF16, DType::F16][..]),
+        ] {
+            if t.shape() != shape {
+                return Err(Error::Shape {
+                    op: OP,
+                    param,
+                    expected: format!("{shape:?}"),
+                    actual: t.shape().to_vec(),
+                });
+            }
+            if !dtypes.contains(&t.dtype()) {
+                let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+                return Err(Error::DType {
+                    op: OP,
+                    param,
+                    expected: names.join(" or "),
+                    actual: t.dtype(),
+                });
+            }
+            if !t.layout().is_non_overlapping() {
+                return Err(Error::Param {
+                    op: OP,
+                    param,
+                    expected: "a view whose elements do not overlap".into(),
+                    actual: format!("strides {:?}", t.layout().strides()),
+                });
+            }
+        }
+        if recurrent.overlaps(&conv) {
+            return Err(Error::Param {
+                op: OP,
+                param: "conv",
+                expected: "memory apart from the recurrent state".into(),
+                actual: "the two states overlap".into(),
+            });
+        }
+        Ok(Self { dims, recurrent, conv })
+    }
+
     pub fn dims(&self) -> CacheDims {
         self.dims
     }
@@ -79,7 +134,7 @@ impl<B: Backend> StateCache<B> {
         &self.recurrent
     }
 
-    /// The conv states `[N, W - 1 + num_spec, 3 lp]` f32.
+    /// The conv states `[N, W - 1 + num_spec, 3 lp]` (f32; f32, bf16 or f16 in a wrapped cache).
     pub fn conv(&self) -> &Tensor<B> {
         &self.conv
     }

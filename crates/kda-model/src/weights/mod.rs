@@ -5,6 +5,7 @@
 //! - [`source`]: what a loader reads from ([`TensorSource`], [`TensorRead`]), so a memory-mapped
 //!   checkpoint, an in-memory map or a lazily generated synthetic checkpoint all load the same
 //!   way and only this rank's rows are ever copied;
+//! - [`memory`]: [`MemorySource`], tensors the engine holds in memory, read in place;
 //! - [`checkpoint`]: [`Checkpoint`], safetensors files (one, or sharded with
 //!   `model.safetensors.index.json`), read whole when small, memory-mapped when large;
 //! - [`registry`]: [`Param`], the map from every checkpoint name to one loader ([`route`]),
@@ -22,6 +23,7 @@ pub mod bfg;
 pub mod checkpoint;
 pub mod conv;
 pub mod host;
+pub mod memory;
 pub mod params;
 pub mod qkv;
 pub mod registry;
@@ -36,6 +38,7 @@ pub use bfg::{BfgBlock, BfgMode, BfgSource, FusedBfgLinear};
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE};
 pub use conv::{ConvLayout, ConvWeights};
 pub use host::HostTensor;
+pub use memory::{MemorySource, MemoryTensor};
 pub use qkv::{FusedQkv, QkvPart, QkvWeights, dequantize_bf16};
 pub use registry::{
     BfgTarget, LayerLoader, LayerWeights, LoadOptions, LoadedLayer, Param, Route, Target,

@@ -9,6 +9,13 @@ One KDA layer of an HF-style checkpoint for one tensor-parallel rank, on the eng
     out = layer.forward(hidden_states, query_start_loc, cache)   # this rank's partial output
     state = cache.recurrent_state(0)                              # [lh, V, K], v-first
 
+From the engine's own memory: ``kda.Layer.from_weights(config, weights, ...)`` builds the layer
+from named arrays (the same loader, the same layer), ``layer.wrap_cache(conv_state,
+recurrent_state, layout="vllm" | "transformers")`` uses the engine's state tensors in place, and
+``layer.forward(..., keep_states=[(request, position, slot)])`` keeps prefix-cache states.
+``kda.transformers.patch(model)`` runs transformers' Kimi Linear through kda (it imports torch
+and transformers only when called).
+
 See docs/embedding.md in the kda repository for the memory, stream and threading contract.
 """
 

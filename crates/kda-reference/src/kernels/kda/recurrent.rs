@@ -97,7 +97,9 @@ pub(in crate::kernels) fn recurrent(
             qt.iter_mut().for_each(|x| *x *= scale);
         }
     };
-    if n == 1 && in_place(&initial, &writes) {
+    // An engine's cache wrapped in place may be strided (transformers' K-first states): its
+    // heads are gathered and scattered below instead.
+    if n == 1 && op.state.layout().is_contiguous() && in_place(&initial, &writes) {
         return decode_in_place(op, exec, &initial, (heads, kd, vd), |at, s, o, scratch| {
             let [qt, kt, decay] = scratch;
             load(at, qt, kt);
