@@ -19,6 +19,7 @@ mod doc_refs;
 mod gpu_check;
 mod import_cycles;
 mod kernel_check;
+mod kernel_script;
 mod npu_check;
 mod python;
 
