@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         Some("npu-check") => npu_check::npu_check(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels [--check DEVKIT_DIR …|--help]|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR>"
+                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels [--check DEVKIT_DIR …|--help]|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR [--target TRIPLE]>"
             );
             return ExitCode::from(2);
         }
@@ -115,6 +115,7 @@ fn test() -> Result<(), String> {
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     ascend::twin_checks()?;
+    npu_check::aarch64_bundle()?;
     // One closing line for the whole suite, so CI reads the total, not the last binary's count.
     println!(
         "tests: {} passed, {} failed, {} skipped",

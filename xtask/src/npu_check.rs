@@ -192,6 +192,35 @@ fn bundle(dir: &Path, target: Option<&str>) -> Result<BundleInfo, String> {
     Ok(info)
 }
 
+/// The Rust target of most Atlas A2/A3 hosts (Kunpeng).
+const AARCH64: &str = "aarch64-unknown-linux-gnu";
+
+/// In `cargo xtask test`: the aarch64 bundle, built in `target/npu-bundle-aarch64`; [`bundle`]
+/// refuses a binary that is not aarch64 ELF or that names a glibc symbol version newer than
+/// [`GLIBC_GOAL`]. Skipped, saying why, without the Rust target or cargo-zigbuild (`.ci/run`
+/// installs both).
+pub fn aarch64_bundle() -> Result<(), String> {
+    let installed = std::process::Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l.trim() == AARCH64));
+    let missing = if installed {
+        zigbuild_path().err()
+    } else {
+        Some(format!("the Rust target is not installed (rustup target add {AARCH64})"))
+    };
+    if let Some(why) = missing {
+        eprintln!("==> npu-check bundle ({AARCH64}): skipped: {why}");
+        return Ok(());
+    }
+    let info = bundle(Path::new("target/npu-bundle-aarch64"), Some(AARCH64))?;
+    eprintln!(
+        "    npu-check bundle: {} binaries, newest glibc symbol {} (goal {}.{})",
+        info.arch, info.glibc, GLIBC_GOAL.0, GLIBC_GOAL.1
+    );
+    Ok(())
+}
+
 /// A cargo test binary's target name: its file name without the `-<hash>` suffix.
 fn target_name(path: &Path) -> Option<&str> {
     let name = path.file_name()?.to_str()?;
