@@ -128,7 +128,7 @@ pub(crate) mod tests {
     use std::path::{Path, PathBuf};
     use std::process::Command;
 
-    /// A fresh directory under the target directory (removed first if a previous run left it).
+    /// A fresh directory under the system temp directory (removed first if a previous run left it).
     pub(crate) fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("kda-xtask-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

@@ -105,26 +105,24 @@ pub(crate) fn zigbuild_path() -> Result<String, String> {
 /// Build the bundle in `dir`; returns what `run.sh` was told.
 fn bundle(dir: &Path, target: Option<&str>) -> Result<BundleInfo, String> {
     let host = std::env::consts::ARCH;
-    let cross = target.filter(|t| triple_arch(t) != host || t.contains("musl"));
+    let cross = target.filter(|t| triple_arch(t) != host);
+    // Another architecture: `cargo zigbuild` (a `cargo build`, so `--tests` builds the test
+    // binaries) for TRIPLE.2.28, linking against glibc 2.28's symbol versions.
     let zig_target = cross.map(|t| format!("{t}.{}.{}", GLIBC_GOAL.0, GLIBC_GOAL.1));
-    let mut args = vec!["test", "--no-run", "--release", "-p", "kda-ascend", "--features", "acl"];
-    args.push("--message-format=json");
-    let mut env = Vec::new();
-    let program = match &zig_target {
-        Some(t) => {
-            env.push(("PATH".to_string(), zigbuild_path()?));
-            args.splice(0..1, ["zigbuild", "--tests", "--target", t.as_str()]);
-            // `cargo zigbuild` is `cargo build`: `--tests` builds the test binaries.
-            args.retain(|a| *a != "--no-run");
-            cargo()
-        }
-        None => {
-            if let Some(t) = target {
-                args.extend(["--target", t]);
-            }
-            cargo()
-        }
+    let mut args = match &zig_target {
+        Some(t) => vec!["zigbuild", "--tests", "--target", t.as_str()],
+        None => vec!["test", "--no-run"],
     };
+    args.extend(["--release", "-p", "kda-ascend", "--features", "acl"]);
+    args.push("--message-format=json");
+    if let (None, Some(t)) = (&zig_target, target) {
+        args.extend(["--target", t]);
+    }
+    let env = match &zig_target {
+        Some(_) => vec![("PATH".to_string(), zigbuild_path()?)],
+        None => Vec::new(),
+    };
+    let program = cargo();
     let (ok, log) = run_quiet(&program, &args, &env)?;
     if !ok {
         return Err(format!("npu-check --bundle: building the tests failed:\n{log}"));
