@@ -30,7 +30,9 @@ fn a_table_without_the_85_calls_is_refused_naming_each_and_its_release() {
         text.contains("this CANN lacks 3 symbol(s) kda requires: `aclrtLaunchHostFunc`"),
         "{text}"
     );
-    assert!(text.contains("`aclrtLaunchKernelWithHostArgs` (in libascendcl.so or libacl_rt.so; CANN 8.5 and later)"), "{text}");
+    let host_args = "`aclrtLaunchKernelWithHostArgs` (in libascendcl.so or libacl_rt.so; \
+                     CANN 8.5 and later)";
+    assert!(text.contains(host_args), "{text}");
     assert!(text.ends_with("install CANN 8.5 or later"), "{text}");
     assert!(kda_ascend_sys::installed().is_none(), "nothing was installed");
     // The complete table is accepted: what backend creation installs.

@@ -322,7 +322,8 @@ impl Backend for AscendBackend {
                 // Cube units are shared by both projection GEMMs.
                 shared_matrix_units: true,
                 // CANN's aclnnChunkKdaFwd (and aclnnRecurrentGatedDeltaRule where it fits) take
-                // bf16 operands: the layer's core runs on them by default where they exist.
+                // bf16 operands: the layer's core runs on them by default where they exist and
+                // their prototype is confirmed for the installed release (vendor.rs).
                 bf16_core: self.inner.vendor_chunk,
                 execution: {
                     let mut notes = vec![mx.to_string()];

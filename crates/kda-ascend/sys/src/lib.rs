@@ -15,7 +15,9 @@
 //!
 //! One line in the list: `required` or `optional`, the library it lives in ([`Library`]), and
 //! the C prototype in Rust types. A `required` symbol missing from the installed CANN fails
-//! [`load`] with [`LoadError::MissingSymbol`]; an `optional` one (an op only some chips or
+//! [`load`] with [`LoadError::MissingSymbols`], which names every missing one and the release
+//! that brings it (a symbol newer than CANN 8.0 gets a line in [`SINCE`], citing its release in
+//! docs/ascend.md's table); an `optional` one (an op only some chips or
 //! releases have, e.g. `aclnnDynamicMxQuantV3`, Ascend 950 only) is left `None`: the backend
 //! reports it as an absent capability ([`Api::absent`]) and takes another path. Calling an absent
 //! symbol through its function returns `ACL_ERROR_UNINITIALIZE` (null for pointer results); it
