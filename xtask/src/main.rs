@@ -19,6 +19,7 @@ mod doc_refs;
 mod gpu_check;
 mod import_cycles;
 mod kernel_check;
+mod kernel_script;
 mod npu_check;
 mod python;
 
@@ -37,7 +38,7 @@ fn main() -> ExitCode {
         Some("npu-check") => npu_check::npu_check(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels [--check DEVKIT_DIR …|--help]|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR>"
+                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels [--check DEVKIT_DIR …|--help]|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR [--target TRIPLE]>"
             );
             return ExitCode::from(2);
         }
@@ -114,6 +115,7 @@ fn test() -> Result<(), String> {
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     ascend::twin_checks()?;
+    npu_check::aarch64_bundle()?;
     // One closing line for the whole suite, so CI reads the total, not the last binary's count.
     println!(
         "tests: {} passed, {} failed, {} skipped",

@@ -225,7 +225,8 @@ impl AscendBackend {
             instance: InstanceId::fresh(),
             chip,
             native_mx,
-            vendor_chunk: api.has_all(&crate::sys::CHUNK_KDA_SYMBOLS),
+            vendor_chunk: api.has_all(&crate::sys::CHUNK_KDA_SYMBOLS)
+                && ops::vendor_prototypes().chunk.is_ok(),
             absent: api.absent(),
             options,
             pool: Arc::default(),
@@ -321,16 +322,26 @@ impl Backend for AscendBackend {
                 // Cube units are shared by both projection GEMMs.
                 shared_matrix_units: true,
                 // CANN's aclnnChunkKdaFwd (and aclnnRecurrentGatedDeltaRule where it fits) take
-                // bf16 operands: the layer's core runs on them by default where they exist.
+                // bf16 operands: the layer's core runs on them by default where they exist and
+                // their prototype is confirmed for the installed release (vendor.rs).
                 bf16_core: self.inner.vendor_chunk,
-                execution: if self.inner.absent.is_empty() {
-                    format!("ACL streams on {} ({mx})", chip.soc)
-                } else {
-                    format!(
-                        "ACL streams on {} ({mx}; absent: {})",
-                        chip.soc,
-                        self.inner.absent.join(", ")
-                    )
+                execution: {
+                    let mut notes = vec![mx.to_string()];
+                    if !self.inner.absent.is_empty() {
+                        notes.push(format!("absent: {}", self.inner.absent.join(", ")));
+                    }
+                    // Present vendor ops the backend will not call, and why.
+                    let p = ops::vendor_prototypes();
+                    let api = crate::sys::installed();
+                    for (symbols, why) in [
+                        (&crate::sys::CHUNK_KDA_SYMBOLS[..], &p.chunk),
+                        (&crate::sys::RECURRENT_GDR_SYMBOLS[..], &p.recurrent),
+                    ] {
+                        if let (true, Err(why)) = (api.is_some_and(|a| a.has_all(symbols)), why) {
+                            notes.push(format!("kda kernels instead: {why}"));
+                        }
+                    }
+                    format!("ACL streams on {} ({})", chip.soc, notes.join("; "))
                 },
                 threads: chip.vector_cores as usize,
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],

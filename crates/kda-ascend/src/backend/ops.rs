@@ -43,6 +43,8 @@ use kda_core::Launch as Op;
 #[path = "vendor.rs"]
 mod vendor;
 
+pub(crate) use vendor::prototypes as vendor_prototypes;
+
 type T = Tensor<AscendBackend>;
 
 /// One unit of queued ACL work, owning what it needs until its stream has run it.

@@ -68,6 +68,70 @@ pub(crate) const RECURRENT_MAX_TOKENS: usize = 8;
 /// release takes bf16 states only): from then on `KdaRecurrent` runs on the project's kernel.
 static RECURRENT_REJECTS_F32_STATE: AtomicBool = AtomicBool::new(false);
 
+/// Whether the installed vendor ops take the prototypes kda binds (it binds by name only, so
+/// another prototype would be undefined behaviour, not an error): `Err` says why not, and the
+/// project's kernel runs. Decided once per process (the libraries are too).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Prototypes {
+    /// `aclnnChunkKdaFwd`'s 30-argument prototype (`stateVFirst`, `safeGate`, `lowerBound`,
+    /// `useGateInKernel` and eleven outputs).
+    pub chunk: std::result::Result<(), String>,
+    /// `aclnnRecurrentGatedDeltaRule` with a per-channel `gk` (the current document; the
+    /// earlier English page reserves `gk`).
+    pub recurrent: std::result::Result<(), String>,
+}
+
+/// The CANN releases whose vendor-op prototypes someone has checked against the ones kda binds
+/// (the op, the first release confirmed). None yet: public ops-transformer trees carry 24-,
+/// 26- and 30-argument `aclnnChunkKdaFwd` and no release tag maps them, so the first run on an
+/// NPU adds the release it confirms here. `KDA_ASCEND_VENDOR_OPS=trust` takes the installed
+/// prototypes as kda's (the owner's say-so, for that run).
+const CONFIRMED: &[(&str, sys::Release)] = &[];
+
+/// What decides [`Prototypes`]: the release found (and where), whether the runtime is kda's
+/// emulator (which implements exactly the documents kda binds), and the owner's override.
+pub(crate) fn prototypes_for(
+    release: Option<(sys::Release, String)>,
+    emulated: bool,
+    trust: bool,
+) -> Prototypes {
+    let judge = |op: &str| -> std::result::Result<(), String> {
+        if trust {
+            return Ok(());
+        }
+        match &release {
+            Some((r, source)) => {
+                if CONFIRMED.iter().any(|(o, since)| *o == op && r >= since) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{op}'s prototype is not confirmed for CANN {r} ({source}); \
+                         KDA_ASCEND_VENDOR_OPS=trust uses it anyway"
+                    ))
+                }
+            }
+            None if emulated => Ok(()),
+            None => Err(format!(
+                "CANN's release is unknown (no aclsysGetCANNVersion, no install record), so \
+                 {op}'s prototype cannot be confirmed; KDA_ASCEND_VENDOR_OPS=trust uses it anyway"
+            )),
+        }
+    };
+    Prototypes {
+        chunk: judge("aclnnChunkKdaFwd"),
+        recurrent: judge("aclnnRecurrentGatedDeltaRule"),
+    }
+}
+
+/// This process's [`Prototypes`].
+pub(crate) fn prototypes() -> &'static Prototypes {
+    static ONCE: std::sync::OnceLock<Prototypes> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let trust = std::env::var("KDA_ASCEND_VENDOR_OPS").is_ok_and(|v| v == "trust");
+        prototypes_for(sys::installed_release(), cfg!(not(feature = "acl")), trust)
+    })
+}
+
 /// Why a `KdaChunk` runs on the project's kernel instead of `aclnnChunkKdaFwd`.
 pub(crate) fn chunk_route<'c>(
     c: &'c KdaChunk<AscendBackend>,
@@ -78,6 +142,7 @@ pub(crate) fn chunk_route<'c>(
     if !api.is_some_and(|a| a.has_all(&sys::CHUNK_KDA_SYMBOLS)) {
         return Err("aclnnChunkKdaFwd is absent from this CANN".into());
     }
+    prototypes().chunk.clone()?;
     if capturing {
         return Err("captured: the executor's host offsets would not follow a replay".into());
     }
@@ -333,6 +398,7 @@ pub(crate) fn recurrent_route(
     if !api.is_some_and(|a| a.has_all(&sys::RECURRENT_GDR_SYMBOLS)) {
         return Err("aclnnRecurrentGatedDeltaRule is absent from this CANN".into());
     }
+    prototypes().recurrent.clone()?;
     if RECURRENT_REJECTS_F32_STATE.load(Ordering::Relaxed) {
         return Err("this CANN's aclnnRecurrentGatedDeltaRule takes no f32 state".into());
     }
@@ -465,5 +531,22 @@ pub(super) fn recurrent(
             Ok(false)
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vendor_prototypes_are_used_only_where_confirmed() {
+        let old = Some((sys::Release::new(8, 3), "a record".to_string()));
+        let p = prototypes_for(old.clone(), true, false);
+        let why = p.chunk.expect_err("8.3 is not confirmed");
+        assert!(why.contains("not confirmed for CANN 8.3 (a record)"), "{why}");
+        assert!(p.recurrent.is_err());
+        assert!(prototypes_for(None, false, false).chunk.is_err(), "unknown release on hardware");
+        assert_eq!(prototypes_for(None, true, false).chunk, Ok(()), "the emulator's documents");
+        assert_eq!(prototypes_for(old, false, true).recurrent, Ok(()), "the owner's override");
     }
 }

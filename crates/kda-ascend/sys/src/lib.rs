@@ -15,7 +15,9 @@
 //!
 //! One line in the list: `required` or `optional`, the library it lives in ([`Library`]), and
 //! the C prototype in Rust types. A `required` symbol missing from the installed CANN fails
-//! [`load`] with [`LoadError::MissingSymbol`]; an `optional` one (an op only some chips or
+//! [`load`] with [`LoadError::MissingSymbols`], which names every missing one and the release
+//! that brings it (a symbol newer than CANN 8.0 gets a line in [`SINCE`], citing its release in
+//! docs/ascend.md's table); an `optional` one (an op only some chips or
 //! releases have, e.g. `aclnnDynamicMxQuantV3`, Ascend 950 only) is left `None`: the backend
 //! reports it as an absent capability ([`Api::absent`]) and takes another path. Calling an absent
 //! symbol through its function returns `ACL_ERROR_UNINITIALIZE` (null for pointer results); it
@@ -84,8 +86,86 @@ pub enum LoadError {
          (ASCEND_TOOLKIT_HOME, LD_LIBRARY_PATH)"
     )]
     MissingLibrary { library: String, tried: String },
-    #[error("CANN symbol `{symbol}` not found in {library} (required by kda)")]
-    MissingSymbol { symbol: &'static str, library: String },
+    /// Every required symbol the installed CANN lacks, each with the release that brings it:
+    /// one error, so an older installation is told everything it needs at once.
+    #[error("{}", missing_text(.missing))]
+    MissingSymbols { missing: Vec<MissingSymbol> },
+}
+
+/// A required symbol absent from the installed CANN.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingSymbol {
+    pub symbol: &'static str,
+    /// The libraries it was looked for in.
+    pub library: String,
+    /// The first CANN release documented to have it ([`since`]).
+    pub since: Release,
+}
+
+fn missing_text(missing: &[MissingSymbol]) -> String {
+    let newest = missing.iter().map(|m| m.since).max().unwrap_or(Release::BASELINE);
+    let each: Vec<String> = missing
+        .iter()
+        .map(|m| format!("`{}` (in {}; CANN {} and later)", m.symbol, m.library, m.since))
+        .collect();
+    format!(
+        "this CANN lacks {} symbol(s) kda requires: {}; install CANN {newest} or later",
+        missing.len(),
+        each.join(", ")
+    )
+}
+
+/// A CANN release, `major.minor` (the RC, alpha and beta drops of a release count as it).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Release {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Release {
+    /// The oldest release kda's table is written against: every symbol not in [`SINCE`].
+    pub const BASELINE: Release = Release { major: 8, minor: 0 };
+
+    pub const fn new(major: u32, minor: u32) -> Self {
+        Release { major, minor }
+    }
+
+    /// `8.5.0`, `8.0.RC3`, `9.0.0-beta.1`, `8.3.RC1.alpha002` → the release; `None` for text
+    /// that does not start with `major.minor`.
+    pub fn parse(text: &str) -> Option<Release> {
+        let mut parts = text.trim().split(['.', '-']);
+        let major = parts.next()?.parse().ok()?;
+        let minor: String = parts.next()?.chars().take_while(char::is_ascii_digit).collect();
+        Some(Release { major, minor: minor.parse().ok()? })
+    }
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The symbols of the list that came after [`Release::BASELINE`], with the first release whose
+/// documentation has them (docs/ascend.md, "CANN releases", cites each page). The rest of the
+/// list is in the 8.0 documentation. No older equivalent is used in their place: the launch
+/// of a file-loaded kernel before 8.5 goes through `aclrtKernelArgs*` handles and the host
+/// callbacks before 8.3 through a report thread the caller subscribes, neither of which the
+/// backend's argument layout or host-function contract fits.
+pub const SINCE: &[(&str, Release)] = &[
+    ("aclmdlRICaptureBegin", Release::new(8, 1)),
+    ("aclmdlRICaptureEnd", Release::new(8, 1)),
+    ("aclmdlRICaptureGetInfo", Release::new(8, 1)),
+    ("aclmdlRIExecuteAsync", Release::new(8, 1)),
+    ("aclmdlRIDestroy", Release::new(8, 1)),
+    ("aclrtBinaryLoadFromFile", Release::new(8, 3)),
+    ("aclrtLaunchHostFunc", Release::new(8, 3)),
+    ("aclrtLaunchKernelWithHostArgs", Release::new(8, 5)),
+];
+
+/// The first release documented to have `symbol`.
+pub fn since(symbol: &str) -> Release {
+    SINCE.iter().find(|(s, _)| *s == symbol).map_or(Release::BASELINE, |(_, r)| *r)
 }
 
 /// What a call through an absent symbol returns.
@@ -256,6 +336,21 @@ impl Api {
         SYMBOLS.iter().filter(|s| s.required && !self.has(s.name)).map(|s| s.name).collect()
     }
 
+    /// `Ok` when every required symbol is present; else one error naming each missing one,
+    /// the libraries it was looked for in and the release that brings it.
+    pub fn check(&self) -> Result<(), LoadError> {
+        let missing: Vec<MissingSymbol> = SYMBOLS
+            .iter()
+            .filter(|s| s.required && !self.has(s.name))
+            .map(|s| MissingSymbol {
+                symbol: s.name,
+                library: s.library.candidates().join(" or "),
+                since: since(s.name),
+            })
+            .collect();
+        if missing.is_empty() { Ok(()) } else { Err(LoadError::MissingSymbols { missing }) }
+    }
+
     /// The optional symbols this table lacks: capabilities absent here.
     pub fn absent(&self) -> Vec<&'static str> {
         SYMBOLS.iter().filter(|s| !s.required && !self.has(s.name)).map(|s| s.name).collect()
@@ -277,11 +372,9 @@ impl std::fmt::Debug for Api {
 static INSTALLED: OnceLock<Api> = OnceLock::new();
 
 /// Make `api` the process's table, unless one is installed already; returns the one in force.
-/// A table lacking required symbols is refused.
+/// A table lacking required symbols is refused, naming every one and its release.
 pub fn install(api: Api) -> Result<&'static Api, LoadError> {
-    if let Some(first) = api.missing_required().first() {
-        return Err(LoadError::MissingSymbol { symbol: first, library: "the table".into() });
-    }
+    api.check()?;
     Ok(INSTALLED.get_or_init(|| api))
 }
 
@@ -294,16 +387,22 @@ pub fn installed() -> Option<&'static Api> {
 /// default install location.
 const TOOLKIT_VARS: [&str; 3] =
     ["ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_CANN_PACKAGE_PATH"];
-const DEFAULT_TOOLKIT: &str = "/usr/local/Ascend/ascend-toolkit/latest";
+/// Where CANN installs without set_env.sh's variables: from 8.5 on, then before.
+const DEFAULT_TOOLKITS: [&str; 2] =
+    ["/usr/local/Ascend/cann", "/usr/local/Ascend/ascend-toolkit/latest"];
 
 /// Where a library file name is looked for: the bare name first (the loader's search path,
 /// which `set_env.sh` sets), then `lib64` of each toolkit directory.
 fn locations(file: &str) -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> =
         TOOLKIT_VARS.iter().filter_map(std::env::var_os).map(PathBuf::from).collect();
-    roots.push(PathBuf::from(DEFAULT_TOOLKIT));
+    roots.extend(DEFAULT_TOOLKITS.iter().map(PathBuf::from));
+    let arch = format!("{}-linux", std::env::consts::ARCH);
     let mut all = vec![PathBuf::from(file)];
-    all.extend(roots.into_iter().map(|r| r.join("lib64").join(file)));
+    for root in roots {
+        all.push(root.join("lib64").join(file));
+        all.push(root.join(&arch).join("lib64").join(file));
+    }
     all
 }
 
@@ -358,15 +457,67 @@ pub fn load() -> Result<&'static Api, LoadError> {
         return Ok(api);
     }
     let opened = OPENED.get_or_init(Opened::open).as_ref().map_err(Clone::clone)?;
-    let api = Api::resolve(opened);
-    if let Some(symbol) = api.missing_required().first() {
-        let library = SYMBOLS
-            .iter()
-            .find(|s| s.name == *symbol)
-            .map_or_else(|| "CANN".to_string(), |s| s.library.candidates().join(" or "));
-        return Err(LoadError::MissingSymbol { symbol, library });
+    install(Api::resolve(opened))
+}
+
+/// `aclCANNPackageVersion` (hicann/runtime `include/external/acl/acl_rt.h`).
+#[repr(C)]
+struct CannPackageVersion {
+    version: [c_char; 128],
+    major: [c_char; 64],
+    minor: [c_char; 64],
+    release: [c_char; 64],
+    patch: [c_char; 64],
+    reserved: [c_char; 128],
+}
+
+/// `aclsysGetCANNVersion`'s prototype. Not in the table: it is only read here, once, and an
+/// installation before 8.2 lacks it (the install records below cover those).
+type GetCannVersion = unsafe extern "C" fn(c_int, *mut CannPackageVersion) -> c_int;
+/// `aclCANNPackageName`: `ACL_PKG_NAME_OPP` (the operator package, which holds the vendor
+/// ops) and `ACL_PKG_NAME_CANN`.
+const PKG_OPP: c_int = 5;
+const PKG_CANN: c_int = 0;
+
+/// The installed CANN release and where it was read: `aclsysGetCANNVersion` of the opened
+/// runtime (the operator package's version first), else the install records CANN writes
+/// (`<arch>-linux/ascend_ops_install.info`, then `ascend_toolkit_install.info`, their
+/// `version=` line) under the toolkit that set_env.sh names or the default install path.
+/// `None` when neither says.
+pub fn installed_release() -> Option<(Release, String)> {
+    if let Some(Ok(opened)) = OPENED.get()
+        && let Some(query) =
+            opened.get::<GetCannVersion>(Library::Runtime, "aclsysGetCANNVersion\0")
+    {
+        for (pkg, name) in [(PKG_OPP, "opp"), (PKG_CANN, "CANN")] {
+            // SAFETY: zeroed plain C chars are a valid struct.
+            let mut v: CannPackageVersion = unsafe { std::mem::zeroed() };
+            // SAFETY: the runtime's own prototype (acl_rt.h), a valid out-parameter.
+            if unsafe { query(pkg, &mut v) } == ACL_SUCCESS {
+                let bytes: Vec<u8> =
+                    v.version.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                if let Some(r) = Release::parse(&text) {
+                    return Some((r, format!("aclsysGetCANNVersion({name}) = {text}")));
+                }
+            }
+        }
     }
-    install(api)
+    let mut roots: Vec<PathBuf> =
+        TOOLKIT_VARS.iter().filter_map(std::env::var_os).map(PathBuf::from).collect();
+    roots.extend(DEFAULT_TOOLKITS.iter().map(PathBuf::from));
+    let arch = format!("{}-linux", std::env::consts::ARCH);
+    for root in roots.iter().filter(|r| r.is_dir()) {
+        for record in ["ascend_ops_install.info", "ascend_toolkit_install.info"] {
+            let path = root.join(&arch).join(record);
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let version = text.lines().find_map(|l| l.trim().strip_prefix("version="));
+            if let Some(r) = version.and_then(Release::parse) {
+                return Some((r, format!("{} version={}", path.display(), version.unwrap_or(""))));
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -390,10 +541,29 @@ mod tests {
     }
 
     #[test]
-    fn an_incomplete_table_is_refused() {
-        match install(Api::default()) {
-            Err(LoadError::MissingSymbol { symbol, .. }) => assert_eq!(symbol, "aclInit"),
-            other => panic!("expected a missing symbol, got {other:?}"),
+    fn an_incomplete_table_is_refused_naming_every_symbol_and_its_release() {
+        let Err(LoadError::MissingSymbols { missing }) = install(Api::default()) else {
+            panic!("an empty table was installed");
+        };
+        let required = SYMBOLS.iter().filter(|s| s.required).count();
+        assert_eq!(missing.len(), required);
+        let host_args = missing.iter().find(|m| m.symbol == "aclrtLaunchKernelWithHostArgs");
+        assert_eq!(host_args.map(|m| m.since), Some(Release::new(8, 5)));
+        let text = LoadError::MissingSymbols { missing }.to_string();
+        assert!(text.contains("`aclInit` (in libascendcl.so or libacl_rt.so; CANN 8.0 and later)"));
+        assert!(text.ends_with("install CANN 8.5 or later"), "{text}");
+    }
+
+    #[test]
+    fn releases_parse_from_cann_version_strings() {
+        assert_eq!(Release::parse("8.5.0"), Some(Release::new(8, 5)));
+        assert_eq!(Release::parse("8.0.RC3"), Some(Release::new(8, 0)));
+        assert_eq!(Release::parse("9.0.0-beta.1"), Some(Release::new(9, 0)));
+        assert_eq!(Release::parse("8.3.RC1.alpha002"), Some(Release::new(8, 3)));
+        assert_eq!(Release::parse("unknown"), None);
+        assert!(Release::new(8, 5) < Release::new(9, 0));
+        for (symbol, _) in SINCE {
+            assert!(SYMBOLS.iter().any(|s| s.name == *symbol), "{symbol} is not in the list");
         }
     }
 
@@ -403,7 +573,11 @@ mod tests {
         assert_eq!(all[0], PathBuf::from("libascendcl.so"));
         assert_eq!(
             all.last().map(|p| p.display().to_string()),
-            Some(format!("{DEFAULT_TOOLKIT}/lib64/libascendcl.so"))
+            Some(format!(
+                "{}/{}-linux/lib64/libascendcl.so",
+                DEFAULT_TOOLKITS[1],
+                std::env::consts::ARCH
+            ))
         );
     }
 }
