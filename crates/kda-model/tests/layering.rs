@@ -227,3 +227,38 @@ fn the_scan_sees_upward_imports() {
     let pairs: Vec<_> = edges.keys().cloned().collect();
     assert_eq!(pairs, vec![("a".to_string(), "b".to_string())]);
 }
+
+/// Rust lines under `dir` (every `.rs` file, `target/` and hidden directories left out).
+fn rust_lines(dir: &Path) -> usize {
+    let mut files = Vec::new();
+    sources(dir, &mut files);
+    files
+        .iter()
+        .filter(|f| !f.components().any(|c| c.as_os_str() == "target"))
+        .map(|f| std::fs::read_to_string(f).map_or(0, |t| t.lines().count()))
+        .sum()
+}
+
+#[test]
+fn no_crate_holds_more_than_a_fifth_of_the_code() {
+    // Each folder under crates/ with its nested crates (kda-ascend with its emulator and sys),
+    // against every crate's and xtask's Rust lines.
+    let crates = crates_dir();
+    let mut sizes: Vec<(String, usize)> = std::fs::read_dir(&crates)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("Cargo.toml").is_file())
+        .map(|e| (e.file_name().to_string_lossy().to_string(), rust_lines(&e.path())))
+        .collect();
+    let total: usize =
+        sizes.iter().map(|(_, n)| n).sum::<usize>() + rust_lines(&crates.join("../xtask"));
+    sizes.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    assert!(sizes.len() >= 10 && total > 10_000, "the scan found too little: {sizes:?}");
+    let (name, biggest) = &sizes[0];
+    assert!(
+        *biggest * 5 <= total,
+        "{name} holds {biggest} of the workspace's {total} Rust lines ({:.1} %), more than 20 %",
+        100.0 * *biggest as f64 / total as f64
+    );
+}
