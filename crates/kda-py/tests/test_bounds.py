@@ -4,6 +4,7 @@ batch list; OverflowError for an int past 128 bits) naming the value as given an
 cache as it was, or returns what the plain Rust API returns for the same batch, bit for bit.
 Never a crash. A seeded random loop (hypothesis is not a dependency) plus the edge lists."""
 
+import ctypes
 import random
 
 import numpy as np
@@ -176,3 +177,58 @@ def test_arrays_that_describe_more_than_memory_holds(layer):
     out = np.zeros((4, layer.hidden_size), dtype=np.float32)
     with pytest.raises((kda.ShapeError, kda.BackendError)):
         layer.forward(x, [0, 4], layer.new_cache(1), out=out)
+
+
+class _DlDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DlDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DlTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DlDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DlDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DlManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DlTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+_CAPSULE_NAME = ctypes.create_string_buffer(b"dltensor")
+
+
+class HandMadeDlpack:
+    """A CPU f32 tensor exported through a DLPack capsule whose `ndim` may lie about its
+    `shape` array (which holds `len(shape)` entries)."""
+
+    def __init__(self, ndim, shape):
+        self.values = np.arange(64, dtype=np.float32)
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.managed = _DlManagedTensor()
+        t = self.managed.dl_tensor
+        t.data, t.device, t.ndim = self.values.ctypes.data, _DlDevice(1, 0), ndim
+        t.dtype, t.shape = _DlDataType(2, 32, 1), self.shape
+
+    def __dlpack__(self, stream=None):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                       ctypes.c_void_p]
+        return new(ctypes.addressof(self.managed), _CAPSULE_NAME, None)
+
+
+@pytest.mark.parametrize("ndim", [-1, -(2**31), 65, 2**20, 2**31 - 1])
+def test_a_dlpack_ndim_past_its_bound_is_refused_before_its_shape_is_read(ndim):
+    with pytest.raises(kda.ShapeError, match=rf"^x: DLPack ndim = {ndim}, expected 0\.\.=64$"):
+        kda.quant(HandMadeDlpack(ndim, [64]))
+
+
+def test_a_dlpack_tensor_within_its_bounds_is_read():
+    data, scale = kda.quant(HandMadeDlpack(1, [64]))
+    expected = kda.quant(np.arange(64, dtype=np.float32))
+    assert np.array_equal(data, expected[0]) and np.array_equal(scale, expected[1])
+    with pytest.raises(kda.ShapeError, match=r"^x: dimension -5$"):
+        kda.quant(HandMadeDlpack(1, [-5]))
