@@ -480,15 +480,25 @@ unsafe fn batch_args(
             // `spec_slots` read are bounded by the tokens before any is read.
             let width = batch.num_spec + 1; // `num_spec` <= the cache's, which fits its rows.
             let speculative = acc.iter().filter(|&&a| a > 0).count();
-            let needed = speculative.checked_mul(width).filter(|&n| n <= num_tokens);
-            let fits = r.checked_mul(width).filter(|&n| n <= isize::MAX as usize / 4);
-            if speculative > 0 && (needed.is_none() || fits.is_none()) {
-                let why = format!(
-                    "at most {} ({speculative} speculative requests of num_spec + 1 tokens \
-                     each in {num_tokens} tokens)",
-                    num_tokens / speculative - 1
-                );
-                return Err(bound("num_spec", batch.num_spec, why));
+            if speculative > 0 {
+                if speculative.checked_mul(width).is_none_or(|n| n > num_tokens) {
+                    let why = format!(
+                        "at most {} ({speculative} speculative requests of num_spec + 1 tokens \
+                         each in {num_tokens} tokens)",
+                        num_tokens / speculative - 1
+                    );
+                    return Err(bound("num_spec", batch.num_spec, why));
+                }
+                // The rows are addressed as `[R, num_spec + 1]` i32s: the offsets must fit.
+                let largest = isize::MAX as usize / 4;
+                if r.checked_mul(width).is_none_or(|n| n > largest) {
+                    let why = format!(
+                        "at most {} (spec_slots [num_requests = {r}, num_spec + 1] \
+                                       within the address space)",
+                        largest / r - 1
+                    );
+                    return Err(bound("num_spec", batch.num_spec, why));
+                }
             }
             (0..r)
                 .map(|i| {
