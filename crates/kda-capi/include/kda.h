@@ -77,19 +77,26 @@ typedef struct KdaLayerInfo {
 } KdaLayerInfo;
 
 // One step's batch metadata, arrays as vLLM keeps them (int32). Request `r` owns rows
-// `query_start_loc[r] .. query_start_loc[r + 1]` of the hidden states.
+// `query_start_loc[r] .. query_start_loc[r + 1]` of the hidden states. kda checks the counts
+// before it reads an array they size (an impossible count is `KDA_STATUS_ERROR_METADATA`
+// naming it, its value and its bound) and every value it reads; that each array holds the
+// entries its counts say is the caller's contract (`docs/embedding.md`, "What kda checks").
 typedef struct KdaBatch {
-  // Requests `R`.
+  // Requests `R`, at most `num_tokens` (every request has a token).
   size_t num_requests;
-  // `[R + 1]` offsets, starting at 0, strictly increasing.
+  // `[R + 1]` offsets, starting at 0, strictly increasing, at most `num_tokens`; NULL only
+  // with `R` = 0.
   const int32_t *query_start_loc;
   // `[R]` tokens each request already processed (0: fresh), or NULL: all fresh.
   const int32_t *num_computed_tokens;
-  // `[R]` each request's state slot, or NULL: request `r` uses slot `r`.
+  // `[R]` each request's state slot (`0 ..` the cache's slots), or NULL: request `r` uses
+  // slot `r`.
   const int32_t *slots;
-  // Speculative tokens per step (`num_spec`), 0 without speculative decoding.
+  // Speculative tokens per step (`num_spec`), at most the cache's; 0 without speculative
+  // decoding.
   size_t num_spec;
-  // `[R, num_spec + 1]` slot lists, read for the speculative requests; NULL without any.
+  // `[R, num_spec + 1]` slot lists (`0 ..` the cache's slots), read for the speculative
+  // requests only; NULL without any.
   const int32_t *spec_slots;
   // `[R]` tokens the previous step accepted; `> 0` marks request `r` speculative (it then
   // uses row `r` of `spec_slots`); NULL without speculative requests.
@@ -188,8 +195,12 @@ void kda_cache_destroy(struct KdaCache *cache);
 // (`CUstream`, `aclrtStream`) on a device backend: the work is queued on it, in its order, and
 // the call returns at once. A rejected call changes neither `out` nor the cache.
 //
+// Checked before anything is read: the dtype codes, that `num_tokens` rows fit the address
+// space, the batch's counts against their bounds (`KdaBatch`), then every value read.
+//
 // # Safety
-// `layer`, `cache` and `batch` are live; `hidden_states` and `out` point to arrays of the
+// `layer`, `cache` and `batch` are live; `batch`'s arrays hold the entries its counts say
+// (whenever those pass the checks); `hidden_states` and `out` point to arrays of the
 // sizes above, aligned to 4 bytes, valid until the work completes (the call's return with
 // `stream` 0, else the engine stream passing it), untouched by others meanwhile; `stream`
 // is 0 or a live stream of the layer's device that outlives the backend (kda imports it once

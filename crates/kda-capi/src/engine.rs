@@ -10,9 +10,13 @@ use kda_model::config::KdaConfig;
 use kda_model::weights::WeightError;
 
 use crate::{
-    KdaBackend, KdaBatch, KdaCache, KdaLayer, KdaStatus, batch_args, call, deref, dtype, give,
-    null, schedule_of, slice, string,
+    KdaBackend, KdaBatch, KdaCache, KdaLayer, KdaStatus, batch_args, bound, call, deref, dtype,
+    give, null, schedule_of, slice, string,
 };
+
+/// The highest rank a weight of `kda_layer_from_weights` may give (checkpoint tensors have
+/// one to three dimensions; DLPack's own limit is higher, but no layer tensor needs more).
+const MAX_WEIGHT_RANK: usize = 8;
 
 /// The layouts of an engine's state cache (pass as `int32_t`); `N` slots, `C = 3 lp` channels
 /// (q | k | v), `L = W - 1 + num_spec`.
@@ -106,7 +110,14 @@ pub unsafe extern "C" fn kda_cache_wrap(
         let layer = unsafe { deref("layer", layer) }?;
         let info = layer.layer.info();
         let channels = 3 * info.local_heads * info.head_dim;
-        let rows = info.conv_width.saturating_sub(1) + num_spec;
+        let history = info.conv_width.saturating_sub(1);
+        let Some(rows) = history.checked_add(num_spec) else {
+            let why = format!(
+                "at most {} (W - 1 + num_spec rows must fit a usize)",
+                usize::MAX - history
+            );
+            return Err(bound("num_spec", num_spec, why));
+        };
         let (d, h, n) = (info.head_dim, info.local_heads, num_slots);
         let (kind, conv_shape) = match layout {
             0 => (CacheLayout::Vllm, vec![n, rows, channels]),
@@ -208,15 +219,16 @@ pub unsafe extern "C" fn kda_layer_forward_keeping_states(
         // SAFETY: the caller's contract.
         let batch = unsafe { deref("batch", batch) }?;
         // SAFETY: the caller's contract on `batch`.
-        let args = unsafe { batch_args(batch) }?;
-        let len = num_keep.checked_mul(3).ok_or_else(|| EmbedError::MetadataValue {
-            param: "num_keep",
-            index: 0,
-            value: i64::try_from(num_keep).unwrap_or(i64::MAX),
-            expected: "a count whose triples fit in memory".into(),
-        })?;
-        // SAFETY: the caller's contract: `3 * num_keep` ints.
-        let triples = unsafe { slice("keep_states", keep_states, len) }?;
+        let args = unsafe { batch_args(batch, num_tokens, &cache.cache) }?;
+        // Every kept state needs a cache slot of its own: checked before the triples are read.
+        let slots = cache.cache.num_slots();
+        if num_keep > slots {
+            let why = format!("at most {slots} (the cache's slots: each kept state needs its own)");
+            return Err(bound("num_keep", num_keep, why));
+        }
+        // SAFETY: the caller's contract: `3 * num_keep` ints, `num_keep` now at most the
+        // cache's slots (so the product cannot wrap: the cache holds far more bytes per slot).
+        let triples = unsafe { slice("keep_states", keep_states, 3 * num_keep) }?;
         let keep: Vec<KeepArg> = triples
             .chunks_exact(3)
             .map(|t| KeepArg {
@@ -294,7 +306,8 @@ pub unsafe extern "C" fn kda_layer_from_weights(
             // SAFETY: the caller's contract: `num_weights` entries.
             unsafe { std::slice::from_raw_parts(weights, num_weights) }
         };
-        let mut arrays = Vec::with_capacity(table.len());
+        // Grown as entries are read, never sized from the caller's count.
+        let mut arrays = Vec::new();
         for w in table {
             // SAFETY: the caller's contract.
             let name = unsafe { string("weights.name", w.name) }?;
@@ -311,6 +324,10 @@ pub unsafe extern "C" fn kda_layer_from_weights(
                     });
                 }
             };
+            if w.rank > MAX_WEIGHT_RANK {
+                let why = format!("at most {MAX_WEIGHT_RANK} (a checkpoint tensor's rank)");
+                return Err(bound("weights.rank", w.rank, why));
+            }
             let shape = if w.rank == 0 {
                 Vec::new()
             } else if w.shape.is_null() {

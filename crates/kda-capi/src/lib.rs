@@ -93,21 +93,28 @@ pub struct KdaLayerInfo {
 }
 
 /// One step's batch metadata, arrays as vLLM keeps them (int32). Request `r` owns rows
-/// `query_start_loc[r] .. query_start_loc[r + 1]` of the hidden states.
+/// `query_start_loc[r] .. query_start_loc[r + 1]` of the hidden states. kda checks the counts
+/// before it reads an array they size (an impossible count is `KDA_STATUS_ERROR_METADATA`
+/// naming it, its value and its bound) and every value it reads; that each array holds the
+/// entries its counts say is the caller's contract (`docs/embedding.md`, "What kda checks").
 #[repr(C)]
 #[derive(Copy, Clone, Debug)]
 pub struct KdaBatch {
-    /// Requests `R`.
+    /// Requests `R`, at most `num_tokens` (every request has a token).
     pub num_requests: usize,
-    /// `[R + 1]` offsets, starting at 0, strictly increasing.
+    /// `[R + 1]` offsets, starting at 0, strictly increasing, at most `num_tokens`; NULL only
+    /// with `R` = 0.
     pub query_start_loc: *const i32,
     /// `[R]` tokens each request already processed (0: fresh), or NULL: all fresh.
     pub num_computed_tokens: *const i32,
-    /// `[R]` each request's state slot, or NULL: request `r` uses slot `r`.
+    /// `[R]` each request's state slot (`0 ..` the cache's slots), or NULL: request `r` uses
+    /// slot `r`.
     pub slots: *const i32,
-    /// Speculative tokens per step (`num_spec`), 0 without speculative decoding.
+    /// Speculative tokens per step (`num_spec`), at most the cache's; 0 without speculative
+    /// decoding.
     pub num_spec: usize,
-    /// `[R, num_spec + 1]` slot lists, read for the speculative requests; NULL without any.
+    /// `[R, num_spec + 1]` slot lists (`0 ..` the cache's slots), read for the speculative
+    /// requests only; NULL without any.
     pub spec_slots: *const i32,
     /// `[R]` tokens the previous step accepted; `> 0` marks request `r` speculative (it then
     /// uses row `r` of `spec_slots`); NULL without speculative requests.
@@ -399,47 +406,130 @@ pub unsafe extern "C" fn kda_cache_destroy(cache: *mut KdaCache) {
     unsafe { destroy(cache) }
 }
 
-/// The batch as the layer's arguments.
+/// A count of the batch above what bounds it: the value as the caller gave it, and the bound.
+pub(crate) fn bound(param: &'static str, value: usize, expected: String) -> EmbedError {
+    EmbedError::MetadataBound { param, value: value as i128, expected }
+}
+
+/// `values` (slots the caller gave) checked against the cache's `slots`, as `i64`s.
+fn slot_values(
+    param: &'static str,
+    first: usize,
+    values: &[i32],
+    slots: usize,
+) -> Result<Vec<i64>, EmbedError> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| match usize::try_from(v) {
+            Ok(s) if s < slots => Ok(i64::from(v)),
+            _ => Err(EmbedError::MetadataValue {
+                param,
+                index: first + i,
+                value: i64::from(v),
+                expected: format!("0..{slots} (the cache's slots)"),
+            }),
+        })
+        .collect()
+}
+
+/// The batch as the layer's arguments. Every count is checked against what bounds it before
+/// the array it sizes is read, so an impossible count is an error, never a read or an
+/// allocation: `num_requests` by `num_tokens` (every request needs a token), `num_spec` by the
+/// cache's, the speculative requests' slot lists by the tokens they need. Slot values are
+/// checked against the cache's slots as they are read (`slots` for plain requests,
+/// `spec_slots` rows for speculative ones; the other entries are not read). What is read and
+/// kept is at most a few integers per token of `num_tokens`.
 ///
 /// # Safety
-/// `batch`'s pointers are NULL or valid for the lengths its fields give.
-unsafe fn batch_args(batch: &KdaBatch) -> Result<BatchArgs, EmbedError> {
+/// `batch`'s pointers are NULL or valid for the lengths its fields give, when those pass the
+/// checks.
+unsafe fn batch_args(
+    batch: &KdaBatch,
+    num_tokens: usize,
+    cache: &Cache,
+) -> Result<BatchArgs, EmbedError> {
     let r = batch.num_requests;
-    let len = if r == 0 && batch.query_start_loc.is_null() { 0 } else { r + 1 };
-    // SAFETY: the caller's contract on `batch`.
-    let qsl = unsafe { slice("query_start_loc", batch.query_start_loc, len) }?;
-    let optional = |param, ptr: *const i32, n| -> Result<Option<Vec<i64>>, EmbedError> {
+    if r > num_tokens {
+        let why = format!("at most {num_tokens} (num_tokens: every request needs a token)");
+        return Err(bound("num_requests", r, why));
+    }
+    let (num_slots, cache_spec) = (cache.num_slots(), cache.num_spec());
+    if batch.num_spec > cache_spec {
+        let why = format!("at most {cache_spec} (the cache's num_spec)");
+        return Err(bound("num_spec", batch.num_spec, why));
+    }
+    let len = match r.checked_add(1) {
+        _ if r == 0 && batch.query_start_loc.is_null() => 0,
+        Some(len) => len,
+        None => return Err(bound("num_requests", r, format!("at most {}", usize::MAX - 1))),
+    };
+    // SAFETY: the caller's contract on `batch`: `len` is `num_requests + 1`, now known to be
+    // at most `num_tokens + 1`.
+    let qsl = widen(unsafe { slice("query_start_loc", batch.query_start_loc, len) }?);
+    let optional = |param, ptr: *const i32| -> Result<Option<&[i32]>, EmbedError> {
         if ptr.is_null() {
             return Ok(None);
         }
-        // SAFETY: non-null, valid for `n` reads per the caller's contract.
-        Ok(Some(widen(unsafe { slice(param, ptr, n) }?)))
+        // SAFETY: non-null, valid for `r` reads per the caller's contract (`r` checked above).
+        Ok(Some(unsafe { slice(param, ptr, r) }?))
     };
-    let computed = optional("num_computed_tokens", batch.num_computed_tokens, r)?;
-    let slots = optional("slots", batch.slots, r)?;
-    let accepted = optional("num_accepted_tokens", batch.num_accepted_tokens, r)?;
-    let width = batch.num_spec + 1;
-    let spec = optional("spec_slots", batch.spec_slots, r * width)?;
-    let slots = match (&accepted, &spec) {
-        (Some(acc), Some(spec)) => Some(
+    let computed = optional("num_computed_tokens", batch.num_computed_tokens)?.map(widen);
+    let slots = optional("slots", batch.slots)?;
+    let accepted = optional("num_accepted_tokens", batch.num_accepted_tokens)?;
+    let single = |i: usize| -> Result<SlotsArg, EmbedError> {
+        match slots {
+            Some(s) => Ok(SlotsArg::Single(slot_values("slots", i, &s[i..=i], num_slots)?[0])),
+            None => Ok(SlotsArg::Single(i as i64)),
+        }
+    };
+    let slots = match (accepted, batch.spec_slots.is_null()) {
+        (Some(_), true) => return Err(null("spec_slots")),
+        (Some(acc), false) => {
+            // Each speculative request has `num_spec + 1` tokens and as many slots: the rows of
+            // `spec_slots` read are bounded by the tokens before any is read.
+            let width = batch.num_spec + 1; // `num_spec` <= the cache's, which fits its rows.
+            let speculative = acc.iter().filter(|&&a| a > 0).count();
+            if speculative > 0 {
+                if speculative.checked_mul(width).is_none_or(|n| n > num_tokens) {
+                    let why = format!(
+                        "at most {} ({speculative} speculative requests of num_spec + 1 tokens \
+                         each in {num_tokens} tokens)",
+                        num_tokens / speculative - 1
+                    );
+                    return Err(bound("num_spec", batch.num_spec, why));
+                }
+                // The rows are addressed as `[R, num_spec + 1]` i32s: the offsets must fit.
+                let largest = isize::MAX as usize / 4;
+                if r.checked_mul(width).is_none_or(|n| n > largest) {
+                    let why = format!(
+                        "at most {} (spec_slots [num_requests = {r}, num_spec + 1] \
+                                       within the address space)",
+                        largest / r - 1
+                    );
+                    return Err(bound("num_spec", batch.num_spec, why));
+                }
+            }
             (0..r)
                 .map(|i| {
-                    if acc[i] > 0 {
-                        SlotsArg::Speculative(spec[i * width..(i + 1) * width].to_vec())
-                    } else {
-                        SlotsArg::Single(slots.as_ref().map_or(i as i64, |s| s[i]))
+                    if acc[i] <= 0 {
+                        return single(i);
                     }
+                    // SAFETY: row `i` of the caller's `[num_requests, num_spec + 1]` array; the
+                    // offset fits (`r · width` checked above).
+                    let row =
+                        unsafe { slice("spec_slots", batch.spec_slots.add(i * width), width) }?;
+                    Ok(SlotsArg::Speculative(slot_values("spec_slots", i * width, row, num_slots)?))
                 })
-                .collect(),
-        ),
-        (Some(_), None) => return Err(null("spec_slots")),
-        _ => slots.map(|s| s.into_iter().map(SlotsArg::Single).collect()),
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        (None, _) => (0..r).map(single).collect::<Result<Vec<_>, _>>()?,
     };
     Ok(BatchArgs {
-        query_start_loc: widen(qsl),
+        query_start_loc: qsl,
         num_computed_tokens: computed,
-        slots,
-        num_accepted_tokens: accepted,
+        slots: Some(slots),
+        num_accepted_tokens: accepted.map(widen),
     })
 }
 
@@ -452,8 +542,12 @@ unsafe fn batch_args(batch: &KdaBatch) -> Result<BatchArgs, EmbedError> {
 /// (`CUstream`, `aclrtStream`) on a device backend: the work is queued on it, in its order, and
 /// the call returns at once. A rejected call changes neither `out` nor the cache.
 ///
+/// Checked before anything is read: the dtype codes, that `num_tokens` rows fit the address
+/// space, the batch's counts against their bounds (`KdaBatch`), then every value read.
+///
 /// # Safety
-/// `layer`, `cache` and `batch` are live; `hidden_states` and `out` point to arrays of the
+/// `layer`, `cache` and `batch` are live; `batch`'s arrays hold the entries its counts say
+/// (whenever those pass the checks); `hidden_states` and `out` point to arrays of the
 /// sizes above, aligned to 4 bytes, valid until the work completes (the call's return with
 /// `stream` 0, else the engine stream passing it), untouched by others meanwhile; `stream`
 /// is 0 or a live stream of the layer's device that outlives the backend (kda imports it once
@@ -478,26 +572,41 @@ pub unsafe extern "C" fn kda_layer_forward(
         let cache = unsafe { deref("cache", cache) }?;
         // SAFETY: the caller's contract.
         let batch = unsafe { deref("batch", batch) }?;
-        // SAFETY: the caller's contract on `batch`.
-        let args = unsafe { batch_args(batch) }?;
+        let (hidden_dtype, out_dtype) =
+            (dtype("hidden_dtype", hidden_dtype)?, dtype("out_dtype", out_dtype)?);
+        let hidden = layer.layer.info().hidden_size;
+        let shape = vec![num_tokens, hidden];
+        // `num_tokens` sizes both arrays: rows that no memory can hold are refused before it
+        // bounds anything else.
+        for (param, dtype) in [("hidden_states", hidden_dtype), ("out", out_dtype)] {
+            if kda_core::layout::checked_size_bytes(dtype, &shape).is_err() {
+                return Err(EmbedError::Array {
+                    param,
+                    message: format!(
+                        "num_tokens = {num_tokens} rows of {hidden} {dtype} elements do not fit \
+                         the address space"
+                    ),
+                });
+            }
+        }
         if hidden_states.is_null() && num_tokens > 0 {
             return Err(null("hidden_states"));
         }
         if out.is_null() && num_tokens > 0 {
             return Err(null("out"));
         }
+        // SAFETY: the caller's contract on `batch`.
+        let args = unsafe { batch_args(batch, num_tokens, &cache.cache) }?;
         let memory = match layer.layer.runtime().name() {
             "reference" => Memory::Host,
             name => Memory::Device { backend: name, device: 0 },
         };
-        let hidden = layer.layer.info().hidden_size;
-        let shape = vec![num_tokens, hidden];
         // SAFETY: the caller's contract: arrays of these sizes, valid until the work
         // completes; the engine owns them, so the owner is nothing.
         let x = unsafe {
             ForeignArray::new(
                 hidden_states.cast_mut().cast(),
-                dtype("hidden_dtype", hidden_dtype)?,
+                hidden_dtype,
                 shape.clone(),
                 None,
                 memory,
@@ -505,16 +614,8 @@ pub unsafe extern "C" fn kda_layer_forward(
             )
         }?;
         // SAFETY: as above.
-        let y = unsafe {
-            ForeignArray::new(
-                out.cast(),
-                dtype("out_dtype", out_dtype)?,
-                shape,
-                None,
-                memory,
-                Box::new(()),
-            )
-        }?;
+        let y =
+            unsafe { ForeignArray::new(out.cast(), out_dtype, shape, None, memory, Box::new(())) }?;
         let stream = (stream != 0).then_some(stream);
         // SAFETY: the caller's contract.
         unsafe { layer.layer.forward(x, &args, &cache.cache, y, stream) }.map(|_| ())
@@ -542,13 +643,13 @@ pub unsafe extern "C" fn kda_cache_recurrent_state(
         let cache = unsafe { deref("cache", cache) }?;
         let values = cache.cache.recurrent_state(&layer.layer, slot)?;
         if len != values.len() {
-            return Err(kda_core::Error::HostSize {
-                op: "kda_cache_recurrent_state",
+            return Err(EmbedError::Array {
                 param: "out",
-                expected: values.len() * 4,
-                actual: len * 4,
-            }
-            .into());
+                message: format!(
+                    "len = {len} floats, expected {} ([local_heads, head_dim, head_dim])",
+                    values.len()
+                ),
+            });
         }
         if out.is_null() {
             return Err(null("out"));

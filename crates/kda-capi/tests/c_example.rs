@@ -117,7 +117,7 @@ fn the_c_example_prints_the_rust_apis_checksum() {
     );
     print!("{stdout}");
     assert!(stdout.contains(
-        "rejected (status 3): batch metadata: request 1 uses slot 7, but the cache has 2 slots"
+        "rejected (status 3): batch metadata: slots[1] = 7, expected 0..2 (the cache's slots)"
     ));
     let line = stdout.lines().find_map(|l| l.strip_prefix("checksum ")).expect("a checksum line");
     let (sum, fnv) = line.split_once(" fnv1a ").expect("checksum SUM fnv1a HEX");

@@ -108,8 +108,10 @@ impl ForeignArray {
         self.memory
     }
 
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+    /// The element count; `None` when it overflows (a strided view, numpy's `broadcast_to`,
+    /// can describe more elements than any memory holds).
+    pub fn numel(&self) -> Option<usize> {
+        kda_core::layout::checked_numel(&self.shape)
     }
 
     /// `Err` naming `param` unless the array is of one of `dtypes`.
@@ -199,20 +201,25 @@ impl ForeignArray {
         }
         let dst = device.alloc(self.dtype, &self.shape)?;
         // SAFETY: host memory, valid per `ForeignArray::new`'s contract.
-        let bytes = unsafe { self.gather_bytes() };
+        let bytes = unsafe { self.gather_bytes() }?;
         device.launch(stream, Op::Upload { dst: dst.clone(), data: bytes.into() })?;
         Ok((dst, Import::Copied))
     }
 
-    /// The elements in row-major order, as bytes.
+    /// The elements in row-major order, as bytes. The byte count is checked (a shape whose
+    /// size overflows is an error, not a count that wrapped) and reserved fallibly: a strided
+    /// view (numpy's `broadcast_to`) can describe far more elements than its memory holds.
     ///
     /// # Safety
     /// Host memory, valid as `ForeignArray::new` promised.
-    unsafe fn gather_bytes(&self) -> Vec<u8> {
+    unsafe fn gather_bytes(&self) -> Result<Vec<u8>> {
         let size = self.dtype.size_bytes();
-        let mut out = Vec::with_capacity(self.numel() * size);
-        if self.numel() == 0 {
-            return out;
+        let bytes = kda_core::layout::checked_size_bytes(self.dtype, &self.shape)
+            .map_err(kda_core::Error::from)?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(bytes).map_err(|_| kda_core::Error::OutOfMemory { bytes })?;
+        if bytes == 0 {
+            return Ok(out);
         }
         let mut index = vec![0usize; self.shape.len()];
         loop {
@@ -227,7 +234,7 @@ impl ForeignArray {
             let mut dim = self.shape.len();
             loop {
                 if dim == 0 {
-                    return out;
+                    return Ok(out);
                 }
                 dim -= 1;
                 index[dim] += 1;
@@ -268,7 +275,7 @@ impl ForeignArray {
             }));
         }
         // SAFETY: host memory, valid per `ForeignArray::new`'s contract.
-        Ok(std::borrow::Cow::Owned(unsafe { self.gather_bytes() }))
+        Ok(std::borrow::Cow::Owned(unsafe { self.gather_bytes() }?))
     }
 
     /// A host float array's values as f32 (exact for bf16 and f16), row-major.
@@ -276,7 +283,7 @@ impl ForeignArray {
         self.expect_host(param)?;
         self.expect_dtype(param, &[DType::F32, DType::BF16, DType::F16])?;
         // SAFETY: host memory, valid per `ForeignArray::new`'s contract.
-        let bytes = unsafe { self.gather_bytes() };
+        let bytes = unsafe { self.gather_bytes() }?;
         Ok(match self.dtype {
             DType::BF16 => {
                 bytes.chunks_exact(2).map(|c| bf16::from_ne_bytes([c[0], c[1]]).to_f32()).collect()

@@ -43,8 +43,27 @@ pub enum EmbedError {
     #[error("batch metadata: {param}[{index}] = {value}, expected {expected}")]
     MetadataValue { param: &'static str, index: usize, value: i64, expected: String },
 
+    /// A count or index of the batch or the cache outside what bounds it (a request count
+    /// above the tokens, `num_spec` above the cache's, a slot past the cache's), with the value
+    /// exactly as the caller gave it: checked before any array it sizes is read.
+    #[error("batch metadata: {param} = {value}, expected {expected}")]
+    MetadataBound { param: &'static str, value: i128, expected: String },
+
+    /// A size argument that no object can have (a negative count), as the caller gave it.
+    #[error("{param} = {value}, expected {expected}")]
+    Count { param: &'static str, value: i128, expected: String },
+
     #[error("{what}: the layer runs on backend {layer} but the {what} belongs to backend {other}")]
     BackendMismatch { what: &'static str, layer: &'static str, other: &'static str },
+
+    /// A cache could not be made: the sizes exactly as the caller asked for them, and why.
+    #[error("a cache of num_slots = {num_slots}, num_spec = {num_spec}")]
+    NewCache {
+        num_slots: usize,
+        num_spec: usize,
+        #[source]
+        source: Box<EmbedError>,
+    },
 
     #[error("kda panicked (a bug, please report it): {0}")]
     Panic(String),
@@ -72,11 +91,15 @@ impl EmbedError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             EmbedError::Layer(LayerError::Batch(_) | LayerError::Keep(_))
-            | EmbedError::MetadataValue { .. } => ErrorKind::Metadata,
+            | EmbedError::MetadataValue { .. }
+            | EmbedError::MetadataBound { .. } => ErrorKind::Metadata,
             EmbedError::Layer(LayerError::Weights(_)) => ErrorKind::Checkpoint,
             EmbedError::Layer(LayerError::Device(e)) => device_kind(e),
-            EmbedError::Argument { .. } | EmbedError::Null { .. } => ErrorKind::Argument,
+            EmbedError::Argument { .. } | EmbedError::Null { .. } | EmbedError::Count { .. } => {
+                ErrorKind::Argument
+            }
             EmbedError::Array { .. } | EmbedError::BackendMismatch { .. } => ErrorKind::Shape,
+            EmbedError::NewCache { source, .. } => source.kind(),
             EmbedError::Panic(_) => ErrorKind::Internal,
         }
     }

@@ -323,6 +323,14 @@ impl Layer {
 
     /// A zeroed cache of `num_slots` slots with room for `num_spec` speculative tokens per step.
     pub fn new_cache(&self, num_slots: usize, num_spec: usize) -> Result<Cache> {
+        self.new_cache_unlabelled(num_slots, num_spec).map_err(|e| EmbedError::NewCache {
+            num_slots,
+            num_spec,
+            source: Box::new(e),
+        })
+    }
+
+    fn new_cache_unlabelled(&self, num_slots: usize, num_spec: usize) -> Result<Cache> {
         let (n, spec) = (num_slots, num_spec);
         let cache = on_backend!(&*self.runtime.inner, |B, s| {
             let l = B::get(&self.layer)
@@ -462,14 +470,20 @@ impl Cache {
         self.slots
     }
 
+    /// The speculative tokens per step the cache has room for (what bounds a batch's
+    /// `num_spec`).
+    pub fn num_spec(&self) -> usize {
+        let guard = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        on_backend!(&*guard, |B, c| c.dims().num_spec)
+    }
+
     /// Slot `slot`'s recurrent state `[lh, V, K]` f32 (v-first), once kda's own stream has
     /// finished (after a forward on an engine stream, synchronize that stream first).
     pub fn recurrent_state(&self, layer: &Layer, slot: usize) -> Result<Vec<f32>> {
         if slot >= self.slots {
-            return Err(EmbedError::MetadataValue {
+            return Err(EmbedError::MetadataBound {
                 param: "slot",
-                index: 0,
-                value: i64::try_from(slot).unwrap_or(i64::MAX),
+                value: slot as i128,
                 expected: format!("< {} (the cache's slots)", self.slots),
             });
         }

@@ -48,6 +48,8 @@ struct DlManagedTensor {
 }
 
 const DLPACK_CAPSULE: &CStr = c"dltensor";
+/// The most dimensions a DLPack tensor may have here (numpy's `NPY_MAXDIMS`; torch allows 25).
+const MAX_DLPACK_NDIM: usize = 64;
 const KDL_CPU: i32 = 1;
 const KDL_CUDA: i32 = 2;
 const KDL_CUDA_HOST: i32 = 3;
@@ -189,7 +191,11 @@ fn from_dlpack(
     // our reference (the owner below) is dropped.
     let t = unsafe { &(*managed.cast::<DlManagedTensor>()).dl_tensor };
     let dtype = dlpack_dtype(param, &t.dtype)?;
-    let ndim = usize::try_from(t.ndim).unwrap_or(0);
+    // `ndim` sizes the reads of `shape` and `strides` below: bounded first (numpy's limit; a
+    // negative one is refused, not read as 0).
+    let ndim = usize::try_from(t.ndim).ok().filter(|&n| n <= MAX_DLPACK_NDIM).ok_or_else(|| {
+        array_error(param, format!("DLPack ndim = {}, expected 0..={MAX_DLPACK_NDIM}", t.ndim))
+    })?;
     let dims = |p: *const i64| -> Vec<i64> {
         if p.is_null() || ndim == 0 {
             return Vec::new();

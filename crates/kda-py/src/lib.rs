@@ -44,6 +44,14 @@ struct PyStateCache {
     cache: Arc<Cache>,
 }
 
+/// A Python int (taken as `i128`, so a negative one or one past `usize` is said as given) as
+/// the size `param`.
+fn size(param: &'static str, value: i128) -> PyResult<usize> {
+    usize::try_from(value).map_err(|_| {
+        to_py(EmbedError::Count { param, value, expected: format!("0..={}", usize::MAX) })
+    })
+}
+
 /// A sequence of ints (list, tuple, numpy or torch integer array) as `i64`s.
 fn ints(param: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     let list = if obj.hasattr("tolist")? { obj.call_method0("tolist")? } else { obj.clone() };
@@ -223,12 +231,8 @@ impl PyLayer {
     /// A zeroed `kda.StateCache` of `num_slots` slots, with room for `num_spec` speculative
     /// tokens per step.
     #[pyo3(signature = (num_slots=8, num_spec=0))]
-    fn new_cache(
-        &self,
-        py: Python<'_>,
-        num_slots: usize,
-        num_spec: usize,
-    ) -> PyResult<PyStateCache> {
+    fn new_cache(&self, py: Python<'_>, num_slots: i128, num_spec: i128) -> PyResult<PyStateCache> {
+        let (num_slots, num_spec) = (size("num_slots", num_slots)?, size("num_spec", num_spec)?);
         let layer = &*self.layer;
         let cache = py.detach(|| guard(|| layer.new_cache(num_slots, num_spec))).map_err(to_py)?;
         Ok(PyStateCache { layer: Arc::clone(&self.layer), cache: Arc::new(cache) })
@@ -377,8 +381,16 @@ impl PyLayer {
 #[pymethods]
 impl PyStateCache {
     /// Slot `slot`'s recurrent state, a numpy float32 array `[lh, V, K]` (v-first).
-    fn recurrent_state<'py>(&self, py: Python<'py>, slot: usize) -> PyResult<Bound<'py, PyAny>> {
+    fn recurrent_state<'py>(&self, py: Python<'py>, slot: i128) -> PyResult<Bound<'py, PyAny>> {
         let (layer, cache) = (&*self.layer, &*self.cache);
+        // A negative slot is out of range like one past the cache's slots, and said as given.
+        let slot = usize::try_from(slot).map_err(|_| {
+            to_py(EmbedError::MetadataBound {
+                param: "slot",
+                value: slot,
+                expected: format!("< {} (the cache's slots)", cache.num_slots()),
+            })
+        })?;
         let values = py.detach(|| guard(|| cache.recurrent_state(layer, slot))).map_err(to_py)?;
         let i = layer.info();
         array::numpy_from(py, "float32", &[i.local_heads, i.head_dim, i.head_dim], &values)

@@ -62,6 +62,19 @@ impl<B: Backend> StateCache<B> {
                 actual: format!("{dims:?}"),
             });
         }
+        // The conv state's rows, `W - 1 + num_spec`, must not wrap: a wrapped count would make
+        // a cache too small for the `num_spec` it reports.
+        if dims.num_spec.checked_add(dims.conv_width - 1).is_none() {
+            return Err(Error::Param {
+                op: "state cache",
+                param: "num_spec",
+                expected: format!(
+                    "at most {} (the conv state's W - 1 + num_spec rows must fit a usize)",
+                    usize::MAX - (dims.conv_width - 1)
+                ),
+                actual: dims.num_spec.to_string(),
+            });
+        }
         let recurrent = device.alloc(DType::F32, &dims.recurrent_shape())?;
         let conv = device.alloc(DType::F32, &dims.conv_shape())?;
         for t in [&recurrent, &conv] {
