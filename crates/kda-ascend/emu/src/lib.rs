@@ -29,6 +29,7 @@
 mod kernel;
 mod nn;
 mod rt;
+pub mod twin;
 mod vendor;
 
 pub use kernel::write_stand_in;
@@ -86,9 +87,9 @@ struct Emu {
     /// Executors freed by their (only) run: a second run is the error CANN reports.
     spent: HashSet<usize>,
     models: HashMap<usize, Graph<Ref>>,
-    /// Loaded binaries and the kda kernels each contains.
-    binaries: HashMap<usize, Vec<&'static str>>,
-    functions: HashMap<usize, &'static str>,
+    /// Loaded binaries: the kda kernels each contains and where their code is.
+    binaries: HashMap<usize, kernel::Binary>,
+    functions: HashMap<usize, (&'static str, kernel::Code)>,
     /// The capture open now, if any.
     capture: Option<Capturing>,
     /// Events recorded in the open capture: they cannot be queried or synchronized until it
