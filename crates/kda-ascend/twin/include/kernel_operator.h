@@ -30,6 +30,7 @@
 #define KDA_TWIN_KERNEL_OPERATOR_H
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -237,6 +238,37 @@ inline void PipeBarrier()
                               std::to_string(static_cast<int>(P)));
     }
 }
+
+// ---- Exceptions ----
+
+// ascendc_assert (基础API/调试接口/异常检测/ascendc_assert.md, A2/A3/950): a false condition
+// prints the message and stops the AI Core (Trap.md), which the runtime reports as an AI Core
+// exception of the kernel. The twin reports it as a violation carrying the message.
+inline void Trap() { kda_twin::violate("Trap", "the kernel stopped the AI Core (Trap)", ""); }
+
+}  // namespace AscendC
+
+namespace kda_twin {
+inline void assert_at(bool ok, const char *expr, const char *file, int line)
+{
+    if (!ok) violate("ascendc_assert", "ascendc_assert failed: the kernel stopped the AI Core",
+                     std::string(file) + ":" + std::to_string(line) + ": `" + expr + "`");
+}
+template <typename... A>
+inline void assert_at(bool ok, const char *expr, const char *file, int line, const char *fmt, A... args)
+{
+    if (ok) return;
+    char text[512];
+    std::snprintf(text, sizeof text, fmt, args...);
+    violate("ascendc_assert", "ascendc_assert failed: the kernel stopped the AI Core",
+            std::string(file) + ":" + std::to_string(line) + ": `" + expr + "` " + text);
+}
+}  // namespace kda_twin
+
+#define ascendc_assert(expr, ...) \
+    ::kda_twin::assert_at(static_cast<bool>(expr), #expr, __FILE__, __LINE__, ##__VA_ARGS__)
+
+namespace AscendC {
 
 // ---- Tensors ----
 
