@@ -387,10 +387,7 @@ fn execution(
         // SAFETY: every range of `gm` is an allocation `keep` holds alive; the stream runs one
         // task at a time and orders this one after the work it depends on, as the device
         // does; the meta pointer is `meta_words`, which the kernel reads as its meta region.
-        unsafe { kernel.launch(profile, blocks, &args, &gm) }.map_err(|e| {
-            eprintln!("TWIN: {e}");
-            e.to_string()
-        })
+        unsafe { kernel.launch(profile, blocks, &args, &gm) }.map_err(|e| e.to_string())
     }))
 }
 
