@@ -122,6 +122,13 @@ __aicore__ inline void chunk(const ChunkArgs &a)
                     ascendc_assert(other != to, "chunk_state_slots[%d] = %d is also state_slots[%d]\n",
                                    static_cast<int32_t>(first_chunk + i / KDA_CHUNK), to, static_cast<int32_t>(j));
                 }
+                // ... nor on one an earlier kept state took.
+                const int64_t entry = first_chunk + i / KDA_CHUNK;
+                for (int64_t j = 0; j < entry && to >= 0; ++j) {
+                    const int32_t other = kda_read(kept, j * a.chunk_state_slots.strides[0]);
+                    ascendc_assert(other != to, "chunk_state_slots[%d] = %d is also chunk_state_slots[%d]\n",
+                                   static_cast<int32_t>(entry), to, static_cast<int32_t>(j));
+                }
                 if (to >= 0) {
                     kda_delta_store_state(d, a.state, to * a.state.strides[0] + h * a.state.strides[1]);
                 }

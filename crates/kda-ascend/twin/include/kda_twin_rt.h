@@ -10,8 +10,9 @@
 //   32-byte units;
 // - four pipes, each an in-order queue: S (scalar: LocalTensor/GlobalTensor GetValue and
 //   SetValue), V (vector instructions), MTE2 (GM -> UB) and MTE3 (UB -> GM);
-// - per UB byte: the pipe and sequence number of its last write, the last read of each pipe, and
-//   whether an instruction wrote a defined value there (DataCopyPad's dummy padding is not);
+// - per 32-byte UB block (the unit UB addresses and copies align to): the pipe and sequence
+//   number of its last write and the last read of each pipe; per UB byte whether an instruction
+//   wrote a defined value there (DataCopyPad's dummy padding is not);
 // - per pipe a vector clock: how many instructions of each pipe it is known to follow, learnt
 //   only through SetFlag/WaitFlag, PipeBarrier and the queues' EnQue/DeQue/FreeTensor/AllocTensor
 //   (which synchronise as the framework does). No automatic synchronisation is assumed (CI runs
@@ -51,7 +52,6 @@ struct Shadow {
     uint32_t wseq;          // sequence number of the last write (0: never written)
     uint32_t rseq[P_COUNT]; // last read per pipe
     uint8_t wpipe;
-    uint8_t defined;
 };
 
 struct Flag {
@@ -89,7 +89,8 @@ struct Block {
     // This block.
     uint32_t idx = 0;
     std::vector<uint8_t> ub;
-    std::vector<Shadow> shadow;
+    std::vector<Shadow> shadow;    // one per 32-byte block
+    std::vector<uint8_t> defined;  // one per byte
     uint32_t issued[P_COUNT] = {};
     uint32_t known[P_COUNT][P_COUNT] = {};  // known[p][q]: q's instructions p follows
     Flag flags[P_COUNT][P_COUNT][kEventIds] = {};

@@ -810,11 +810,11 @@ inline void binary(const char *api, const LocalTensor<T> &dst, const LocalTensor
     const uint32_t seq = kda_twin::issue(kda_twin::P_V);
     vread(api, a, count);
     vread(api, b, count);
-    std::vector<T> out(static_cast<size_t>(count));
-    const T *x = ub_ptr(a), *y = ub_ptr(b);
-    for (int64_t i = 0; i < count; ++i) out[i] = f(x[i], y[i]);
     vwrite(api, seq, dst, count);
-    std::memcpy(ub_ptr(dst), out.data(), count * sizeof(T));
+    // Operands overlap completely or not at all: element i depends on element i only.
+    const T *x = ub_ptr(a), *y = ub_ptr(b);
+    T *out = ub_ptr(dst);
+    for (int64_t i = 0; i < count; ++i) out[i] = f(x[i], y[i]);
 }
 
 // dst[i] = f(src[i])
@@ -827,11 +827,10 @@ inline void unary(const char *api, const LocalTensor<T> &dst, const LocalTensor<
     no_partial_overlap(api, dst, src, count);
     const uint32_t seq = kda_twin::issue(kda_twin::P_V);
     vread(api, src, count);
-    std::vector<T> out(static_cast<size_t>(count));
-    const S *x = ub_ptr(src);
-    for (int64_t i = 0; i < count; ++i) out[i] = f(x[i]);
     vwrite(api, seq, dst, count);
-    std::memcpy(ub_ptr(dst), out.data(), count * sizeof(T));
+    const S *x = ub_ptr(src);
+    T *out = ub_ptr(dst);
+    for (int64_t i = 0; i < count; ++i) out[i] = f(x[i]);
 }
 
 }  // namespace detail
@@ -904,15 +903,13 @@ inline void Axpy(const LocalTensor<T> &dst, const LocalTensor<U> &src, const U &
     const uint32_t seq = kda_twin::issue(kda_twin::P_V);
     detail::vread(api, src, count);
     detail::vread(api, dst, count);
+    detail::vwrite(api, seq, dst, count);
     T *d = detail::ub_ptr(dst);
     const U *x = detail::ub_ptr(src);
-    std::vector<T> out(static_cast<size_t>(count));
     for (int32_t i = 0; i < count; ++i) {
         const float prod = float(x[i]) * float(s);
-        out[i] = T(prod + float(d[i]));
+        d[i] = T(prod + float(d[i]));
     }
-    detail::vwrite(api, seq, dst, count);
-    std::memcpy(d, out.data(), count * sizeof(T));
 }
 
 template <typename T>

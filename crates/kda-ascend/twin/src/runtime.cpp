@@ -77,25 +77,30 @@ void ub_read(const char *api, Pipe p, uint32_t addr, uint32_t len)
 {
     Block &b = cur();
     need_ub(b, api, addr, len);
+    if (len == 0) return;
     const uint32_t seq = b.issued[p];
-    for (uint32_t i = addr; i < addr + len; ++i) {
-        Shadow &s = b.shadow[i];
-        if (!s.defined) {
-            violate(api, "read of UB bytes no instruction defined",
-                    std::string("pipe ") + pipe_name(p) + " reads UB byte " + std::to_string(i) +
-                        (s.wseq == 0 ? ", never written since InitBuffer"
-                                     : ", DataCopyPad's dummy padding (GMToUB非对齐数据搬运(DataCopyPad).md: "
-                                       "padding up to 32 bytes is dummy data)"));
-        }
+    const auto first = b.defined.begin() + addr, last = first + len;
+    const auto hole = std::find(first, last, uint8_t{0});
+    if (hole != last) {
+        const uint32_t i = static_cast<uint32_t>(hole - b.defined.begin());
+        const Shadow &s = b.shadow[i / kBlock];
+        violate(api, "read of UB bytes no instruction defined",
+                std::string("pipe ") + pipe_name(p) + " reads UB byte " + std::to_string(i) +
+                    (s.wseq == 0 ? ", never written since InitBuffer"
+                                 : ", DataCopyPad's dummy padding (GMToUB非对齐数据搬运(DataCopyPad).md: "
+                                   "padding up to 32 bytes is dummy data)"));
+    }
+    for (uint32_t blk = addr / kBlock; blk <= (addr + len - 1) / kBlock; ++blk) {
+        Shadow &s = b.shadow[blk];
         if (!ordered(b, p, static_cast<Pipe>(s.wpipe), s.wseq)) {
             const bool vv = p == P_V && s.wpipe == P_V;
             violate(api,
                     vv ? "vector read of a vector result without PipeBarrier<PIPE_V>"
                        : "unsynchronised read of UB written on another pipe (missing SetFlag/WaitFlag)",
-                    std::string("pipe ") + pipe_name(p) + " reads UB byte " + std::to_string(i) +
-                        " written by " + pipe_name(s.wpipe) + " instruction #" +
-                        std::to_string(s.wseq) + "; " + pipe_name(p) + " is ordered after #" +
-                        std::to_string(b.known[p][s.wpipe]) + " of " + pipe_name(s.wpipe));
+                    std::string("pipe ") + pipe_name(p) + " reads UB block at " + std::to_string(blk * kBlock) +
+                        " written by " + pipe_name(s.wpipe) + " instruction #" + std::to_string(s.wseq) + "; " +
+                        pipe_name(p) + " is ordered after #" + std::to_string(b.known[p][s.wpipe]) + " of " +
+                        pipe_name(s.wpipe));
         }
         if (s.rseq[p] < seq) s.rseq[p] = seq;
     }
@@ -105,13 +110,13 @@ void ub_write(const char *api, Pipe p, uint32_t seq, uint32_t addr, uint32_t len
 {
     Block &b = cur();
     need_ub(b, api, addr, len);
-    for (uint32_t i = addr; i < addr + len; ++i) {
-        Shadow &s = b.shadow[i];
+    if (len == 0) return;
+    for (uint32_t blk = addr / kBlock; blk <= (addr + len - 1) / kBlock; ++blk) {
+        Shadow &s = b.shadow[blk];
         if (s.wseq != 0 && s.wpipe != p && !ordered(b, p, static_cast<Pipe>(s.wpipe), s.wseq)) {
             violate(api, "unsynchronised write of UB written on another pipe (missing SetFlag/WaitFlag)",
-                    std::string("pipe ") + pipe_name(p) + " writes UB byte " + std::to_string(i) +
-                        " last written by " + pipe_name(s.wpipe) + " instruction #" +
-                        std::to_string(s.wseq));
+                    std::string("pipe ") + pipe_name(p) + " writes UB block at " + std::to_string(blk * kBlock) +
+                        " last written by " + pipe_name(s.wpipe) + " instruction #" + std::to_string(s.wseq));
         }
         // Reads by the scalar unit are complete before it issues any later instruction (it is
         // the unit that issues them, in program order, and its loads block); its writes are
@@ -119,14 +124,14 @@ void ub_write(const char *api, Pipe p, uint32_t seq, uint32_t addr, uint32_t len
         for (int q = P_V; q < P_COUNT; ++q) {
             if (q != p && s.rseq[q] != 0 && !ordered(b, p, static_cast<Pipe>(q), s.rseq[q])) {
                 violate(api, "unsynchronised write of UB another pipe still reads (missing SetFlag/WaitFlag)",
-                        std::string("pipe ") + pipe_name(p) + " writes UB byte " + std::to_string(i) +
+                        std::string("pipe ") + pipe_name(p) + " writes UB block at " + std::to_string(blk * kBlock) +
                             " read by " + pipe_name(q) + " instruction #" + std::to_string(s.rseq[q]));
             }
         }
         s.wseq = seq;
         s.wpipe = p;
-        s.defined = defined ? 1 : 0;
     }
+    std::fill(b.defined.begin() + addr, b.defined.begin() + addr + len, defined ? uint8_t{1} : uint8_t{0});
 }
 
 static const GmRange *gm_find(const Block &b, uint64_t a, uint64_t len)
@@ -272,7 +277,8 @@ uint32_t ub_alloc(const char *api, uint32_t len)
     const uint32_t at = b.ub_top;
     b.ub_top += static_cast<uint32_t>(size);
     b.buffers += 1;
-    for (uint32_t i = at; i < b.ub_top; ++i) b.shadow[i] = Shadow{};
+    for (uint32_t i = at / kBlock; i < b.ub_top / kBlock; ++i) b.shadow[i] = Shadow{};
+    std::fill(b.defined.begin() + at, b.defined.begin() + b.ub_top, uint8_t{0});
     return at;
 }
 
@@ -395,7 +401,8 @@ extern "C" int kda_twin_launch(const KdaTwinLaunch *l, KdaTwinError *err)
     b.gm = &gm;
     b.gm_writes = &writes;
     b.ub.assign(l->ub_bytes, 0xff);
-    b.shadow.assign(l->ub_bytes, Shadow{});
+    b.shadow.assign(l->ub_bytes / kBlock, Shadow{});
+    b.defined.assign(l->ub_bytes, 0);
     Block *saved = g_block;
     g_block = &b;
     uint32_t idx = 0;
