@@ -92,7 +92,14 @@ fn without_mx_ops_the_layer_runs_bf16_qkv_and_equals_the_reference() {
             ..Default::default()
         };
         let (want, _) = forward(&reference, &w, &x, options);
-        Tolerance::exact().assert_close(&[n, w.dims.hidden], &got, &want);
+        // The layer's kernels run under the twin (their own arithmetic, not the reference's):
+        // the conformance suite's layer tolerance.
+        let magnitude = kda_testkit::oracle_kda::max_abs(&want);
+        Tolerance::new(1.0 / 256.0, magnitude / 256.0).assert_close(
+            &[n, w.dims.hidden],
+            &got,
+            &want,
+        );
     }
 }
 
