@@ -3,7 +3,7 @@
 // kernel sources never see it.
 //
 // What a block's state models (each rule cites the asc-devkit document that states it; paths are
-// in the repository mirror-cann/asc-devkit, under docs/zh/api/SIMD-API/):
+// under mirror-cann/asc-devkit/docs/zh/api/SIMD-API/):
 // - the unified buffer (UB): its size per SoC (hicann/runtime
 //   src/platform/platform_config/cann/Ascend910B*.ini, Ascend910_93*.ini, cann-dev/Ascend950*.ini:
 //   [AICoreSpec] ub_size 196608 on A2/A3, 253952 on the 950), filled by TPipe::InitBuffer in

@@ -4,7 +4,7 @@
 // AscendC's CPU debug mode (asc-devkit cmake/asc/legacy_modules/function.cmake,
 // -DASCENDC_CPU_DEBUG): the qualifiers are empty, a kernel is a host function, GM is host memory.
 //
-// Rules and their sources (mirror-cann/asc-devkit, paths under docs/zh/api/SIMD-API/):
+// Rules and their sources (paths under mirror-cann/asc-devkit/docs/zh/api/SIMD-API/):
 // - UB operand addresses 32-byte aligned (通用说明和约束.md, 通用地址对齐约束: "Unified Buffer:
 //   32Byte对齐");
 // - a vector instruction's source and destination overlap completely or not at all
@@ -15,8 +15,9 @@
 //   dummy data, blockCount <= 4095, blockLen <= 2097151 and a multiple of sizeof(T), UB address
 //   32-byte aligned, 950 stride limits (基础API/Memory矢量计算/数据搬运/GM与UB数据搬运/
 //   GMToUB非对齐数据搬运(DataCopyPad).md, UBToGM非对齐数据搬运(DataCopyPad).md);
-// - DataCopy moves whole 32-byte blocks: its length in bytes is a multiple of 32 (ASCEND.md of
-//   this project; asc-devkit's DataCopy pages: "数据搬运量需32字节对齐"; a tail needs DataCopyPad);
+// - DataCopy moves whole 32-byte blocks: count * sizeof(T) is a multiple of 32, else the length is
+//   silently rounded down (基础API/Memory矢量计算/数据搬运/GM与UB数据搬运/GM与UB连续数据搬运(DataCopy).md);
+//   the twin rejects it: a tail needs DataCopyPad;
 // - TQue: AllocTensor/FreeTensor in pairs, no double free, DeQue of an empty queue is an error,
 //   EnQue past the queue's depth fails, at most 8 tensors allocated per position
 //   (基础API/资源管理/Pipe和Que框架/TQue/AllocTensor.md, DeQue.md, EnQue.md, FreeTensor.md);
