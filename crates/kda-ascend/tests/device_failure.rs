@@ -6,7 +6,7 @@
 
 use kda_ascend::{AscendBackend, AscendOptions};
 use kda_core::kda::ZeroPadding;
-use kda_core::{Backend, DType, Error, Op};
+use kda_core::{DType, Error, Op};
 
 #[test]
 fn a_download_behind_a_failed_kernel_reports_the_failure_instead_of_hanging() {
