@@ -130,3 +130,9 @@ fn a_queue_tensor_never_freed_is_rejected() {
     let r = rule("twin_alloc_without_free", a2(), 1);
     assert!(r.contains("AllocTensor without FreeTensor"), "{r}");
 }
+
+#[test]
+fn a_block_reading_another_blocks_output_is_rejected() {
+    let r = rule("twin_block_reads_another_blocks_output", a2(), 2);
+    assert!(r.contains("a block reads GM bytes another block writes"), "{r}");
+}

@@ -86,6 +86,7 @@ struct Block {
     Arch arch = ARCH_2201;
     const std::vector<GmRange> *gm = nullptr;
     std::vector<GmWrite> *gm_writes = nullptr;
+    std::vector<GmWrite> *gm_reads = nullptr;
     // This block.
     uint32_t idx = 0;
     std::vector<uint8_t> ub;
@@ -113,6 +114,7 @@ void ub_write(const char *api, Pipe p, uint32_t seq, uint32_t addr, uint32_t len
 // A GM access of `len` bytes at `addr`: inside one of the launch's buffers.
 void gm_check(const char *api, const void *addr, uint64_t len);
 void gm_wrote(const char *api, const void *addr, uint64_t len);
+void gm_read(const char *api, const void *addr, uint64_t len);
 void gm_scalar_read(const char *api, const void *addr, uint64_t len);
 void dcci(const void *addr);
 

@@ -656,6 +656,7 @@ inline void DataCopyPad(const LocalTensor<T> &dst, const GlobalTensor<T> &src, c
     for (uint32_t i = 0; i < p.blockCount; ++i) {
         const uint8_t *from = g + static_cast<uint64_t>(i) * (p.blockLen + p.srcStride);
         kda_twin::gm_check(api, from, p.blockLen);
+        kda_twin::gm_read(api, from, p.blockLen);
         const uint32_t at = dst.twin_addr() + static_cast<uint32_t>(pitch * i);
         uint8_t *u = b.ub.data() + at;
         // Left padding, data, right padding: the padding value with isPad, otherwise undefined.
@@ -715,6 +716,7 @@ inline void DataCopy(const LocalTensor<T> &dst, const GlobalTensor<T> &src, uint
     detail::check_extent(api, dst.twin_addr() + bytes, dst.twin_hi(), "the destination");
     const uint32_t seq = kda_twin::issue(kda_twin::P_MTE2);
     kda_twin::gm_check(api, src.GetPhyAddr(), bytes);
+    kda_twin::gm_read(api, src.GetPhyAddr(), bytes);
     kda_twin::ub_write(api, kda_twin::P_MTE2, seq, dst.twin_addr(), static_cast<uint32_t>(bytes), true);
     std::memcpy(kda_twin::cur().ub.data() + dst.twin_addr(), src.GetPhyAddr(), bytes);
 }

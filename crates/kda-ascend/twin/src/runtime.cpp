@@ -167,6 +167,19 @@ void gm_wrote(const char *api, const void *addr, uint64_t len)
     w.push_back(GmWrite{a, a + len, b.idx, api});
 }
 
+void gm_read(const char *api, const void *addr, uint64_t len)
+{
+    Block &b = cur();
+    if (len == 0 || b.gm_reads == nullptr) return;
+    const uint64_t a = reinterpret_cast<uint64_t>(addr);
+    std::vector<GmWrite> &r = *b.gm_reads;
+    if (!r.empty() && r.back().block == b.idx && r.back().hi == a) {
+        r.back().hi = a + len;
+        return;
+    }
+    r.push_back(GmWrite{a, a + len, b.idx, api});
+}
+
 void dcci(const void *addr)
 {
     Block &b = cur();
@@ -180,6 +193,7 @@ void gm_scalar_read(const char *api, const void *addr, uint64_t len)
 {
     Block &b = cur();
     gm_check(api, addr, len);
+    gm_read(api, addr, len);
     const uint64_t a = reinterpret_cast<uint64_t>(addr);
     for (uint64_t line = a / 64; line <= (a + len - 1) / 64; ++line) {
         // The scalar unit reads GM through its data cache, which is not coherent with what MTE3
@@ -392,7 +406,7 @@ extern "C" int kda_twin_launch(const KdaTwinLaunch *l, KdaTwinError *err)
     }
     std::vector<GmRange> gm;
     for (uint32_t i = 0; i < l->gm_count; ++i) gm.push_back(GmRange{l->gm[i].base, l->gm[i].len});
-    std::vector<GmWrite> writes;
+    std::vector<GmWrite> writes, reads;
     Block b;
     b.kernel = l->kernel != nullptr ? l->kernel : "";
     b.block_num = l->block_num;
@@ -400,6 +414,7 @@ extern "C" int kda_twin_launch(const KdaTwinLaunch *l, KdaTwinError *err)
     b.arch = l->arch == 1 ? ARCH_3510 : ARCH_2201;
     b.gm = &gm;
     b.gm_writes = &writes;
+    b.gm_reads = &reads;
     b.ub.assign(l->ub_bytes, 0xff);
     b.shadow.assign(l->ub_bytes / kBlock, Shadow{});
     b.defined.assign(l->ub_bytes, 0);
@@ -438,6 +453,26 @@ extern "C" int kda_twin_launch(const KdaTwinLaunch *l, KdaTwinError *err)
                 return 1;
             }
             if (far == nullptr || w.hi > far->hi) far = &w;
+        }
+        // A block reading GM bytes another block writes races too: the cores run concurrently,
+        // so what it reads depends on timing.
+        std::vector<uint64_t> reach(writes.size());
+        for (size_t i = 0; i < writes.size(); ++i) reach[i] = std::max(i ? reach[i - 1] : 0, writes[i].hi);
+        for (const GmWrite &r : reads) {
+            // Writes starting below r.hi, newest first, while any of them can still reach r.lo.
+            size_t i = std::lower_bound(writes.begin(), writes.end(), r.hi,
+                                        [](const GmWrite &w, uint64_t hi) { return w.lo < hi; }) -
+                       writes.begin();
+            while (i > 0 && reach[i - 1] > r.lo) {
+                const GmWrite &w = writes[--i];
+                if (w.hi > r.lo && w.block != r.block) {
+                    g_block = saved;
+                    fill(err, r.block, r.api, "a block reads GM bytes another block writes",
+                         "block " + std::to_string(r.block) + " reads and block " + std::to_string(w.block) +
+                             " writes GM [" + hex(std::max(w.lo, r.lo)) + ", " + hex(std::min(w.hi, r.hi)) + ")");
+                    return 1;
+                }
+            }
         }
     } catch (const Violation &v) {
         g_block = saved;

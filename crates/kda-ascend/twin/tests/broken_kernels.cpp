@@ -167,3 +167,23 @@ extern "C" __global__ __aicore__ void twin_alloc_without_free(GM_ADDR x, GM_ADDR
     LocalTensor<float> t = out.AllocTensor<float>();
     (void)t;
 }
+
+// Block 0 writes y[0 .. 8) while block 1 reads it: a race between cores.
+extern "C" __global__ __aicore__ void twin_block_reads_another_blocks_output(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    GlobalTensor<float> yg;
+    yg.SetGlobalBuffer(reinterpret_cast<__gm__ float *>(y));
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 8 * sizeof(float));
+    LocalTensor<float> t = buf.Get<float>();
+    if (GetBlockIdx() == 0) {
+        Duplicate(t, 1.0f, 8);
+        SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+        WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+        DataCopyPad(yg, t, DataCopyExtParams{1, 8 * sizeof(float), 0, 0, 0});
+    } else {
+        DataCopyPad(t, yg, DataCopyExtParams{1, 8 * sizeof(float), 0, 0, 0}, DataCopyPadExtParams<float>{false, 0, 0, 0});
+    }
+}
