@@ -22,9 +22,9 @@
 // request slot, so no unit reads a slot another unit writes.
 //
 // Units: (request, head) pairs; one unit's state (V x K f32, rows padded to 32 bytes) lives in the
-// unified buffer. Offsets and slots are device data: the emulated runtime checks them through the
-// reference and fails the launch; this kernel cannot report, so it skips a request whose offsets
-// are out of order or past T or whose slot is not below N. Two requests naming one state slot
+// unified buffer. Offsets and slots are device data: a request whose offsets are out of order or
+// past T, or whose slot is not below N, fails an ascendc_assert, which stops the core (the
+// runtime reports an AI Core exception of this kernel). Two requests naming one state slot
 // (which the reference resolves by reading every initial state first) race here: units of
 // different requests run on different cores.
 // AI Core rules: see kda_recurrent.cpp and kda_kernel_util.h (not compiled here: no bisheng).
@@ -67,29 +67,39 @@ __aicore__ inline void chunk(const ChunkArgs &a)
     slots.SetGlobalBuffer(kda_gm<int32_t>(a.state_slots));
     initial.SetGlobalBuffer(kda_gm<int32_t>(a.has_initial_state));
     if (keep_chunks) kept.SetGlobalBuffer(kda_gm<int32_t>(a.chunk_state_slots));
-    const int64_t cs = a.cu_seqlens.strides[0];
+    const int64_t cs = a.cu_seqlens.strides[0], requests = a.cu_seqlens.shape[0] - 1;
     TPipe pipe;
     TBuf<TPosition::VECCALC> sb, vb;
     const KdaDelta d = kda_delta_init(pipe, sb, vb, K, V);
     for (uint32_t unit = start; unit < start + count; ++unit) {
         const int64_t b = unit / heads, h = unit % heads;
         const int64_t s = kda_read(cu, b * cs), e = kda_read(cu, (b + 1) * cs);
-        if (s < 0 || e < s || e > tokens) continue;
+        // Device data the host cannot check before the launch: a bad value stops the core.
+        ascendc_assert(0 <= s && s <= e && e <= tokens, "cu_seqlens[%d..%d] = %d..%d is not within 0..=%d\n",
+                       static_cast<int32_t>(b), static_cast<int32_t>(b + 1), static_cast<int32_t>(s),
+                       static_cast<int32_t>(e), static_cast<int32_t>(tokens));
         const int32_t slot = kda_read(slots, b * a.state_slots.strides[0]);
-        if (slot >= slots_n) continue;
+        ascendc_assert(slot < slots_n, "state_slots[%d] = %d is not a state slot (N = %d)\n",
+                       static_cast<int32_t>(b), slot, static_cast<int32_t>(slots_n));
         if (slot < 0) {
             Duplicate(d.of, 0.0f, V);
             PipeBarrier<PIPE_V>();
             for (int64_t t = s; t < e; ++t) kda_store_row(a.o, at(a.o, t, h), d.stage, d.of, V);
             continue;
         }
-        // This request's first chunk entry: the chunks of the requests before it.
+        // This request's first chunk entry: the chunks of the requests before it; the list
+        // has one entry per chunk of every request.
         int64_t first_chunk = 0;
         if (keep_chunks) {
-            for (int64_t j = 0; j < b; ++j) {
+            int64_t total = 0;
+            for (int64_t j = 0; j < requests; ++j) {
                 const int64_t len = kda_read(cu, (j + 1) * cs) - kda_read(cu, j * cs);
-                first_chunk += (len + KDA_CHUNK - 1) / KDA_CHUNK;
+                if (j < b) first_chunk += (len + KDA_CHUNK - 1) / KDA_CHUNK;
+                total += (len + KDA_CHUNK - 1) / KDA_CHUNK;
             }
+            ascendc_assert(total == a.chunk_state_slots.shape[0],
+                           "chunk_state_slots has %d entries, the requests have %d chunks\n",
+                           static_cast<int32_t>(a.chunk_state_slots.shape[0]), static_cast<int32_t>(total));
         }
         const int64_t home = slot * a.state.strides[0] + h * a.state.strides[1];
         if (kda_read(initial, b * a.has_initial_state.strides[0]) != 0) {
@@ -104,7 +114,22 @@ __aicore__ inline void chunk(const ChunkArgs &a)
             const int64_t i = t - s;
             if (keep_chunks && ((i + 1) % KDA_CHUNK == 0 || t + 1 == e)) {
                 const int32_t to = kda_read(kept, (first_chunk + i / KDA_CHUNK) * a.chunk_state_slots.strides[0]);
-                if (to >= 0 && to < slots_n) {
+                ascendc_assert(to < slots_n, "chunk_state_slots[%d] = %d is not a state slot (N = %d)\n",
+                               static_cast<int32_t>(first_chunk + i / KDA_CHUNK), to, static_cast<int32_t>(slots_n));
+                // A kept state never lands on a slot a request reads or writes.
+                for (int64_t j = 0; j < requests && to >= 0; ++j) {
+                    const int32_t other = kda_read(slots, j * a.state_slots.strides[0]);
+                    ascendc_assert(other != to, "chunk_state_slots[%d] = %d is also state_slots[%d]\n",
+                                   static_cast<int32_t>(first_chunk + i / KDA_CHUNK), to, static_cast<int32_t>(j));
+                }
+                // ... nor on one an earlier kept state took.
+                const int64_t entry = first_chunk + i / KDA_CHUNK;
+                for (int64_t j = 0; j < entry && to >= 0; ++j) {
+                    const int32_t other = kda_read(kept, j * a.chunk_state_slots.strides[0]);
+                    ascendc_assert(other != to, "chunk_state_slots[%d] = %d is also chunk_state_slots[%d]\n",
+                                   static_cast<int32_t>(entry), to, static_cast<int32_t>(j));
+                }
+                if (to >= 0) {
                     kda_delta_store_state(d, a.state, to * a.state.strides[0] + h * a.state.strides[1]);
                 }
             }

@@ -59,6 +59,12 @@ __aicore__ inline void conv_update(const ConvUpdateArgs &a)
                 continue;
             }
             const int64_t acc_n = spec ? kda_read(accepted, b * a.num_accepted_tokens.strides[0]) : 1;
+            const int64_t state_len = a.state.shape[1];
+            ascendc_assert(acc_n >= 1 && acc_n <= state_len + 1 - hist,
+                           "num_accepted_tokens[%d] = %d is not within 1..=%d (state rows L = %d, W = %d)\n",
+                           static_cast<int32_t>(b), static_cast<int32_t>(acc_n),
+                           static_cast<int32_t>(state_len + 1 - hist), static_cast<int32_t>(state_len),
+                           static_cast<int32_t>(width));
             const int64_t s0 = slot * a.state.strides[0] + c0 * a.state.strides[2];
             // Window: the history rows, then the new tokens.
             for (int64_t r = 0; r < hist; ++r) {

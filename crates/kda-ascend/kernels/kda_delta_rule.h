@@ -133,18 +133,35 @@ __aicore__ inline void kda_delta_token(const KdaDelta &d, const GmTensor &q, int
     WaitFlag<HardEvent::S_V>(EVENT_ID0);
 }
 
-// The state of (slot, head) at GM element `at` (rows state.strides[2] apart) into S.
+// The state of (slot, head) at GM element `at` into S: rows state.strides[2] apart with K
+// contiguous (one DataCopyPad), or a transposed (k-first) view whose V values are contiguous,
+// gathered by the scalar unit (each read invalidates its line: earlier tasks wrote the state).
 __aicore__ inline void kda_delta_load_state(const KdaDelta &d, const GmTensor &state, int64_t at)
 {
     using namespace AscendC;
     GlobalTensor<float> st;
     st.SetGlobalBuffer(kda_gm<float>(state));
-    const uint32_t row_bytes = static_cast<uint32_t>(d.K * sizeof(float));
-    const uint32_t gap = static_cast<uint32_t>((state.strides[2] - d.K) * sizeof(float));
-    DataCopyPadExtParams<float> no_pad{false, 0, 0, 0};
     // A store of S (the previous unit's) has finished reading it.
     SetFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
     WaitFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
+    if (state.strides[3] != 1) {
+        ascendc_assert(state.strides[2] == 1, "state view with neither K nor V contiguous\n");
+        SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+        SetFlag<HardEvent::V_S>(EVENT_ID0);
+        WaitFlag<HardEvent::V_S>(EVENT_ID0);
+        for (int64_t v = 0; v < d.V; ++v) {
+            for (int64_t k = 0; k < d.K; ++k) {
+                d.S.SetValue(v * d.Kp + k, kda_read(st, at + v + k * state.strides[3]));
+            }
+        }
+        SetFlag<HardEvent::S_V>(EVENT_ID1);
+        WaitFlag<HardEvent::S_V>(EVENT_ID1);
+        return;
+    }
+    const uint32_t row_bytes = static_cast<uint32_t>(d.K * sizeof(float));
+    const uint32_t gap = static_cast<uint32_t>((state.strides[2] - d.K) * sizeof(float));
+    DataCopyPadExtParams<float> no_pad{false, 0, 0, 0};
     DataCopyPad(d.S, st[at], DataCopyExtParams{static_cast<uint16_t>(d.V), row_bytes, gap, 0, 0}, no_pad);
     SetFlag<HardEvent::MTE2_V>(EVENT_ID1);
     WaitFlag<HardEvent::MTE2_V>(EVENT_ID1);
@@ -160,12 +177,34 @@ __aicore__ inline void kda_delta_zero_state(const KdaDelta &d)
     PipeBarrier<PIPE_V>();
 }
 
-// S to the state of (slot, head) at GM element `at`; on return S may be modified again.
+// S to the state of (slot, head) at GM element `at`; on return S may be modified again. A
+// transposed (k-first) view is written column by column: the scalar unit gathers S[:, k] into
+// the `of` row (free here: the token's output was stored), then one DataCopyPad per k.
 __aicore__ inline void kda_delta_store_state(const KdaDelta &d, const GmTensor &state, int64_t at)
 {
     using namespace AscendC;
     GlobalTensor<float> st;
     st.SetGlobalBuffer(kda_gm<float>(state));
+    if (state.strides[3] != 1) {
+        ascendc_assert(state.strides[2] == 1, "state view with neither K nor V contiguous\n");
+        const DataCopyExtParams col{1, static_cast<uint32_t>(d.V * sizeof(float)), 0, 0, 0};
+        SetFlag<HardEvent::V_S>(EVENT_ID0);
+        WaitFlag<HardEvent::V_S>(EVENT_ID0);
+        for (int64_t k = 0; k < d.K; ++k) {
+            // The previous column's store has read `of`.
+            SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+            WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+            for (int64_t v = 0; v < d.V; ++v) d.of.SetValue(v, d.S.GetValue(v * d.Kp + k));
+            SetFlag<HardEvent::S_MTE3>(EVENT_ID0);
+            WaitFlag<HardEvent::S_MTE3>(EVENT_ID0);
+            DataCopyPad(st[at + k * state.strides[3]], d.of, col);
+        }
+        SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+        return;
+    }
     const uint32_t row_bytes = static_cast<uint32_t>(d.K * sizeof(float));
     const uint32_t gap = static_cast<uint32_t>((state.strides[2] - d.K) * sizeof(float));
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);

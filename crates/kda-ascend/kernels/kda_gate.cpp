@@ -1,7 +1,7 @@
 // KDA gate, both forms, fp32: for row (t, h) and c in [0, D):
 //   a = g1[t, h, c] + dt_bias[h, c]
 //   softplus form:    g = -exp(A_log[h]) * softplus(a)   (softplus(a) = a past the threshold 20)
-//   lower-bound form: g = lower_bound * sigmoid(exp(A_log[h]) * a)
+//   lower-bound form: g = lower_bound * sigmoid(exp(A_log[h]) * a), kept strictly above the bound
 // Units: (token, head) rows of D values.
 #include "kda_kernel_util.h"
 
@@ -33,6 +33,14 @@ __aicore__ inline void gate_rows(const GateArgs &a)
     out.SetGlobalBuffer(kda_gm<float>(a.g));
     const bool lower = kda_f64_bits_nonzero(a.form_bits);
     const float bound = kda_f64_bits_to_f32(a.lower_bound_bits);
+    // The f32 next to the (negative) bound toward zero: its bit pattern minus one.
+    union {
+        float f;
+        uint32_t u;
+    } nudge;
+    nudge.f = bound;
+    nudge.u -= 1u;
+    const float above = nudge.f;
     const int64_t pitch = kda_pitch(dim, sizeof(float));
     TPipe pipe;
     TBuf<TPosition::VECCALC> raw, x, b, t, o;
@@ -77,6 +85,17 @@ __aicore__ inline void gate_rows(const GateArgs &a)
             Duplicate(tv, bound, dim);
             PipeBarrier<PIPE_V>();
             Div(v, tv, v, dim);
+            // Once the sigmoid rounds to 1 (e·a past about 17) the quotient is the bound itself,
+            // and f32 has nothing strictly between: the form promises g in (bound, 0], so such
+            // values move one ulp toward zero, as the reference does (kda-reference
+            // kernels/kda/gate.rs). NaN compares false and passes through.
+            SetFlag<HardEvent::V_S>(EVENT_ID0);
+            WaitFlag<HardEvent::V_S>(EVENT_ID0);
+            for (int64_t c = 0; c < dim; ++c) {
+                if (v.GetValue(c) <= bound) v.SetValue(c, above);
+            }
+            SetFlag<HardEvent::S_V>(EVENT_ID0);
+            WaitFlag<HardEvent::S_V>(EVENT_ID0);
         }
         PipeBarrier<PIPE_V>();
         kda_store_f32<float>(out, row * dim, tv, v, dim);

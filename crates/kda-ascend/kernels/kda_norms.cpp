@@ -1,7 +1,8 @@
 // The two row normalisations, fp32 inside. Units: rows of D (the last dimension, contiguous).
+// x, gate, weight and y are each f32, bf16 or f16, independently (the HAL's contract).
 //   kda_l2norm:         y = x / sqrt(sum x^2 + 1e-6) * scale       (q/k norm)
 //   kda_gated_rms_norm: y = x * rsqrt(mean x^2 + eps) * weight * sigmoid(gate)
-#include "kda_kernel_util.h"
+#include "kda_rows.h"
 
 using namespace AscendC;
 
@@ -45,27 +46,25 @@ __aicore__ inline float inv_sqrt(const LocalTensor<float> &one, float x)
     return 1.0f / kda_vector_sqrt(one, x);
 }
 
-template <typename T>
+// Every tensor is read and written in its own dtype (the HAL lets x, gate, weight and y differ):
+// rows go through kda_rows.h, with a 16-bit stage row.
 __aicore__ inline void l2norm(const L2NormArgs &a)
 {
     uint32_t start, count;
     kda_share(a.h.tiling, start, count);
     const int64_t dim = a.x.shape[a.x.rank - 1];
-    GlobalTensor<T> x, y;
-    x.SetGlobalBuffer(kda_gm<T>(a.x));
-    y.SetGlobalBuffer(kda_gm<T>(a.y));
     TPipe pipe;
     const float scale = kda_f64_bits_to_f32(a.scale_bits);
     const int64_t pitch = kda_pitch(dim, sizeof(float));
     TBuf<TPosition::VECCALC> rb, vb, tb, ob;
-    pipe.InitBuffer(rb, kda_pitch(dim, sizeof(T)) * sizeof(T));
+    pipe.InitBuffer(rb, kda_pitch(dim, sizeof(half)) * sizeof(half));
     pipe.InitBuffer(vb, pitch * sizeof(float));
     pipe.InitBuffer(tb, pitch * sizeof(float));
     pipe.InitBuffer(ob, 8 * sizeof(float));
-    LocalTensor<T> raw = rb.Get<T>();
+    LocalTensor<half> stage = rb.Get<half>();
     LocalTensor<float> v = vb.Get<float>(), tmp = tb.Get<float>(), one = ob.Get<float>();
     for (uint32_t row = start; row < start + count; ++row) {
-        kda_load_f32<T>(v, raw, x, kda_row_offset(a.x, row), dim);
+        kda_load_row(v, stage, a.x, kda_row_offset(a.x, row), dim);
         float inv = inv_sqrt(one, sum_squares(v, tmp, dim) + 1e-6f);
         SetFlag<HardEvent::S_V>(EVENT_ID0);
         WaitFlag<HardEvent::S_V>(EVENT_ID0);
@@ -73,39 +72,32 @@ __aicore__ inline void l2norm(const L2NormArgs &a)
         PipeBarrier<PIPE_V>();
         Muls(v, v, scale, dim);
         PipeBarrier<PIPE_V>();
-        kda_store_f32<T>(y, kda_row_offset(a.y, row), raw, v, dim);
+        kda_store_row(a.y, kda_row_offset(a.y, row), stage, v, dim);
     }
 }
 
-template <typename T>
 __aicore__ inline void gated_rms_norm(const GatedRmsNormArgs &a)
 {
     uint32_t start, count;
     kda_share(a.h.tiling, start, count);
     const int64_t dim = a.x.shape[a.x.rank - 1];
-    GlobalTensor<T> x, gate, y;
-    GlobalTensor<float> weight;
-    x.SetGlobalBuffer(kda_gm<T>(a.x));
-    gate.SetGlobalBuffer(kda_gm<T>(a.gate));
-    y.SetGlobalBuffer(kda_gm<T>(a.y));
-    weight.SetGlobalBuffer(kda_gm<float>(a.weight));
     TPipe pipe;
     const float eps = kda_f64_bits_to_f32(a.eps_bits);
     const int64_t pitch = kda_pitch(dim, sizeof(float));
     TBuf<TPosition::VECCALC> rb, vb, gb, wb, tb, ob;
-    pipe.InitBuffer(rb, kda_pitch(dim, sizeof(T)) * sizeof(T));
+    pipe.InitBuffer(rb, kda_pitch(dim, sizeof(half)) * sizeof(half));
     pipe.InitBuffer(vb, pitch * sizeof(float));
     pipe.InitBuffer(gb, pitch * sizeof(float));
     pipe.InitBuffer(wb, pitch * sizeof(float));
     pipe.InitBuffer(tb, pitch * sizeof(float));
     pipe.InitBuffer(ob, 8 * sizeof(float));
-    LocalTensor<T> raw = rb.Get<T>();
+    LocalTensor<half> stage = rb.Get<half>();
     LocalTensor<float> v = vb.Get<float>(), g = gb.Get<float>(), w = wb.Get<float>(), tmp = tb.Get<float>();
     LocalTensor<float> one = ob.Get<float>();
-    kda_load_f32<float>(w, w, weight, 0, dim);
+    kda_load_row(w, stage, a.weight, 0, dim);
     for (uint32_t row = start; row < start + count; ++row) {
-        kda_load_f32<T>(v, raw, x, kda_row_offset(a.x, row), dim);
-        kda_load_f32<T>(g, raw, gate, kda_row_offset(a.gate, row), dim);
+        kda_load_row(v, stage, a.x, kda_row_offset(a.x, row), dim);
+        kda_load_row(g, stage, a.gate, kda_row_offset(a.gate, row), dim);
         float inv = inv_sqrt(one, sum_squares(v, tmp, dim) / static_cast<float>(dim) + eps);
         SetFlag<HardEvent::S_V>(EVENT_ID0);
         WaitFlag<HardEvent::S_V>(EVENT_ID0);
@@ -121,7 +113,7 @@ __aicore__ inline void gated_rms_norm(const GatedRmsNormArgs &a)
         PipeBarrier<PIPE_V>();
         Div(v, v, g, dim);
         PipeBarrier<PIPE_V>();
-        kda_store_f32<T>(y, kda_row_offset(a.y, row), raw, v, dim);
+        kda_store_row(a.y, kda_row_offset(a.y, row), stage, v, dim);
     }
 }
 
@@ -131,7 +123,7 @@ extern "C" __global__ __aicore__ void kda_l2norm(GM_ADDR x, GM_ADDR y, GM_ADDR m
     L2NormArgs args;
     GM_ADDR tensors[] = {x, y};
     kda_load_args(args, meta, tensors, 2);
-    KDA_FOR_FLOAT_DTYPE(args.x.dtype, l2norm, args);
+    l2norm(args);
 }
 
 extern "C" __global__ __aicore__ void kda_gated_rms_norm(GM_ADDR x, GM_ADDR gate, GM_ADDR weight, GM_ADDR y, GM_ADDR meta)
@@ -140,5 +132,5 @@ extern "C" __global__ __aicore__ void kda_gated_rms_norm(GM_ADDR x, GM_ADDR gate
     GatedRmsNormArgs args;
     GM_ADDR tensors[] = {x, gate, weight, y};
     kda_load_args(args, meta, tensors, 4);
-    KDA_FOR_FLOAT_DTYPE(args.x.dtype, gated_rms_norm, args);
+    gated_rms_norm(args);
 }

@@ -62,6 +62,8 @@ __aicore__ inline void step(const RecurrentArgs &a)
     for (uint32_t unit = start; unit < start + count; ++unit) {
         int64_t b = unit / heads, h = unit % heads;
         int64_t a0 = has_accepted ? kda_read(accepted, b * a.num_accepted_tokens.strides[0]) : 1;
+        ascendc_assert(a0 >= 1 && a0 <= T_, "num_accepted_tokens[%d] = %d is not within 1..=%d\n",
+                       static_cast<int32_t>(b), static_cast<int32_t>(a0), static_cast<int32_t>(T_));
         int64_t slot_at = b * a.state_slots.strides[0];
         int32_t first = kda_read(slots, slot_at + (a0 - 1) * a.state_slots.strides[1]);
         if (first < 0) {

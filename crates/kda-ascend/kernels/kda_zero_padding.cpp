@@ -7,7 +7,7 @@ using namespace AscendC;
 
 struct ZeroPaddingArgs {
     ArgsHeader h;
-    GmTensor x;                  // [rows, row_len] (rows contiguous), any dtype
+    GmTensor x;                  // [rows, ...] (each row contiguous), any dtype
     GmTensor num_actual_tokens;  // [1] i32
 };
 
@@ -18,8 +18,12 @@ __aicore__ inline void zero_padding(const ZeroPaddingArgs &a)
     GlobalTensor<int32_t> live_gm;
     live_gm.SetGlobalBuffer(kda_gm<int32_t>(a.num_actual_tokens));
     const int64_t live = kda_read(live_gm, 0);  // written by an earlier task: invalidate first
-    const int64_t row_len = a.x.shape[a.x.rank - 1];
+    // A row is a token: everything after the first dimension (contiguous within the row).
+    int64_t row_len = 1;
+    for (uint32_t d = 1; d < a.x.rank; ++d) row_len *= a.x.shape[d];
     const int64_t stride = a.x.rank > 1 ? a.x.strides[0] : row_len;
+    ascendc_assert(live >= 0 && live <= a.x.shape[0], "num_actual_tokens = %d is not within 0..=%d\n",
+                   static_cast<int32_t>(live), static_cast<int32_t>(a.x.shape[0]));
     // Zero bytes: the element size does not matter, so the rows are copied as 16-bit words
     // (every kda dtype is a whole number of them, except u8/fp8 rows of odd length, which
     // the host never pads).

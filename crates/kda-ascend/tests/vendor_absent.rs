@@ -12,6 +12,7 @@ use kda_ascend::{AscendBackend, AscendOptions};
 use kda_core::kda::{ChunkHostMeta, KdaChunk};
 use kda_core::{Backend, DType, Device, Op};
 use kda_reference::ReferenceBackend;
+use kda_testkit::oracle_kda::{max_abs, recurrence_tolerance};
 use kda_testkit::{Gen, Tolerance};
 
 /// A bf16 chunk of two requests (20 and 70 tokens) with host metadata: what the vendor op takes.
@@ -78,6 +79,12 @@ fn without_the_vendor_ops_the_chunk_runs_the_projects_kernel() {
     assert!(calls.iter().all(|c| c.api != "aclnnChunkKdaFwd"), "no vendor call");
     assert!(calls.iter().any(|c| c.api == "kda_chunk_prefill"), "the project's kernel ran");
     let (o_ref, state_ref) = run(&ReferenceBackend::new());
-    Tolerance::exact().assert_close(&[90, 2, 16], &o, &o_ref);
-    Tolerance::exact().assert_close(&[2, 2, 16, 16], &state, &state_ref);
+    // The kernel runs the recurrence token by token (under the twin), the reference in chunks:
+    // equal within the recurrence's f32 bound, the bf16 output within one bf16 rounding more.
+    let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    let (o, o_ref, state, state_ref) = (f64s(&o), f64s(&o_ref), f64s(&state), f64s(&state_ref));
+    let rec = |r: &[f64]| recurrence_tolerance(90, 16, 64, max_abs(r));
+    let bf16 = Tolerance::for_dtype(DType::BF16);
+    bf16.with_abs(bf16.abs + rec(&o_ref).abs).assert_close(&[90, 2, 16], &o, &o_ref);
+    rec(&state_ref).assert_close(&[2, 2, 16, 16], &state, &state_ref);
 }

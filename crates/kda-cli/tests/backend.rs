@@ -48,9 +48,10 @@ fn checksum(out: &str) -> f64 {
         .expect("a number")
 }
 
-/// f32 core operands on every backend: the reference and the emulated Ascend runtime then run
-/// the same kernels and agree bit for bit (Ascend's default bf16 prefills take CANN's
-/// `aclnnChunkKdaFwd`, compared within tolerance in kda-ascend's `vendor_layer` tests).
+/// f32 core operands on every backend: the reference and the emulated Ascend runtime (whose
+/// AscendC kernels execute under the twin) then agree to rounding (Ascend's default bf16
+/// prefills take CANN's `aclnnChunkKdaFwd`, compared within tolerance in kda-ascend's
+/// `vendor_layer` tests).
 const RUN_TINY: [&str; 11] = [
     "run",
     "--preset",
@@ -89,7 +90,7 @@ fn info_lists_every_backend_with_capabilities_or_the_reason() {
 }
 
 #[test]
-fn run_on_ascend_equals_the_reference_bit_for_bit() {
+fn run_on_ascend_equals_the_reference_to_rounding() {
     let o = run_tiny("ascend");
     if !ascend_compiled_in() {
         assert_unavailable(&o, "ascend", &["not compiled in: build kda-cli with feature `ascend`"]);
@@ -114,8 +115,9 @@ fn run_on_ascend_equals_the_reference_bit_for_bit() {
     let r = run_tiny("reference");
     assert!(r.status.success(), "{}", stderr(&r));
     let (ascend, reference) = (checksum(&out), checksum(&stdout(&r)));
-    // The emulated runtime computes every op with the reference kernels, in the same order.
-    assert_eq!(ascend.to_bits(), reference.to_bits(), "ascend {ascend} vs reference {reference}");
+    // The emulated runtime executes the AscendC kernels' own arithmetic: equal to rounding.
+    let close = (ascend - reference).abs() <= 1e-4 * reference.abs();
+    assert!(close, "ascend {ascend} vs reference {reference}");
 }
 
 /// Without `--core-operands`, `kda run` on Ascend takes the backend's choice, bf16 (the emulated
@@ -153,8 +155,28 @@ fn tensors(path: &Path) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
         .collect()
 }
 
-/// `args` with `--output FILE --backend B` on the reference and on Ascend: the same tensors, bit
-/// for bit (the emulated runtime computes each op with the reference's kernels). Returns how many.
+/// The values of a float tensor's little-endian bytes, or `None` for other dtypes.
+fn floats(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f64>> {
+    let half =
+        |f: fn(u16) -> f64| bytes.chunks(2).map(|b| f(u16::from_le_bytes([b[0], b[1]]))).collect();
+    match dtype {
+        Dtype::F32 => Some(
+            bytes
+                .chunks(4)
+                .map(|b| f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect(),
+        ),
+        Dtype::BF16 => Some(half(|u| f64::from(f32::from_bits(u32::from(u) << 16)))),
+        _ => None,
+    }
+}
+
+/// `args` with `--output FILE --backend B` on the reference and on Ascend: the same tensors
+/// (names, dtypes, shapes); integer and MX tensors bit for bit, float tensors within a
+/// tolerance far above f32 rounding (1e-3 relative, 1e-3 of the largest value absolute): the
+/// emulated runtime executes the AscendC kernels' own arithmetic (token-by-token recurrence,
+/// the hardware's reduction order), which agrees with the reference's to rounding, not bit for
+/// bit. Returns how many.
 fn same_tensors_on_reference_and_ascend(dir: &TempDir, args: &[&str]) -> usize {
     let [reference, ascend] = ["reference", "ascend"].map(|backend| {
         let output = dir.path(&format!("{}-{backend}.safetensors", args[0]));
@@ -164,7 +186,17 @@ fn same_tensors_on_reference_and_ascend(dir: &TempDir, args: &[&str]) -> usize {
         assert!(o.status.success(), "{args:?}: {}", stderr(&o));
         tensors(&output)
     });
-    assert_eq!(reference, ascend, "{args:?}: the tensors differ between reference and ascend");
+    assert_eq!(reference.len(), ascend.len(), "{args:?}: tensor counts");
+    for (r, a) in reference.iter().zip(&ascend) {
+        assert_eq!((&r.0, r.1, &r.2), (&a.0, a.1, &a.2), "{args:?}: names, dtypes and shapes");
+        match (floats(r.1, &r.3), floats(a.1, &a.3)) {
+            (Some(want), Some(got)) => {
+                let max = kda_testkit::oracle_kda::max_abs(&want);
+                kda_testkit::Tolerance::new(1e-3, 1e-3 * max).assert_close(&r.2, &got, &want);
+            }
+            _ => assert_eq!(r.3, a.3, "{args:?}: {} differs between reference and ascend", r.0),
+        }
+    }
     reference.len()
 }
 

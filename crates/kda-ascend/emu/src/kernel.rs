@@ -1,26 +1,58 @@
 //! Kernel binaries and launches: `aclrtBinaryLoadFromFile`, `aclrtBinaryGetFunction`,
 //! `aclrtLaunchKernelWithHostArgs`, `aclrtLaunchKernel`.
 //!
-//! A binary is a file at an absolute path; its kernels are the kda kernel names (`abi::names`)
-//! it contains as NUL-terminated strings (as an ELF string table holds them; [`write_stand_in`]
-//! writes a stand-in with the names it is given). Only kernels that have an AscendC source are
-//! emulated (`abi::names::ALL`, checked against the sources by kda-ascend's `kernel_sources`
-//! test). A launch is read the way the hardware kernel reads it:
-//! the parameter area (one pointer per tensor, then `meta`) and the meta region at the `meta`
-//! device address; then it runs through the reference kernel of the same op.
+//! A binary is a file at an absolute path. Either a shared library of twin-compiled kernels
+//! ([`crate::twin::Library::build`]: an ELF file), whose kernels run from that library, or a
+//! stand-in: any file holding kernel names as NUL-terminated strings ([`write_stand_in`]), whose
+//! kernels are the ones built into this crate (the unchanged `kernels/*.cpp`, compiled with the
+//! twin by `build.rs`). Only kernels that have an AscendC source exist (`abi::names::ALL`,
+//! checked against the sources by kda-ascend's `kernel_sources` test).
+//!
+//! A launch is read the way the hardware kernel reads it: the parameter area (one pointer per
+//! tensor, then `meta`) and the meta region at the `meta` device address. The decoded arguments
+//! are checked against the HAL op they describe (a malformed launch is refused at once); then
+//! the kernel itself runs on the stream: every block of the twin-compiled entry point on the GM
+//! memory the launch names. A rule the kernel breaks fails the stream, naming the kernel.
 
 use std::ffi::{CStr, c_char, c_void};
 use std::path::Path;
+use std::sync::Arc;
 
-use kda_core::Op;
 use kda_core::kda::{
     CausalConv, CausalConvUpdate, GateForm, GatedRmsNorm, KdaChunk, KdaGate, KdaRecurrent, L2Norm,
     ZeroPadding,
 };
+use kda_core::{BufferHandle, HostFn, Op};
 
 use crate::abi::{self, GmTensor, names};
+use crate::twin::{self, GmRange};
 use crate::types::*;
 use crate::{Emu, Ref, Res, T, array, call, emu, invalid, put};
+
+/// Where a loaded binary's kernel code is.
+#[derive(Clone, Debug)]
+pub(crate) enum Code {
+    /// The kernels built into this crate (a stand-in binary).
+    BuiltIn,
+    /// A twin-compiled shared library.
+    Library(Arc<twin::Library>),
+}
+
+impl Code {
+    fn kernel(&self, name: &str) -> Result<twin::Kernel, twin::TwinError> {
+        match self {
+            Code::BuiltIn => twin::Kernel::builtin(name),
+            Code::Library(lib) => lib.kernel(name),
+        }
+    }
+}
+
+/// A loaded binary: its kda kernels and their code.
+#[derive(Debug)]
+pub(crate) struct Binary {
+    kernels: Vec<&'static str>,
+    code: Code,
+}
 
 /// The tag that opens a stand-in binary.
 const STAND_IN: &[u8] = b"kda-acl-emu stand-in kernel binary\0";
@@ -81,11 +113,20 @@ pub unsafe extern "C" fn aclrtBinaryLoadFromFile(
         let bytes = std::fs::read(file).map_err(|e| {
             (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: cannot read `{text}`: {e}"))
         })?;
-        let kernels = kernels_in(&bytes);
+        let binary = if bytes.starts_with(b"\x7fELF") {
+            let lib = twin::Library::open(file).map_err(|e| {
+                (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: `{text}` is not a kernel binary: {e}"))
+            })?;
+            let lib = Arc::new(lib);
+            let kernels = names::ALL.into_iter().filter(|n| lib.has(n)).collect();
+            Binary { kernels, code: Code::Library(lib) }
+        } else {
+            Binary { kernels: kernels_in(&bytes), code: Code::BuiltIn }
+        };
         let mut emu = emu();
         emu.ready(API)?;
         let h = emu.handle();
-        emu.binaries.insert(h, kernels);
+        emu.binaries.insert(h, binary);
         // SAFETY: writable out-parameter per CANN's contract.
         unsafe { put(API, handle, h as aclrtBinHandle) }
     })
@@ -110,7 +151,7 @@ pub unsafe extern "C" fn aclrtBinaryGetFunction(
     const API: &str = "aclrtBinaryGetFunction";
     call(|| {
         let mut emu = emu();
-        let Some(kernels) = emu.binaries.get(&(binary as usize)) else {
+        let Some(bin) = emu.binaries.get(&(binary as usize)) else {
             return invalid(format!("{API}: unknown binary {binary:?}"));
         };
         if kernel_name.is_null() {
@@ -118,14 +159,15 @@ pub unsafe extern "C" fn aclrtBinaryGetFunction(
         }
         // SAFETY: a C string per CANN's contract.
         let name = unsafe { CStr::from_ptr(kernel_name) }.to_string_lossy();
-        let Some(known) = kernels.iter().find(|n| **n == name).copied() else {
+        let Some(known) = bin.kernels.iter().find(|n| **n == name).copied() else {
             return Err((
                 ACL_ERROR_RT_INTERNAL_ERROR,
                 format!("{API}: cannot find kernel by name `{name}` in the binary"),
             ));
         };
+        let code = bin.code.clone();
         let h = emu.handle();
-        emu.functions.insert(h, known);
+        emu.functions.insert(h, (known, code));
         // SAFETY: writable out-parameter per CANN's contract.
         unsafe { put(API, func, h as aclrtFuncHandle) }
     })
@@ -146,7 +188,7 @@ pub unsafe extern "C" fn aclrtLaunchKernel(
     const API: &str = "aclrtLaunchKernel";
     call(|| {
         let emu = emu();
-        let name = function(&emu, API, func)?;
+        let (name, _) = function(&emu, API, func)?;
         if emu.locate(API, args as usize, args_size).is_err() {
             return Err((
                 ACL_ERROR_RT_PARAM_INVALID,
@@ -190,10 +232,10 @@ pub unsafe extern "C" fn aclrtLaunchKernelWithHostArgs(
         // SAFETY: as above.
         let holders = unsafe { array(place_holders.cast_const(), place_holder_num) }?;
         let mut emu = emu();
-        let name = function(&emu, API, func)?;
+        let (name, code) = function(&emu, API, func)?;
         // The runtime's part: each data region to device memory, its address into the block.
         let staged = stage_place_holders(&mut emu, API, &mut block, &holders)?;
-        let result = read_and_queue(&emu, API, name, num_blocks, &block, stream);
+        let result = read_and_queue(&emu, API, name, &code, num_blocks, &block, stream);
         for addr in staged {
             emu.memory.remove(&addr);
         }
@@ -201,10 +243,10 @@ pub unsafe extern "C" fn aclrtLaunchKernelWithHostArgs(
     })
 }
 
-fn function(emu: &Emu, api: &str, func: aclrtFuncHandle) -> Res<&'static str> {
+fn function(emu: &Emu, api: &str, func: aclrtFuncHandle) -> Res<(&'static str, Code)> {
     emu.functions
         .get(&(func as usize))
-        .copied()
+        .cloned()
         .ok_or_else(|| (ACL_ERROR_RT_PARAM_INVALID, format!("{api}: unknown function {func:?}")))
 }
 
@@ -267,11 +309,12 @@ fn device_bytes(emu: &Emu, api: &str, addr: u64, len: usize) -> Res<Vec<u8>> {
 }
 
 /// The kernel's side: the parameter area, then the meta region from device memory; queue the
-/// launch.
+/// kernel's execution.
 fn read_and_queue(
     emu: &Emu,
     api: &str,
     name: &'static str,
+    code: &Code,
     num_blocks: u32,
     block: &[u8],
     stream: aclrtStream,
@@ -291,12 +334,61 @@ fn read_and_queue(
         ));
     }
     let s = emu.stream(api, stream)?;
-    let op = build(emu, name, &args).map_err(|(c, m)| (c, format!("{api} {name}: {m}")))?;
+    // The launch must describe the HAL op it stands for (the descriptors' shapes and dtypes
+    // agree): checked here, as the backend's own validation would have.
+    let op = describe(emu, name, &args).map_err(|(c, m)| (c, format!("{api} {name}: {m}")))?;
     op.validate(emu.backend_instance())
         .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{api} {name}: {e}")))?;
-    emu.launch(name, &s, vec![op])?;
+    let kernel = code.kernel(name).map_err(|e| bad(e.to_string()))?;
+    let run = execution(emu, api, kernel, num_blocks, &params, &meta)?;
+    emu.launch(name, &s, vec![Op::Host { name, f: run }])?;
     crate::log(name, stream as usize, 0);
     Ok(())
+}
+
+/// The kernel's execution on the stream: its pointer parameters, a copy of the meta region (the
+/// runtime copied it to the device at launch), the GM buffers those pointers lie in (kept alive
+/// until the stream has run it, and the only GM it may touch) and the SoC's profile.
+fn execution(
+    emu: &Emu,
+    api: &str,
+    kernel: twin::Kernel,
+    blocks: u32,
+    params: &abi::Params,
+    meta: &[u8],
+) -> Res<HostFn> {
+    let mut words = vec![0u64; meta.len().div_ceil(8)];
+    for (w, chunk) in words.iter_mut().zip(meta.chunks(8)) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        *w = u64::from_ne_bytes(b);
+    }
+    let meta_words: Arc<[u64]> = words.into();
+    let mut gm = Vec::new();
+    let mut keep = Vec::new();
+    for &addr in &params.tensors {
+        if addr == 0 {
+            continue;
+        }
+        let (buf, offset) = emu.locate(api, addr as usize, 0)?;
+        let base = addr - offset as u64;
+        let range = GmRange { base, len: buf.len_bytes() as u64 };
+        if !gm.contains(&range) {
+            gm.push(range);
+            keep.push(buf);
+        }
+    }
+    let profile = twin::Profile::of_soc(&emu.soc.to_string_lossy());
+    let tensors = params.tensors.clone();
+    Ok(HostFn::new(move || {
+        let mut args = tensors.clone();
+        args.push(meta_words.as_ptr() as u64);
+        let _alive = &keep;
+        // SAFETY: every range of `gm` is an allocation `keep` holds alive; the stream runs one
+        // task at a time and orders this one after the work it depends on, as the device
+        // does; the meta pointer is `meta_words`, which the kernel reads as its meta region.
+        unsafe { kernel.launch(profile, blocks, &args, &gm) }.map_err(|e| e.to_string())
+    }))
 }
 
 /// The tensors of a launch, in order; `None` for absent optional operands.
@@ -337,8 +429,8 @@ fn scalar(block: &abi::Args, i: usize, what: &str) -> Res<f64> {
         .ok_or_else(|| (ACL_ERROR_INVALID_PARAM, format!("missing scalar `{what}`")))
 }
 
-/// The reference op a kernel launch computes.
-fn build(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
+/// The HAL op a kernel launch describes (its arguments are checked against it).
+fn describe(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
     let list = tensors(emu, block)?;
     let count = list.len();
     let mut t = list.into_iter();

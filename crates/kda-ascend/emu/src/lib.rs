@@ -7,7 +7,9 @@
 //! It implements the documented semantics on top of the CPU reference backend: streams are its
 //! asynchronous worker threads, events its snapshots, capture is its graph capture with the ACL
 //! join rule, device memory is its buffers (device addresses are real host addresses), and every
-//! aclnn op or kernel computes through its kernels. It rejects what CANN rejects, with CANN's
+//! aclnn op computes through its kernels. Every AscendC kernel launch executes the kernel's own
+//! source, compiled for the host against the AscendC twin ([`twin`], `crates/kda-ascend/twin`),
+//! block by block on the launch's device memory, with the device's rules checked. It rejects what CANN rejects, with CANN's
 //! codes: a wait on an event without `ACL_EVENT_SYNC`, an executor run twice without
 //! `aclSetAclOpExecutorRepeatable`, a capture ending with a forked stream not joined back, a
 //! synchronize of a stream in an open capture (its origin, or a stream joined to it by waiting on
@@ -16,9 +18,9 @@
 //! not where its launch function reads them, a relative binary path, a kernel the binary lacks,
 //! MX ops on a SoC without them (`KDA_ACL_EMU_SOC`, default `Ascend950PR_9599`).
 //!
-//! What it does not emulate: timing, the AI Core / AI Vector split, the kernels' device code (a
-//! binary is any file at an absolute path holding the kernels' names; each launch computes
-//! through the reference op after decoding the arguments as the kernel reads them).
+//! What it does not emulate: timing, the AI Core / AI Vector split (blocks run one after
+//! another), the NPU's own approximations of transcendental functions (the twin computes in IEEE
+//! f32).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(
@@ -29,6 +31,7 @@
 mod kernel;
 mod nn;
 mod rt;
+pub mod twin;
 mod vendor;
 
 pub use kernel::write_stand_in;
@@ -86,9 +89,9 @@ struct Emu {
     /// Executors freed by their (only) run: a second run is the error CANN reports.
     spent: HashSet<usize>,
     models: HashMap<usize, Graph<Ref>>,
-    /// Loaded binaries and the kda kernels each contains.
-    binaries: HashMap<usize, Vec<&'static str>>,
-    functions: HashMap<usize, &'static str>,
+    /// Loaded binaries: the kda kernels each contains and where their code is.
+    binaries: HashMap<usize, kernel::Binary>,
+    functions: HashMap<usize, (&'static str, kernel::Code)>,
     /// The capture open now, if any.
     capture: Option<Capturing>,
     /// Events recorded in the open capture: they cannot be queried or synchronized until it

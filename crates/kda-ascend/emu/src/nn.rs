@@ -238,9 +238,23 @@ pub unsafe extern "C" fn aclnnMatmulGetWorkspaceSize(
                     "{API}: cubeMathType {cube_math_type} (kda keeps the dtype)"
                 ));
             }
-            let (x, _) = tensor(emu, API, "self", self_)?;
-            let (mat2, _) = tensor(emu, API, "mat2", mat2)?;
+            let (x, xc) = tensor(emu, API, "self", self_)?;
+            let (mat2, wc) = tensor(emu, API, "mat2", mat2)?;
             let (y, _) = tensor(emu, API, "out", out)?;
+            // hicann/ops-nn `matmul/mat_mul_v3/docs/aclnnMatmul.md` (约束说明): on Atlas A2/A3
+            // no dtype deduction between BFLOAT16 and FLOAT16, nor BFLOAT16 and FLOAT32.
+            let bf16_mix = xc != wc
+                && (xc == ACL_BF16 || wc == ACL_BF16)
+                && [xc, wc].iter().all(|c| [ACL_BF16, ACL_FLOAT16, ACL_FLOAT].contains(c));
+            if bf16_mix && !emu.has_mx() {
+                return Err((
+                    ACLNN_ERR_PARAM_INVALID,
+                    format!(
+                        "{API}: self and mat2 cannot be deduced to one dtype (codes {xc} and {wc}: \
+                         A2/A3 refuse BFLOAT16 with FLOAT16 or FLOAT32)"
+                    ),
+                ));
+            }
             // `mat2` is `[K, N]`; the HAL's GEMM takes `w[N, K]`, the same memory transposed.
             let w = transpose(&mat2)?;
             let op = Op::Gemm { x, w, y };

@@ -296,7 +296,12 @@ pub(crate) fn drain(inner: &Arc<StreamInner>, depth: usize) -> Result<()> {
         let gate = inner.state().gate.clone();
         match gate {
             None => return Ok(()),
-            Some(Gate::Host(call)) => call.wait(),
+            Some(Gate::Host(call)) => {
+                if !wait_unless_stopped(inner, &call) {
+                    drop_behind_a_device_failure(inner);
+                    return Ok(());
+                }
+            }
             Some(Gate::Stream(up)) => {
                 if depth > MAX_CHAIN {
                     return settle(inner, depth);
@@ -304,6 +309,44 @@ pub(crate) fn drain(inner: &Arc<StreamInner>, depth: usize) -> Result<()> {
                 drain(&up, depth + 1)?;
             }
         }
+    }
+}
+
+/// Wait for `call`'s callback; false when it will never run: the ACL stream stopped on a failed
+/// device task queued before it (under `ACL_STOP_ON_FAILURE` the runtime runs none of the
+/// stream's later tasks, host callbacks included), which `aclrtSynchronizeStream` reports. A
+/// stream an engine is capturing is not synchronized (the runtime refuses it): there the wait is
+/// plain.
+fn wait_unless_stopped(inner: &Arc<StreamInner>, call: &HostCall) -> bool {
+    if call.outcome().is_some() || !inner.capture().allows_release() {
+        call.wait();
+        return true;
+    }
+    // SAFETY: a live stream.
+    let code = unsafe { sys::aclrtSynchronizeStream(inner.raw.get()) };
+    if code == sys::ACL_SUCCESS || call.outcome().is_some() {
+        call.wait();
+        return true;
+    }
+    false
+}
+
+/// The gate's host function will never run: drop the work held behind it (frees still take
+/// effect, held records mark their events failed). The device failure itself stays with the ACL
+/// stream, which reports it at the next `synchronize`.
+fn drop_behind_a_device_failure(inner: &Arc<StreamInner>) {
+    let held: Vec<Held> = {
+        let mut state = inner.state();
+        state.gate = None;
+        state.held.drain(..).collect()
+    };
+    let failure = Failure::Own {
+        op: "device task".to_string(),
+        message: "the ACL stream stopped on a failed device task".to_string(),
+    };
+    for item in held {
+        // A free that cannot record leaves its block to the instance's drop; nothing to report.
+        let _ = skip(inner, item, &failure);
     }
 }
 

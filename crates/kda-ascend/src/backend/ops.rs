@@ -262,8 +262,31 @@ impl Prep<'_> {
         )
     }
 
-    /// `y = x · w^T` through `aclnnMatmul`.
+    /// `y = x · w^T` through `aclnnMatmul`. Where the chip's `aclnnMatmul` refuses a bf16
+    /// operand with an f16 or f32 one (A2/A3), both are widened to f32 first (exact: the GEMM
+    /// the HAL defines multiplies the widened values).
     fn matmul(&mut self, x: &T, w: &T, y: &T) -> Result<()> {
+        let mixed =
+            x.dtype() != w.dtype() && (x.dtype() == DType::BF16 || w.dtype() == DType::BF16);
+        if mixed && !self.b.inner.chip.mixed_bf16_matmul() {
+            let x = self.widened(x)?;
+            let w = self.widened(w)?;
+            return self.matmul_as_is(&x, &w, y);
+        }
+        self.matmul_as_is(x, w, y)
+    }
+
+    /// `t` as f32: itself, or an f32 copy in scratch memory.
+    fn widened(&mut self, t: &T) -> Result<T> {
+        if t.dtype() == DType::F32 {
+            return Ok(t.clone());
+        }
+        let wide = self.temp(DType::F32, t.shape())?;
+        self.copy(t, &wide)?;
+        Ok(wide)
+    }
+
+    fn matmul_as_is(&mut self, x: &T, w: &T, y: &T) -> Result<()> {
         const OP: &str = "aclnnMatmul";
         let tensors =
             vec![AclTensor::of(OP, x)?, AclTensor::transposed(OP, w)?, AclTensor::of(OP, y)?];

@@ -26,6 +26,14 @@ pub struct Chip {
     pub mx_gemm: bool,
 }
 
+impl Chip {
+    /// Whether `aclnnMatmul` takes BFLOAT16 with FLOAT16 or FLOAT32: not on Atlas A2/A3
+    /// (hicann/ops-nn `matmul/mat_mul_v3/docs/aclnnMatmul.md`, 约束说明), only on the 950.
+    pub fn mixed_bf16_matmul(&self) -> bool {
+        self.soc.starts_with("Ascend950")
+    }
+}
+
 /// Vector cores and unified-buffer bytes per vector core of each SoC, from CANN's platform
 /// configuration (`[SoCInfo] vector_core_cnt`, `[AICoreSpec] ub_size` of
 /// `src/platform/platform_config/cann/<soc>.ini` and `cann-dev/<soc>.ini` in `hicann/runtime`;
