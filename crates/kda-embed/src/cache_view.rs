@@ -21,9 +21,9 @@
 //!   `[B, 3 lp, W]` (channels first, the last `W` inputs, of which the last `W - 1` are the
 //!   history a step reads) in the model dtype, recurrent `[B, H, K, V]` f32, K first.
 //!
-//! Only the reference backend runs on such views (strided, bf16 / f16 conv states); a device
-//! backend's kernels take kda's own layout and refuse any other with `Unsupported`
-//! (`kda_core::kda::require_dense_f32_state`).
+//! Every backend takes such views' strides; only the reference backend takes bf16 / f16 conv
+//! states (a device backend's conv kernels refuse them with `Unsupported`,
+//! `kda_core::kda::require_f32_conv_state`).
 
 use std::sync::{Mutex, PoisonError};
 

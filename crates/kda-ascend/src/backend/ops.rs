@@ -492,8 +492,8 @@ fn build(p: &mut Prep<'_>, launch: Op<'_, AscendBackend>) -> Result<()> {
             p.kernel(names::ZERO_PADDING, work, &[Some(&z.x), Some(&z.num_actual_tokens)], &[])
         }
         Op::CausalConvUpdate(c, d) => {
-            // The kernels index kda's own cache layout (dense f32 states).
-            kda_core::kda::require_dense_f32_state("ascend", &c.state)?;
+            // The conv kernels take f32 states (any strides).
+            kda_core::kda::require_f32_conv_state("ascend", &c.state)?;
             let work = tiling::conv_update(d.channels, d.width, d.tokens);
             let t = [
                 Some(&c.x),
@@ -506,8 +506,6 @@ fn build(p: &mut Prep<'_>, launch: Op<'_, AscendBackend>) -> Result<()> {
             p.kernel(names::CONV_UPDATE, work, &t, &[])
         }
         Op::KdaRecurrent(r, d) => {
-            // The kernels index kda's own cache layout (dense f32 states).
-            kda_core::kda::require_dense_f32_state("ascend", &r.state)?;
             match vendor::recurrent_route(r, d, crate::sys::installed()) {
                 Ok(()) => {
                     if vendor::recurrent(p, r, d)? {
@@ -536,8 +534,8 @@ fn build(p: &mut Prep<'_>, launch: Op<'_, AscendBackend>) -> Result<()> {
             )
         }
         Op::CausalConv(c, d) => {
-            // The kernels index kda's own cache layout (dense f32 states).
-            kda_core::kda::require_dense_f32_state("ascend", &c.state)?;
+            // The conv kernels take f32 states (any strides).
+            kda_core::kda::require_f32_conv_state("ascend", &c.state)?;
             let work = tiling::conv_prefill(d.channels, d.width);
             let t = [
                 Some(&c.x),
@@ -564,8 +562,6 @@ fn build(p: &mut Prep<'_>, launch: Op<'_, AscendBackend>) -> Result<()> {
             )
         }
         Op::KdaChunk(c, d) => {
-            // The kernels index kda's own cache layout (dense f32 states).
-            kda_core::kda::require_dense_f32_state("ascend", &c.state)?;
             match vendor::chunk_route(c, d, p.repeatable, crate::sys::installed()) {
                 Ok(meta) => return vendor::chunk(p, c, d, meta),
                 Err(why) => tracing::trace!(reason = %why, "kda_chunk: the project's kernel"),

@@ -188,19 +188,19 @@ impl<B: Resources> CausalConvUpdate<B> {
     }
 }
 
-/// What a backend whose kernels take kda's own cache layout only (dense f32 states) says of any
-/// other conv or recurrent state: an engine's cache wrapped in place (bf16 / f16 conv states,
-/// vLLM's or transformers' strides) runs on the reference backend.
-pub fn require_dense_f32_state<B: Resources>(
+/// What a backend whose conv kernels take f32 states only says of a bf16 or f16 conv state (an
+/// engine's cache wrapped in place); such a cache runs on the reference backend. Strides are
+/// every backend's: the kernels take any view.
+pub fn require_f32_conv_state<B: Resources>(
     backend: &'static str,
     state: &Tensor<B>,
 ) -> Result<()> {
-    if state.dtype() == crate::DType::F32 && state.layout().is_contiguous() {
+    if state.dtype() == crate::DType::F32 {
         return Ok(());
     }
     Err(crate::Error::Unsupported {
         backend,
-        feature: "a state that is not dense f32 (an engine's cache wrapped in place)",
+        feature: "a bf16 or f16 conv state (an engine's cache wrapped in place)",
     })
 }
 

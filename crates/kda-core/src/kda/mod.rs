@@ -23,7 +23,7 @@ pub mod mask;
 pub mod norm;
 pub mod recurrence;
 
-pub use conv::{CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, require_dense_f32_state};
+pub use conv::{CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims, require_f32_conv_state};
 pub use gate::{ChunkGate, GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
 pub use mask::{PaddingDims, ZeroPadding};
 pub use norm::{GatedRmsNorm, L2NORM_EPS, L2Norm, RowDims};

@@ -158,23 +158,17 @@ impl CudaBackend {
                     args!(stream.inner.status, fid, xv, lv, rows, row_len, elsize),
                 )
             }
-            // The kernels index kda's own cache layout (dense f32 states).
+            // The conv kernels take f32 states (any strides).
             Launch::CausalConv(op, dims) => {
-                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                kda_core::kda::require_f32_conv_state("cuda", &op.state)?;
                 self.conv_prefill(stream, op, dims)
             }
             Launch::CausalConvUpdate(op, dims) => {
-                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
+                kda_core::kda::require_f32_conv_state("cuda", &op.state)?;
                 self.conv_update(stream, op, dims)
             }
-            Launch::KdaRecurrent(op, dims) => {
-                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
-                self.recurrent(stream, op, dims)
-            }
-            Launch::KdaChunk(op, dims) => {
-                kda_core::kda::require_dense_f32_state("cuda", &op.state)?;
-                self.chunk(stream, op, dims)
-            }
+            Launch::KdaRecurrent(op, dims) => self.recurrent(stream, op, dims),
+            Launch::KdaChunk(op, dims) => self.chunk(stream, op, dims),
         }
     }
 
