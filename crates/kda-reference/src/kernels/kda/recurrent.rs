@@ -98,12 +98,15 @@ pub(in crate::kernels) fn recurrent(
         }
     };
     if n == 1 && in_place(&initial, &writes) {
-        return decode_in_place(op, exec, &initial, (heads, kd, vd), |at, s, o, scratch| {
+        let taken = decode_in_place(op, exec, &initial, (heads, kd, vd), |at, s, o, scratch| {
             let [qt, kt, decay] = scratch;
             load(at, qt, kt);
             let (vt, gt) = (&v[at * vd..(at + 1) * vd], &g[at * kd..(at + 1) * kd]);
             step(s, qt, kt, vt, gt, beta[at], decay, o);
-        });
+        })?;
+        if taken {
+            return Ok(());
+        }
     }
     // Every initial state is read before anything is written.
     let mut states = Vec::with_capacity(batch * heads);
@@ -165,31 +168,47 @@ fn in_place(initial: &[Option<usize>], writes: &[Vec<Option<usize>>]) -> bool {
 /// One token per request, each head's state updated in place in the cache (no copy of the
 /// states, which at decode are most of the bytes the op moves): `run(at, state, o, scratch)`
 /// advances one head's state by token row `at`.
+///
+/// Only a head state that is one contiguous `[V, K]` run can be updated where it lies; any other
+/// view (the K-first state of `kda core`, transposed to v-first, is one) returns `Ok(false)`
+/// before anything is read or written, and the caller takes the copying path, which reads and
+/// writes any view.
 fn decode_in_place(
     op: &KdaRecurrent<ReferenceBackend>,
     exec: &Exec,
     initial: &[Option<usize>],
     (heads, kd, vd): (usize, usize, usize),
     run: impl Fn(usize, &mut [f32], &mut [f32], [&mut [f32]; 3]) + Sync,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let batch = initial.len();
     let mut o_all = vec![0.0f32; batch * heads * vd];
     if heads == 0 || vd == 0 {
         write_f32(&op.o, &o_all);
-        return Ok(());
+        return Ok(true);
     }
-    let mut tasks = Vec::with_capacity(batch * heads);
-    for (b, (o_req, first)) in o_all.chunks_mut(heads * vd).zip(initial).enumerate() {
+    // Every view is checked before the first slice is made, so a refusal leaves nothing behind.
+    let mut views = Vec::with_capacity(batch * heads);
+    for first in initial {
         let Some(s) = *first else { continue };
-        for (h, o) in o_req.chunks_mut(vd).enumerate() {
+        for h in 0..heads {
             let view = head_state(&op.state, s, h)?;
             if !view.layout().is_contiguous() {
-                return Err("kda_recurrent: a head state is not contiguous".into());
+                return Ok(false);
             }
-            // SAFETY: a validated f32 view (the state is checked f32) of one (slot, head) of the
-            // state buffer: the slots of the live requests are distinct (`in_place`), so these
-            // slices are disjoint; the stream contract keeps every other thread off the cache
-            // while the op runs.
+            views.push(view);
+        }
+    }
+    let mut views = views.into_iter();
+    let mut tasks = Vec::with_capacity(batch * heads);
+    for (b, (o_req, first)) in o_all.chunks_mut(heads * vd).zip(initial).enumerate() {
+        if first.is_none() {
+            continue;
+        }
+        for (h, (o, view)) in o_req.chunks_mut(vd).zip(views.by_ref()).enumerate() {
+            // SAFETY: a validated, contiguous f32 view (the state is checked f32) of one
+            // (slot, head) of the state buffer: the slots of the live requests are distinct
+            // (`in_place`), so these slices are disjoint; the stream contract keeps every other
+            // thread off the cache while the op runs.
             let state = unsafe { op.state.buffer().slice_mut::<f32>(view.layout()) };
             tasks.push((b * heads + h, state, o));
         }
@@ -199,7 +218,7 @@ fn decode_in_place(
         run(at, state, o, [&mut qt, &mut kt, &mut decay]);
     });
     write_f32(&op.o, &o_all);
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
