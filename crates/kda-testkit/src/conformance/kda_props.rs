@@ -11,6 +11,8 @@
 //! proptest draws the rest from a fixed seed, so a run is reproducible and a failure is shrunk to
 //! a small case that names itself.
 
+use std::time::Duration;
+
 use kda_core::kda::{
     CHUNK_SIZE, CausalConv, CausalConvUpdate, ChunkGate, GateForm, GatedRmsNorm, KdaChunk, KdaGate,
     KdaRecurrent, L2Norm, ZeroPadding,
@@ -36,6 +38,8 @@ pub const HEAD_DIMS: [usize; 3] = [16, 32, 128];
 /// Cases drawn after the corners, per body and backend: the whole module adds a few seconds
 /// per backend to a release run.
 const CASES: u32 = 24;
+/// How long a body may take before it counts as hung (it takes about a second).
+const WATCHDOG: Duration = Duration::from_secs(120);
 /// Conv width (the checkpoints' `W`).
 const CONV_W: usize = 4;
 
@@ -426,7 +430,15 @@ fn cache_values(
 /// (each request's slot written, a spare slot untouched); the chunked form on a varlen batch
 /// with a one-token request, and with the gate applied in-kernel; the token-by-token form with
 /// and without `num_accepted_tokens` where both mean the same.
+///
+/// Under a watchdog: a failing op must be reported, never wait forever (a decode step that failed
+/// on the emulated Ascend runtime once left its `synchronize` waiting).
 pub fn recurrence_on_small_shapes_matches_f64<B: Backend>(make: &impl Factory<B>) {
+    let make = make.clone();
+    super::with_watchdog("kda_props recurrence", WATCHDOG, move || recurrence_bodies(&make));
+}
+
+fn recurrence_bodies<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
     let dev = (&b, &s);
@@ -521,6 +533,11 @@ fn chunk_with_gate_in_kernel<B: Backend>(
 /// mask on every drawn shape (rows `Σ lens × H`, widths `K` and `V`, conv channels `H·K`)
 /// against their f64 oracles.
 pub fn pointwise_ops_on_small_shapes_match_f64<B: Backend>(make: &impl Factory<B>) {
+    let make = make.clone();
+    super::with_watchdog("kda_props ops", WATCHDOG, move || pointwise_bodies(&make));
+}
+
+fn pointwise_bodies<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
     let dev = (&b, &s);
