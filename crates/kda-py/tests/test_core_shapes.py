@@ -67,3 +67,17 @@ def test_core_on_small_shapes_matches_the_f64_recurrence(shape, initial, algo):
     for r in range(b):
         np.testing.assert_allclose(o[r], o_ref[r], **recurrence_tolerance(t, kd, chunk, o_ref[r]))
         np.testing.assert_allclose(state[r], s_ref[r], **recurrence_tolerance(t, kd, chunk, s_ref[r]))
+
+
+@pytest.mark.parametrize("algo", ["chunk", "recurrent"])
+def test_core_threads_give_the_same_bits(algo):
+    b, t, h, kd, vd = 3, 65, 3, 32, 16
+    rng = np.random.default_rng(7)
+    q, k, g = (rng.uniform(-1, 0, (b, t, h, kd)).astype(np.float32) for _ in range(3))
+    v = rng.uniform(-1, 1, (b, t, h, vd)).astype(np.float32)
+    beta = rng.uniform(0, 1, (b, t, h)).astype(np.float32)
+    one = kda.core(q, k, v, g, beta, algo=algo, l2norm=True)
+    two = kda.core(q, k, v, g, beta, algo=algo, l2norm=True, threads=2)
+    assert all(np.array_equal(x, y) for x, y in zip(one, two))
+    with pytest.raises(ValueError, match="threads"):
+        kda.core(q, k, v, g, beta, threads=0)

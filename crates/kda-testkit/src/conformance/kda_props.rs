@@ -571,7 +571,7 @@ fn conv_prefill<B: Backend>(
     let state0 = rng.uniform_f32(n_slots * hist, -1.0, 1.0);
     let slots: Vec<i32> = (0..batch).map(|r| (batch - r) as i32).collect();
     let has_initial: Vec<i32> =
-        (0..batch).map(|r| i32::from((shape.seed as usize + r) % 2 == 0)).collect();
+        (0..batch).map(|r| i32::from((shape.seed as usize + r).is_multiple_of(2))).collect();
     let state = f32_tensor(b, s, &[n_slots, w - 1, c], &state0);
     let y = b.alloc(DType::F32, &[tokens, c]).unwrap();
     let op = CausalConv {
@@ -652,7 +652,7 @@ fn norm_gate_mask<B: Backend>(
     let t: usize = shape.lens.iter().sum();
     let rows = t * h;
     // The output dtype alternates with the seed: f32 or bf16.
-    let dtype = if shape.seed % 2 == 0 { DType::F32 } else { DType::BF16 };
+    let dtype = if shape.seed.is_multiple_of(2) { DType::F32 } else { DType::BF16 };
 
     let xv = rng.uniform_f32(rows * kd, -3.0, 3.0);
     let scale = 1.0 / (kd as f32).sqrt();
