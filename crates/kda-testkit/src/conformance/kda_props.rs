@@ -4,9 +4,10 @@
 //! [`crate::oracle_kda`] under the tolerances the rest of the suite uses.
 //!
 //! The recurrence runs in both forms, from a given and from a zero initial state, on the cache's
-//! v-first layout and on flash-linear-attention's K-first buffer handed over as a transposed
-//! view (what `kda core` and `kda.core` do: a decode step on that view once failed instead of
-//! taking the copying path); the chunked form on varlen batches that hold a one-token request,
+//! v-first layout, on flash-linear-attention's K-first buffer handed over as a transposed view
+//! (what `kda core` and `kda.core` do: a decode step on that view once failed instead of taking
+//! the copying path) and on a v-first state whose rows lie apart in a wider buffer (a view only
+//! the copying path takes); the chunked form on varlen batches that hold a one-token request,
 //! and with the gate applied in-kernel. Every `T` is run once on purpose (the corners), then
 //! proptest draws the rest from a fixed seed, so a run is reproducible and a failure is shrunk to
 //! a small case that names itself.
@@ -227,7 +228,13 @@ enum StateView {
     VFirst,
     /// A K-first `[N, H, K, V]` buffer as the transposed view `[N, H, V, K]`.
     KFirst,
+    /// The v-first state inside a wider buffer `[N, H, V, K + PAD]`: each head's rows apart,
+    /// a view no kernel can take as one run.
+    Padded,
 }
+
+/// The columns [`StateView::Padded`] leaves between rows (they must keep their bytes).
+const PAD: usize = 3;
 
 /// A state cache of `B + 1` slots, request `r` in slot `B - r` and slot 0 spare, as the op sees
 /// it and as its buffer holds it.
@@ -259,6 +266,17 @@ impl<B: Backend> Cache<B> {
                 let layout = Layout::strided(DType::F32, &[n, h, vd, kd], &strides, 0).unwrap();
                 (t.clone(), Tensor::new(t.buffer().clone(), layout).unwrap())
             }
+            StateView::Padded => {
+                let vfirst = swap_last(&kfirst, n * h, kd, vd);
+                let mut padded = vec![-7.0f32; n * h * vd * (kd + PAD)];
+                for (row, src) in
+                    padded.chunks_exact_mut(kd + PAD).zip(vfirst.chunks_exact(kd.max(1)))
+                {
+                    row[..kd].copy_from_slice(src);
+                }
+                let t = f32_tensor(b, s, &[n, h, vd, kd + PAD], &padded);
+                (t.clone(), t.narrow(3, 0, kd).unwrap())
+            }
         };
         Self { view, buffer, layout, before: kfirst }
     }
@@ -278,6 +296,15 @@ impl<B: Backend> Cache<B> {
         match self.layout {
             StateView::VFirst => swap_last(&got, n * h, vd, kd),
             StateView::KFirst => got,
+            StateView::Padded => {
+                let rows = got.chunks_exact(kd + PAD);
+                assert!(
+                    rows.clone().all(|r| r[kd..].iter().all(|&x| x == -7.0)),
+                    "the padding between a padded state's rows keeps its bytes"
+                );
+                let vfirst: Vec<f64> = rows.flat_map(|r| r[..kd].iter().copied()).collect();
+                swap_last(&vfirst, n * h, vd, kd)
+            }
         }
     }
 }
@@ -426,10 +453,10 @@ fn cache_values(
 }
 
 /// `KdaChunk` and `KdaRecurrent` on every drawn shape against the f64 recurrence: both forms,
-/// from a given and from a zero state, on the v-first cache and on a transposed K-first view
-/// (each request's slot written, a spare slot untouched); the chunked form on a varlen batch
-/// with a one-token request, and with the gate applied in-kernel; the token-by-token form with
-/// and without `num_accepted_tokens` where both mean the same.
+/// from a given and from a zero state, on the v-first cache, a transposed K-first view and a
+/// padded one (each request's slot written, a spare slot and the padding untouched); the chunked
+/// form on a varlen batch with a one-token request, and with the gate applied in-kernel; the
+/// token-by-token form with and without `num_accepted_tokens` where both mean the same.
 ///
 /// Under a watchdog: a failing op must be reported, never wait forever (a decode step that failed
 /// on the emulated Ascend runtime once left its `synchronize` waiting).
@@ -449,7 +476,7 @@ fn recurrence_bodies<B: Backend>(make: &impl Factory<B>) {
         for initial in [true, false] {
             let (chunk_want, rec_want) =
                 (oracles(shape, &chunk_reqs, initial), oracles(shape, &rec_reqs, initial));
-            for layout in [StateView::VFirst, StateView::KFirst] {
+            for layout in [StateView::VFirst, StateView::KFirst, StateView::Padded] {
                 let what =
                     |algo: &str| format!("{algo}, initial state {initial}, {layout:?} state");
                 let values = cache_values(shape, &chunk_reqs, initial, true, &mut rng);
