@@ -81,3 +81,20 @@ def test_core_threads_give_the_same_bits(algo):
     assert all(np.array_equal(x, y) for x, y in zip(one, two))
     with pytest.raises(ValueError, match="threads"):
         kda.core(q, k, v, g, beta, threads=0)
+
+
+def test_core_reads_strided_arrays_as_their_values():
+    """Sliced, Fortran-ordered and reversed arrays give the bits of their contiguous copies."""
+    b, t, h, kd, vd = 2, 5, 3, 16, 8
+    rng = np.random.default_rng(11)
+    wide = rng.uniform(-1, 1, (b, t, h, kd + 3)).astype(np.float32)
+    q = wide[..., :kd]  # rows apart
+    k = np.asfortranarray(rng.uniform(-1, 1, (b, t, h, kd)).astype(np.float32))
+    v = rng.uniform(-1, 1, (b, t, h, vd)).astype(np.float32)[:, ::-1]  # reversed tokens
+    g = rng.uniform(-1, 0, (b, t, h, kd)).astype(np.float32)
+    beta = rng.uniform(0, 1, (b, t, h)).astype(np.float32)
+    s0 = rng.uniform(-1, 1, (b, h, vd, kd)).astype(np.float32).transpose(0, 1, 3, 2)
+    for algo in ["chunk", "recurrent"]:
+        got = kda.core(q, k, v, g, beta, initial_state=s0, algo=algo, l2norm=True)
+        want = kda.core(*(np.ascontiguousarray(a) for a in (q, k, v, g, beta, s0)), algo=algo, l2norm=True)
+        assert all(np.array_equal(x, y) for x, y in zip(got, want)), algo
