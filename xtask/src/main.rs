@@ -3,7 +3,8 @@
 //! - `test`: formatting check, design references (`doc_refs.rs`), clippy with `-D warnings`,
 //!   the whole test suite (release), the Python package's pytest suite (see `python.rs`), docs
 //!   with warnings denied. What CI runs.
-//! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports.
+//! - `bench`: the benchmarks (`kda bench ...`) at the shapes the project reports, then the
+//!   peer comparison with llama.cpp's ggml (see `peer.rs`; `bench peer` runs it alone).
 //! - `kernels`, `test --backend ascend`: the AscendC kernels and the NPU run (see `ascend.rs`);
 //!   `kernels --check DEVKIT_DIR`: their syntax check against asc-devkit's headers
 //!   (see `kernel_check.rs`).
@@ -21,6 +22,7 @@ mod import_cycles;
 mod kernel_check;
 mod kernel_script;
 mod npu_check;
+mod peer;
 mod python;
 
 fn main() -> ExitCode {
@@ -33,12 +35,13 @@ fn main() -> ExitCode {
         Some("doc-refs") => doc_refs::check(&doc_refs::repo_root()),
         Some("kernels") if args.len() > 1 => kernel_check::check(&args[1..]),
         Some("kernels") => ascend::kernels().map(|_| ()),
+        Some("bench") if args.get(1).is_some_and(|a| a == "peer") => peer::compare(),
         Some("bench") => bench(),
         Some("gpu-check") => gpu_check::gpu_check(&args[1..]),
         Some("npu-check") => npu_check::npu_check(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench|kernels [--check DEVKIT_DIR …|--help]|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR [--target TRIPLE]>"
+                "usage: cargo xtask <test [--backend ascend]|doc-refs|bench [peer]|kernels [--check DEVKIT_DIR …|--help]|gpu-check [--out PATH] [--quick]|npu-check --bundle DIR [--target TRIPLE]>"
             );
             return ExitCode::from(2);
         }
@@ -282,7 +285,7 @@ fn bench() -> Result<(), String> {
         "1",
     ]);
     step("bench layer (2 threads per op)", &cargo, &args, &[])?;
-    Ok(())
+    peer::compare()
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::Counts;
 
 /// Find the interpreter, or say why there is none.
-fn interpreter(root: &Path) -> Result<PathBuf, String> {
+pub(crate) fn interpreter(root: &Path) -> Result<PathBuf, String> {
     let python = match std::env::var_os("KDA_PYTHON") {
         Some(p) => PathBuf::from(p),
         None => root.join(".venv/bin/python"),
@@ -40,6 +40,20 @@ fn interpreter(root: &Path) -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// `maturin develop`: the `kda` package, built in release, into `python`'s venv.
+pub(crate) fn develop(python: &Path, root: &Path) -> Result<(), String> {
+    // The venv is the interpreter's: `bin/python` sits in it.
+    let venv = python.parent().and_then(Path::parent).unwrap_or(root);
+    let manifest = root.join("crates/kda-py/Cargo.toml");
+    let manifest = manifest.to_string_lossy();
+    crate::step(
+        "maturin",
+        &python.to_string_lossy(),
+        &["-m", "maturin", "develop", "--release", "--quiet", "-m", &manifest],
+        &[("VIRTUAL_ENV", &venv.to_string_lossy())],
+    )
+}
+
 /// `maturin develop` + `pytest`, adding pytest's counts to `counts`.
 pub(crate) fn pytest(counts: &mut Counts) -> Result<(), String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("."));
@@ -51,16 +65,7 @@ pub(crate) fn pytest(counts: &mut Counts) -> Result<(), String> {
         }
         Err(why) => return Err(format!("pytest: {why} (CI must run the Python tests)")),
     };
-    // The venv is the interpreter's: `bin/python` sits in it.
-    let venv = python.parent().and_then(Path::parent).unwrap_or(root);
-    let manifest = root.join("crates/kda-py/Cargo.toml");
-    let manifest = manifest.to_string_lossy();
-    crate::step(
-        "maturin",
-        &python.to_string_lossy(),
-        &["-m", "maturin", "develop", "--release", "--quiet", "-m", &manifest],
-        &[("VIRTUAL_ENV", &venv.to_string_lossy())],
-    )?;
+    develop(&python, root)?;
     let tests = root.join("crates/kda-py/tests");
     eprintln!("==> pytest: {} -m pytest {}", python.display(), tests.display());
     let start = Instant::now();

@@ -213,28 +213,51 @@ impl ForeignArray {
     /// # Safety
     /// Host memory, valid as `ForeignArray::new` promised.
     unsafe fn gather_bytes(&self) -> Result<Vec<u8>> {
-        let size = self.dtype.size_bytes();
         let bytes = kda_core::layout::checked_size_bytes(self.dtype, &self.shape)
             .map_err(kda_core::Error::from)?;
         let mut out = Vec::new();
         out.try_reserve_exact(bytes).map_err(|_| kda_core::Error::OutOfMemory { bytes })?;
-        if bytes == 0 {
-            return Ok(out);
+        // SAFETY: forwarded contract.
+        unsafe { self.for_each_run(|run| out.extend_from_slice(run)) };
+        Ok(out)
+    }
+
+    /// The elements in row-major order, as runs of bytes handed to `f` in turn.
+    ///
+    /// # Safety
+    /// Host memory, valid as `ForeignArray::new` promised.
+    unsafe fn for_each_run(&self, mut f: impl FnMut(&[u8])) {
+        let size = self.dtype.size_bytes();
+        if self.shape.contains(&0) {
+            return;
         }
-        let mut index = vec![0usize; self.shape.len()];
+        // The trailing dimensions laid out row-major (each stride the count of elements after
+        // it; a dimension of size 1 fits any stride) form runs handed over whole: one run for a
+        // contiguous array, a row at a time for a sliced one. The rest are walked index by index.
+        let (mut outer, mut run) = (self.shape.len(), 1usize);
+        while outer > 0 {
+            let d = outer - 1;
+            if self.shape[d] != 1 && self.strides[d] != run as isize {
+                break;
+            }
+            run *= self.shape[d];
+            outer = d;
+        }
+        let mut index = vec![0usize; outer];
         loop {
             let offset: isize =
                 index.iter().zip(&self.strides).map(|(&i, &s)| i as isize * s).sum();
-            // SAFETY: every index inside the shape reaches valid memory (the contract); the
-            // element is read unaligned.
-            let element = unsafe { self.ptr.offset(offset * size as isize) };
-            // SAFETY: `size` readable bytes at `element`.
-            out.extend_from_slice(unsafe { std::slice::from_raw_parts(element, size) });
-            // Next index, row-major.
-            let mut dim = self.shape.len();
+            // SAFETY: every index inside the shape reaches valid memory (the contract), and the
+            // `run` elements from this one are the array's next elements, laid out one after
+            // the other; they are read as bytes (unaligned).
+            let start = unsafe { self.ptr.offset(offset * size as isize) };
+            // SAFETY: `run · size` readable bytes at `start`.
+            f(unsafe { std::slice::from_raw_parts(start, run * size) });
+            // Next index of the outer dimensions, row-major.
+            let mut dim = outer;
             loop {
                 if dim == 0 {
-                    return Ok(out);
+                    return;
                 }
                 dim -= 1;
                 index[dim] += 1;
@@ -282,20 +305,29 @@ impl ForeignArray {
     pub fn to_f32(&self, param: &'static str) -> Result<Vec<f32>> {
         self.expect_host(param)?;
         self.expect_dtype(param, &[DType::F32, DType::BF16, DType::F16])?;
-        // SAFETY: host memory, valid per `ForeignArray::new`'s contract.
-        let bytes = unsafe { self.gather_bytes() }?;
-        Ok(match self.dtype {
+        // Sized from the checked element count, reserved fallibly; then converted run by run,
+        // with no copy of the bytes in between (at decode the state is most of what the call
+        // moves).
+        let bytes = kda_core::layout::checked_size_bytes(self.dtype, &self.shape)
+            .map_err(kda_core::Error::from)?;
+        let numel = bytes / self.dtype.size_bytes();
+        let mut out = Vec::new();
+        out.try_reserve_exact(numel)
+            .map_err(|_| kda_core::Error::OutOfMemory { bytes: numel.saturating_mul(4) })?;
+        let dtype = self.dtype;
+        let convert = |run: &[u8]| match dtype {
             DType::BF16 => {
-                bytes.chunks_exact(2).map(|c| bf16::from_ne_bytes([c[0], c[1]]).to_f32()).collect()
+                out.extend(run.chunks_exact(2).map(|c| bf16::from_ne_bytes([c[0], c[1]]).to_f32()))
             }
             DType::F16 => {
-                bytes.chunks_exact(2).map(|c| f16::from_ne_bytes([c[0], c[1]]).to_f32()).collect()
+                out.extend(run.chunks_exact(2).map(|c| f16::from_ne_bytes([c[0], c[1]]).to_f32()))
             }
-            _ => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-        })
+            _ => out
+                .extend(run.chunks_exact(4).map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))),
+        };
+        // SAFETY: host memory, valid per `ForeignArray::new`'s contract.
+        unsafe { self.for_each_run(convert) };
+        Ok(out)
     }
 
     /// `Err` naming `param` unless the array is in host memory.

@@ -437,9 +437,10 @@ fn quant<'py>(
 /// (`g` the activated log decay), `v` `[B, T, H, V]`, `beta` `[B, T, H]` (after the sigmoid),
 /// optional `initial_state` `[B, H, K, V]`, each f32 or bf16. Returns `(o, final_state)`,
 /// float32 `[B, T, H, V]` and `[B, H, K, V]`. `algo`: "chunk" or "recurrent"; `scale`
-/// multiplies q (default `K ** -0.5`); `l2norm`: L2-normalise q and k first.
+/// multiplies q (default `K ** -0.5`); `l2norm`: L2-normalise q and k first; `threads`: 1 runs
+/// the op on its stream's own thread, more on a pool of that many.
 #[pyfunction]
-#[pyo3(name = "core", signature = (q, k, v, g, beta, initial_state=None, algo="chunk", scale=None, l2norm=false))]
+#[pyo3(name = "core", signature = (q, k, v, g, beta, initial_state=None, algo="chunk", scale=None, l2norm=false, threads=1))]
 #[allow(clippy::too_many_arguments)]
 fn kda_core_op<'py>(
     py: Python<'py>,
@@ -452,6 +453,7 @@ fn kda_core_op<'py>(
     algo: &str,
     scale: Option<f32>,
     l2norm: bool,
+    threads: usize,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     let algo = CoreAlgo::parse(algo).map_err(to_py)?;
     let (q, k, v) = (
@@ -472,6 +474,7 @@ fn kda_core_op<'py>(
         beta: &beta,
         initial_state: initial_state.as_ref(),
         options: CoreOptions { algo, scale, l2norm },
+        threads,
     };
     let result = py.detach(|| guard(|| ops::core(&args))).map_err(to_py)?;
     Ok((

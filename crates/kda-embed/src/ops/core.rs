@@ -14,7 +14,7 @@
 use half::bf16;
 use kda_core::kda::{KdaChunk, KdaRecurrent, MAX_HEAD_DIM};
 use kda_core::{Backend, DType, Device, Element, Layout, Op, Tensor};
-use kda_reference::ReferenceBackend;
+use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 use thiserror::Error;
 
 use crate::array::ForeignArray;
@@ -312,10 +312,23 @@ pub struct CoreArgs<'a> {
     pub beta: &'a ForeignArray,
     pub initial_state: Option<&'a ForeignArray>,
     pub options: CoreOptions,
+    /// Threads the op runs on: 1 is the stream's own thread; more, a pool of that many.
+    pub threads: usize,
 }
 
 /// [`core_on`] on the reference backend, for an engine's host arrays.
 pub fn core(args: &CoreArgs<'_>) -> Result<CoreOutput> {
+    let mode = match args.threads {
+        0 => {
+            return Err(EmbedError::Argument {
+                param: "threads",
+                expected: "a count of at least 1",
+                actual: "0".into(),
+            });
+        }
+        1 => ExecutionMode::PerStream,
+        threads => ExecutionMode::SharedPool { threads },
+    };
     let named = [("q", args.q), ("k", args.k), ("v", args.v), ("g", args.g), ("beta", args.beta)];
     let state = args.initial_state.map(|s| ("initial_state", s));
     let mut values = Vec::with_capacity(6);
@@ -334,7 +347,8 @@ pub fn core(args: &CoreArgs<'_>) -> Result<CoreOutput> {
         beta: host(args.beta, &values[4]),
         initial_state: args.initial_state.map(|s| host(s, &values[5])),
     };
-    Ok(core_on(&ReferenceBackend::new(), &inputs, args.options)?)
+    let device = ReferenceBackend::with_options(ReferenceOptions { mode, ..Default::default() })?;
+    Ok(core_on(&device, &inputs, args.options)?)
 }
 
 /// `t` as a tensor of its own dtype (its values are exact in it).

@@ -22,7 +22,7 @@ use crate::oracle_kda::{
 use crate::{Gen, Tolerance};
 
 /// `[0, l0, l0 + l1, …]`: request offsets from lengths.
-fn offsets(lens: &[usize]) -> Vec<i32> {
+pub(super) fn offsets(lens: &[usize]) -> Vec<i32> {
     let mut at = 0;
     std::iter::once(0)
         .chain(lens.iter().map(|&l| {
@@ -32,12 +32,12 @@ fn offsets(lens: &[usize]) -> Vec<i32> {
         .collect()
 }
 
-fn f64s(x: &[f32]) -> Vec<f64> {
+pub(super) fn f64s(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| f64::from(v)).collect()
 }
 
 /// A new f32 tensor holding `data`.
-fn f32_tensor<B: Backend>(
+pub(super) fn f32_tensor<B: Backend>(
     b: &Device<B>,
     s: &B::Stream,
     shape: &[usize],
@@ -49,7 +49,7 @@ fn f32_tensor<B: Backend>(
 }
 
 /// A new i32 tensor holding `data`.
-fn i32_tensor<B: Backend>(
+pub(super) fn i32_tensor<B: Backend>(
     b: &Device<B>,
     s: &B::Stream,
     shape: &[usize],
@@ -62,7 +62,7 @@ fn i32_tensor<B: Backend>(
 
 /// A new tensor of `dtype` (f32 or bf16) holding `data` rounded to it; returns the tensor and
 /// the values it really holds.
-fn float_tensor<B: Backend>(
+pub(super) fn float_tensor<B: Backend>(
     b: &Device<B>,
     s: &B::Stream,
     dtype: DType,
@@ -503,7 +503,7 @@ impl Seq {
 }
 
 /// `[H, K, V]` to the cache's `[H, V, K]` and back.
-fn swap_last<T: Copy>(x: &[T], heads: usize, a: usize, c: usize) -> Vec<T> {
+pub(super) fn swap_last<T: Copy>(x: &[T], heads: usize, a: usize, c: usize) -> Vec<T> {
     let mut out = x.to_vec();
     for h in 0..heads {
         for i in 0..a {

@@ -7,6 +7,7 @@
 
 pub mod gemm;
 pub mod kda;
+pub mod kda_props;
 pub mod layer;
 pub mod mx;
 pub mod sanitize;
@@ -33,6 +34,7 @@ macro_rules! conformance_tests {
         $crate::conformance_views!($plain, $jittered, $checked);
         $crate::conformance_sanitize!($plain, $jittered, $checked);
         $crate::conformance_kda!($plain, $jittered, $checked);
+        $crate::conformance_kda_props!($plain, $jittered, $checked);
         $crate::conformance_mx!($plain, $jittered, $checked);
         $crate::conformance_schedule!($plain, $jittered, $checked);
         $crate::conformance_layer!($plain, $jittered, $checked);

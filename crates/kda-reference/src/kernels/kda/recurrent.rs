@@ -2,6 +2,7 @@
 //! the cache: with `S^T` stored as `[V, K]`, every step is a pass over contiguous rows.
 
 use kda_core::kda::{KdaRecurrent, RecurrenceDims};
+use kda_core::{DType, Layout};
 
 use super::super::Exec;
 use super::io::{T, par_map, read_f32, read_i32, row, slot, write_f32};
@@ -43,6 +44,55 @@ pub(crate) fn step(
         }
         *o = dot(row, q);
     }
+}
+
+/// [`step`] on a K-first head state `s` (`[K, V]`, flash-linear-attention's layout, which
+/// `kda core` and `kda.core` hand over as a transposed view), in place: the same four lines in
+/// two passes over `s`'s contiguous rows (decay and `S^T k`; update and `S^T q`). `u` is scratch
+/// of `V` elements. Its sums run in another order than [`step`]'s, so the two agree within fp32
+/// rounding, not bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn step_kfirst(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    u: &mut [f32],
+    o: &mut [f32],
+) {
+    let vd = v.len();
+    o.fill(0.0);
+    if vd == 0 {
+        return;
+    }
+    u.fill(0.0);
+    for ((row, &gc), &kc) in s.chunks_exact_mut(vd).zip(g).zip(k) {
+        let d = gc.exp();
+        for (x, acc) in row.iter_mut().zip(u.iter_mut()) {
+            *x *= d;
+            *acc += kc * *x;
+        }
+    }
+    for (acc, &vj) in u.iter_mut().zip(v) {
+        *acc = beta * (vj - *acc);
+    }
+    for ((row, &kc), &qc) in s.chunks_exact_mut(vd).zip(k).zip(q) {
+        for ((x, &uj), oj) in row.iter_mut().zip(&*u).zip(o.iter_mut()) {
+            *x += kc * uj;
+            *oj += qc * *x;
+        }
+    }
+}
+
+/// One head's state where it lies in the cache, in one of the two layouts the decode step
+/// updates in place.
+pub(super) enum HeadState<'a> {
+    /// `S^T`, `[V, K]` contiguous: the cache's own layout.
+    VFirst(&'a mut [f32]),
+    /// `S`, `[K, V]` contiguous: a K-first buffer seen through a transposed view.
+    KFirst(&'a mut [f32]),
 }
 
 /// The `[1, 1, V, K]` view of head `h` in slot `s` of a `[N, H, V, K]` cache.
@@ -97,15 +147,19 @@ pub(in crate::kernels) fn recurrent(
             qt.iter_mut().for_each(|x| *x *= scale);
         }
     };
-    // An engine's cache wrapped in place may be strided (transformers' K-first states): its
-    // heads are gathered and scattered below instead.
-    if n == 1 && op.state.layout().is_contiguous() && in_place(&initial, &writes) {
-        return decode_in_place(op, exec, &initial, (heads, kd, vd), |at, s, o, scratch| {
-            let [qt, kt, decay] = scratch;
+    if n == 1 && in_place(&initial, &writes) {
+        let taken = decode_in_place(op, exec, &initial, (heads, kd, vd), |at, s, o, scratch| {
+            let [qt, kt, decay, u] = scratch;
             load(at, qt, kt);
             let (vt, gt) = (&v[at * vd..(at + 1) * vd], &g[at * kd..(at + 1) * kd]);
-            step(s, qt, kt, vt, gt, beta[at], decay, o);
-        });
+            match s {
+                HeadState::VFirst(s) => step(s, qt, kt, vt, gt, beta[at], decay, o),
+                HeadState::KFirst(s) => step_kfirst(s, qt, kt, vt, gt, beta[at], u, o),
+            }
+        })?;
+        if taken {
+            return Ok(());
+        }
     }
     // Every initial state is read before anything is written.
     let mut states = Vec::with_capacity(batch * heads);
@@ -167,41 +221,68 @@ fn in_place(initial: &[Option<usize>], writes: &[Vec<Option<usize>>]) -> bool {
 /// One token per request, each head's state updated in place in the cache (no copy of the
 /// states, which at decode are most of the bytes the op moves): `run(at, state, o, scratch)`
 /// advances one head's state by token row `at`.
+///
+/// A head state is updated where it lies when it is one contiguous `[V, K]` run (the cache's
+/// layout) or one contiguous `[K, V]` run seen transposed (the K-first state of `kda core` and
+/// `kda.core`); for any other view this returns `Ok(false)` before anything is read or written,
+/// and the caller takes the copying path, which reads and writes any view.
 fn decode_in_place(
     op: &KdaRecurrent<ReferenceBackend>,
     exec: &Exec,
     initial: &[Option<usize>],
     (heads, kd, vd): (usize, usize, usize),
-    run: impl Fn(usize, &mut [f32], &mut [f32], [&mut [f32]; 3]) + Sync,
-) -> Result<(), String> {
+    run: impl Fn(usize, HeadState<'_>, &mut [f32], [&mut [f32]; 4]) + Sync,
+) -> Result<bool, String> {
     let batch = initial.len();
     let mut o_all = vec![0.0f32; batch * heads * vd];
     if heads == 0 || vd == 0 {
         write_f32(&op.o, &o_all);
-        return Ok(());
+        return Ok(true);
     }
+    // Every view is checked before the first slice is made, so a refusal leaves nothing behind.
+    let mut views = Vec::with_capacity(batch * heads);
+    for first in initial {
+        let Some(s) = *first else { continue };
+        for h in 0..heads {
+            let view = head_state(&op.state, s, h)?;
+            let layout = view.layout();
+            let kfirst = layout.strides()[2..] == [1, vd];
+            let whole = if layout.is_contiguous() {
+                (false, layout.clone())
+            } else if kfirst {
+                // The same elements, as the contiguous `[K, V]` block they are.
+                let block = Layout::strided(DType::F32, &[kd, vd], &[vd, 1], layout.offset())
+                    .map_err(|e| e.to_string())?;
+                (true, block)
+            } else {
+                return Ok(false);
+            };
+            views.push(whole);
+        }
+    }
+    let mut views = views.into_iter();
     let mut tasks = Vec::with_capacity(batch * heads);
     for (b, (o_req, first)) in o_all.chunks_mut(heads * vd).zip(initial).enumerate() {
-        let Some(s) = *first else { continue };
-        for (h, o) in o_req.chunks_mut(vd).enumerate() {
-            let view = head_state(&op.state, s, h)?;
-            if !view.layout().is_contiguous() {
-                return Err("kda_recurrent: a head state is not contiguous".into());
-            }
-            // SAFETY: a validated f32 view (the state is checked f32) of one (slot, head) of the
-            // state buffer: the slots of the live requests are distinct (`in_place`), so these
-            // slices are disjoint; the stream contract keeps every other thread off the cache
-            // while the op runs.
-            let state = unsafe { op.state.buffer().slice_mut::<f32>(view.layout()) };
+        if first.is_none() {
+            continue;
+        }
+        for (h, (o, (kfirst, layout))) in o_req.chunks_mut(vd).zip(views.by_ref()).enumerate() {
+            // SAFETY: the elements of a validated f32 view (the state is checked f32) of one
+            // (slot, head) of the state buffer, as the contiguous run they form: the slots of
+            // the live requests are distinct (`in_place`), so these slices are disjoint; the
+            // stream contract keeps every other thread off the cache while the op runs.
+            let state = unsafe { op.state.buffer().slice_mut::<f32>(&layout) };
+            let state = if kfirst { HeadState::KFirst(state) } else { HeadState::VFirst(state) };
             tasks.push((b * heads + h, state, o));
         }
     }
     super::io::par_for_each(exec, tasks, |(at, state, o)| {
-        let (mut qt, mut kt, mut decay) = (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd]);
-        run(at, state, o, [&mut qt, &mut kt, &mut decay]);
+        let (mut qt, mut kt, mut decay, mut u) =
+            (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd], vec![0.0; vd]);
+        run(at, state, o, [&mut qt, &mut kt, &mut decay, &mut u]);
     });
     write_f32(&op.o, &o_all);
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -246,5 +327,15 @@ mod tests {
         // The cache is v-first: s is the transpose of the oracle's [K, V].
         let s_kfirst: Vec<f32> = (0..kd * vd).map(|i| s[(i % vd) * kd + i / vd]).collect();
         tol.assert_close(&[kd, vd], &s_kfirst, &s_ref);
+
+        // The same steps on the K-first state, as a transposed view hands it over.
+        let (mut s, mut u, mut o) = (vec![0.0f32; kd * vd], vec![0.0; vd], vec![0.0f32; t * vd]);
+        for i in 0..t {
+            let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
+            let (vi, gi) = (&v[i * vd..(i + 1) * vd], &g[i * kd..(i + 1) * kd]);
+            step_kfirst(&mut s, qi, ki, vi, gi, beta[i], &mut u, &mut o[i * vd..(i + 1) * vd]);
+        }
+        tol.assert_close(&[t, vd], &o, &o_ref);
+        tol.assert_close(&[kd, vd], &s, &s_ref);
     }
 }
