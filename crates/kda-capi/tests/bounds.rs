@@ -359,7 +359,7 @@ impl Case {
         let rows = lens.iter().sum::<usize>() + self.pad;
         let requests = count(self.requests_pick, rows, self.requests.len());
         let n = if requests <= rows { requests } else { 1 };
-        let plan = |j: usize| self.requests.get(j);
+        let request = |j: usize| self.requests.get(j);
         let mut edges = self.edges.iter().copied().cycle();
         let mut edge = || edges.next().unwrap_or(6);
         let mut offset = 0;
@@ -376,7 +376,7 @@ impl Case {
         let computed = self.computed.then(|| {
             (0..n)
                 .map(|j| {
-                    let continues = plan(j).is_some_and(|r| r.continues || speculative(r));
+                    let continues = request(j).is_some_and(|r| r.continues || speculative(r));
                     element(if continues { 5 } else { 0 }, edge(), 8)
                 })
                 .collect()
@@ -386,7 +386,7 @@ impl Case {
         let mut next = 0usize;
         let mut taken = Vec::new();
         for j in 0..n {
-            let k = if plan(j).is_some_and(speculative) { width } else { 1 };
+            let k = if request(j).is_some_and(speculative) { width } else { 1 };
             taken.push((next..next + k).map(|s| s as i32).collect::<Vec<_>>());
             next += k;
         }
@@ -399,7 +399,7 @@ impl Case {
                 let mut spec_slots = Vec::with_capacity(n * width);
                 let mut accepted = Vec::with_capacity(n);
                 for (j, t) in taken.iter().enumerate() {
-                    let spec = plan(j).filter(|r| speculative(r));
+                    let spec = request(j).filter(|r| speculative(r));
                     for i in 0..width {
                         let plausible = if spec.is_some() { t[i % t.len()] } else { -1 };
                         spec_slots.push(element(plausible, edge(), slots_i));

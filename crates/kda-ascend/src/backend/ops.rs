@@ -221,7 +221,7 @@ impl Prep<'_> {
         tensors: &[Option<&T>],
         scalars: &[f64],
     ) -> Result<()> {
-        let Some(tiling) = tiling::plan(name, &self.b.inner.chip, work)? else { return Ok(()) };
+        let Some(tiling) = tiling::tile(name, &self.b.inner.chip, work)? else { return Ok(()) };
         let gms = tensors.iter().map(|t| gm(name, *t)).collect::<Result<Vec<GmTensor>>>()?;
         let launch = self.b.inner.kernels.prepare(name, self.op, tiling, &gms, scalars)?;
         self.steps.push(Step::Kernel(launch));

@@ -5,7 +5,7 @@
 //! A *unit* is the kernel's indivisible piece of work: an element for element-wise kernels, a
 //! `(token, head)` row for the gate, a channel for the conv kernels, a `(sequence, head)` state
 //! for the delta-rule kernels. Each kernel states the UB bytes one unit needs and the bytes it
-//! allocates whatever the tile; the plan keeps a tile's bytes within the UB share of one tile
+//! allocates whatever the tile; the tiling keeps a tile's bytes within the UB share of one tile
 //! copy: half the UB for kernels that prefetch the next tile into the other half, the whole UB
 //! for the kernels that hold one tile (the conv and delta-rule kernels, whose budgets are the
 //! exact sums of the `InitBuffer` sizes in their sources).
@@ -152,7 +152,7 @@ impl Work {
 }
 
 /// Plan `work` for `kernel` on `chip`. `Ok(None)` when there is no work (the launch is skipped).
-pub fn plan(
+pub fn tile(
     kernel: &'static str,
     chip: &Chip,
     work: Work,
@@ -261,7 +261,7 @@ pub fn delta_rule_bytes(k: usize, v: usize) -> usize {
 
 /// The delta-rule kernels (`kda_recurrent_step`, `kda_chunk_prefill`): one unit per `(sequence,
 /// head)`, each computed whole in UB ([`delta_rule_bytes`]); the kernels hold one unit at a
-/// time (they do not use the tile), so the plan only checks that one fits.
+/// time (they do not use the tile), so the tiling only checks that one fits.
 fn delta_rule(units: usize, k: usize, v: usize) -> Work {
     Work { units, unit_bytes: delta_rule_bytes(k, v), align: 1, fixed_bytes: 0, copies: 1 }
 }
@@ -310,7 +310,7 @@ mod tests {
         Chip::from_soc("Ascend950PR_9599").expect("950")
     }
 
-    /// The invariants every plan keeps, checked independently of how `plan` computes it.
+    /// The invariants every tiling keeps, checked independently of how `tile` computes it.
     fn check(chip: &Chip, work: Work, t: KernelTiling) {
         let (b, p, l, tile) =
             (t.block_dim as usize, t.per_core as usize, t.last_core as usize, t.tile as usize);
@@ -325,8 +325,8 @@ mod tests {
         );
     }
 
-    fn planned(chip: &Chip, work: Work) -> KernelTiling {
-        let t = plan("test", chip, work).expect("plan").expect("work");
+    fn tiled(chip: &Chip, work: Work) -> KernelTiling {
+        let t = tile("test", chip, work).expect("tiling").expect("work");
         check(chip, work, t);
         t
     }
@@ -335,15 +335,15 @@ mod tests {
     fn sigmoid_beta_at_k3_tp8_and_tp1_with_tails() {
         // TP8: lh = 12 heads; a decode batch of 3 tokens is 36 bf16 values: 3 blocks of 16
         // elements, the last core takes the 4-element tail.
-        let t = planned(&a2(), sigmoid(3 * 12, 2));
+        let t = tiled(&a2(), sigmoid(3 * 12, 2));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (3, 16, 4));
         // TP1: 96 heads × 4096 tokens = 393216 values over 48 cores: 8192 each, no tail.
-        let t = planned(&a2(), sigmoid(4096 * HEADS, 2));
+        let t = tiled(&a2(), sigmoid(4096 * HEADS, 2));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 8192, 8192));
         // 10 bytes per bf16 value: 98304 / 10 = 9830, aligned down to 16 → 9824 ≥ 8192.
         assert_eq!(t.tile, 8192);
         // An odd count: 1001 tokens × 12 heads = 12012 values.
-        let t = planned(&a2(), sigmoid(1001 * 12, 2));
+        let t = tiled(&a2(), sigmoid(1001 * 12, 2));
         assert_eq!(t.per_core, 256);
         assert_eq!(t.last_core as usize, 12012 - 256 * (t.block_dim as usize - 1));
     }
@@ -352,14 +352,14 @@ mod tests {
     fn gate_at_k3_tp8_and_tp1() {
         for (heads, tokens) in [(12, 1), (12, 4096), (HEADS, 1), (HEADS, 4097)] {
             let work = gate(tokens, heads, D, 2);
-            let t = planned(&a2(), work);
+            let t = tiled(&a2(), work);
             assert_eq!(work.unit_bytes, 128 * 14);
             if tokens * heads < 48 {
                 assert_eq!((t.block_dim as usize, t.per_core), (tokens * heads, 1));
             }
         }
         // TP1 prefill, 4097 tokens: 393312 rows over 48 cores, 8194 each (it divides evenly).
-        let t = planned(&a2(), gate(4097, HEADS, D, 2));
+        let t = tiled(&a2(), gate(4097, HEADS, D, 2));
         assert_eq!((t.block_dim, t.per_core), (48, 8194));
         assert_eq!(t.last_core, 393_312 - 8194 * 47);
         // One tile holds 98304 / 1792 = 54 rows.
@@ -369,26 +369,26 @@ mod tests {
     #[test]
     fn zero_padding_at_k3_shapes() {
         // The core output of TP8: rows of lp = 1536 bf16; 4 padded decode rows.
-        let t = planned(&a2(), zero_padding(4, 12 * D, 2));
+        let t = tiled(&a2(), zero_padding(4, 12 * D, 2));
         assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (4, 1, 1, 1));
         // Hidden-sized rows (7168 f32) on a 72-core 950: 126976 / 28672 = 4 rows per tile;
         // 1000 rows at ceil(1000 / 72) = 14 per core need 72 cores, the last taking 6.
-        let t = planned(&a5(), zero_padding(1000, 7168, 4));
+        let t = tiled(&a5(), zero_padding(1000, 7168, 4));
         assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (72, 14, 6, 4));
         // The same on A2: 98304 / 28672 = 3 rows per tile, 21 per core on 48 cores.
-        let t = planned(&a2(), zero_padding(1000, 7168, 4));
+        let t = tiled(&a2(), zero_padding(1000, 7168, 4));
         assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (48, 21, 13, 3));
     }
 
     #[test]
     fn conv_update_at_k3_tp8_and_tp1() {
         // Channels = 3·lp: 4608 at TP8, 36864 at TP1; one decode token, state of W-1.
-        let t = planned(&a2(), conv_update(3 * 12 * D, W, 1));
+        let t = tiled(&a2(), conv_update(3 * 12 * D, W, 1));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 96, 96));
-        let t = planned(&a2(), conv_update(3 * HEADS * D, W, 1));
+        let t = tiled(&a2(), conv_update(3 * HEADS * D, W, 1));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 768, 768));
         // A speculative step of 4 tokens on an odd channel count leaves a tail.
-        let t = planned(&a2(), conv_update(4610, W, 4));
+        let t = tiled(&a2(), conv_update(4610, W, 4));
         assert_eq!(t.per_core, 104);
         assert_eq!(t.last_core as usize, 4610 - 104 * (t.block_dim as usize - 1));
     }
@@ -399,11 +399,11 @@ mod tests {
         // scratch blocks (3168 bytes) and a bf16 stage row (256 bytes) per unit.
         let work = recurrent(1, 12, D, D);
         assert_eq!(work.unit_bytes, 128 * 128 * 4 + (6 * 128 + 24) * 4 + 128 * 2);
-        let t = planned(&a2(), work);
+        let t = tiled(&a2(), work);
         assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (12, 1, 1, 1));
-        let t = planned(&a2(), recurrent(5, HEADS, D, D));
+        let t = tiled(&a2(), recurrent(5, HEADS, D, D));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 10, 10));
-        let t = planned(&a2(), recurrent(7, HEADS, D, D));
+        let t = tiled(&a2(), recurrent(7, HEADS, D, D));
         assert_eq!((t.block_dim, t.per_core), (48, 14));
         assert_eq!(t.last_core, 672 - 14 * 47);
     }
@@ -412,24 +412,24 @@ mod tests {
     fn row_kernels_at_k3_tp8_and_tp1_with_tails() {
         // q/k L2 norm: (token, head) rows of D = 128 bf16; TP8 decode of 3 tokens is 36 rows,
         // one per core; a TP1 prefill of 1001 tokens is 96096 rows, 2002 per core, no tail.
-        let t = planned(&a2(), l2norm(3 * 12, D, 2));
+        let t = tiled(&a2(), l2norm(3 * 12, D, 2));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (36, 1, 1));
-        let t = planned(&a2(), l2norm(1001 * HEADS, D, 2));
+        let t = tiled(&a2(), l2norm(1001 * HEADS, D, 2));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 2002, 2002));
         // 128 × 10 bytes per row: 98304 / 1280 = 76 rows per tile.
         assert_eq!(t.tile, 76);
         // Gated RMSNorm on f32 rows: 4097 tokens × 12 heads = 49164 rows, 1025 per core, the
         // last core takes 49164 − 1025 · 47 = 989.
-        let t = planned(&a2(), gated_rms_norm(4097 * 12, D, 4));
+        let t = tiled(&a2(), gated_rms_norm(4097 * 12, D, 4));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 1025, 989));
         assert_eq!(t.tile, 98_304 / (128 * 20));
         // MX dequant of the activation, K = hidden 7168, to bf16: 7 bytes per element, 50176
         // per row, one row per tile on A2; 130 rows → 3 per core on 44 cores, the last 1.
-        let t = planned(&a2(), mx_dequant(130, 7168, 2));
+        let t = tiled(&a2(), mx_dequant(130, 7168, 2));
         assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (44, 3, 1, 1));
         // A row of K = 16384 to f32 (147456 bytes) exceeds half of A2's UB: a named error.
         assert!(matches!(
-            plan("kda_mx_dequant", &a2(), mx_dequant(1, 16384, 4)),
+            tile("kda_mx_dequant", &a2(), mx_dequant(1, 16384, 4)),
             Err(AscendError::Tiling { kernel: "kda_mx_dequant", .. })
         ));
     }
@@ -475,7 +475,7 @@ mod tests {
             for channels in [8, 24, 4610, 3 * 12 * D, 3 * HEADS * D, 48 * 9000, 72 * 20_000] {
                 for (width, n) in [(W, 1), (W, 4), (2, 1), (7, 3)] {
                     let work = conv_update(channels, width, n);
-                    let t = planned(&chip, work).tile as usize;
+                    let t = tiled(&chip, work).tile as usize;
                     let source = conv_update_source(t, width, n);
                     assert!(source <= work.tile_bytes(t), "{channels} {width} {n}: undercount");
                     assert!(work.tile_bytes(t) <= source + 16, "{channels} {width} {n}");
@@ -483,7 +483,7 @@ mod tests {
                 }
                 for width in [2, W, 7] {
                     let work = conv_prefill(channels, width);
-                    let t = planned(&chip, work).tile as usize;
+                    let t = tiled(&chip, work).tile as usize;
                     let source = conv_prefill_source(t, width);
                     assert!(source <= work.tile_bytes(t), "{channels} {width}: undercount");
                     assert!(work.tile_bytes(t) <= source + 16, "{channels} {width}");
@@ -493,13 +493,13 @@ mod tests {
         }
         // Where the UB bounds the tile, the tile uses it: 9000 channels per core of width 4
         // take 4680 per tile on A2 (42 bytes each + 16), 196 576 of 196 608 bytes.
-        let t = planned(&a2(), conv_update(48 * 9000, W, 1));
+        let t = tiled(&a2(), conv_update(48 * 9000, W, 1));
         assert_eq!(t.tile, 4680);
         assert_eq!(conv_update_source(4680, W, 1), 196_576);
     }
 
     /// The delta-rule kernels: the budget is exactly the source's allocation, it fits the chip's
-    /// UB up to the largest head dim the plan accepts, and one more block of head dim is refused.
+    /// UB up to the largest head dim the tiling accepts, and one more block of head dim is refused.
     #[test]
     fn delta_rule_budgets_are_the_sources_allocations() {
         for (k, v) in [(1, 1), (8, 8), (17, 33), (64, 128), (128, 128), (128, 64), (200, 72)] {
@@ -513,10 +513,10 @@ mod tests {
             assert!(delta_rule_source(largest, largest) <= ub);
             assert!(delta_rule_source(largest + 8, largest + 8) > ub);
             for work in [recurrent(1, 4, largest, largest), chunk(3, 4, largest, largest)] {
-                planned(&chip, work);
+                tiled(&chip, work);
                 let bigger = recurrent(1, 4, largest + 8, largest + 8);
                 assert!(matches!(
-                    plan("kda_recurrent_step", &chip, bigger),
+                    tile("kda_recurrent_step", &chip, bigger),
                     Err(AscendError::Tiling { kernel: "kda_recurrent_step", .. })
                 ));
             }
@@ -525,9 +525,9 @@ mod tests {
 
     #[test]
     fn empty_work_is_no_launch_and_oversized_rows_are_errors() {
-        assert_eq!(plan("k", &a2(), sigmoid(0, 2)).expect("plan"), None);
+        assert_eq!(tile("k", &a2(), sigmoid(0, 2)).expect("tiling"), None);
         // A 256×256 fp32 state (256 KiB) cannot fit half of A2's UB.
-        match plan("kda_recurrent_step", &a2(), recurrent(1, 1, 256, 256)) {
+        match tile("kda_recurrent_step", &a2(), recurrent(1, 1, 256, 256)) {
             Err(AscendError::Tiling { kernel, message }) => {
                 assert_eq!(kernel, "kda_recurrent_step");
                 assert!(message.contains("do not fit"), "{message}");
@@ -557,7 +557,7 @@ mod tests {
         // The tiling follows the part: 3840 f32 are 480 blocks of 8, 10 per core on 48 cores,
         // 12 per core on a 40-core A2.
         let work = sigmoid(3840, 4);
-        assert_eq!(planned(&of("Ascend910B3"), work).block_dim, 40);
-        assert_eq!(planned(&a2(), work).block_dim, 48);
+        assert_eq!(tiled(&of("Ascend910B3"), work).block_dim, 40);
+        assert_eq!(tiled(&a2(), work).block_dim, 48);
     }
 }
