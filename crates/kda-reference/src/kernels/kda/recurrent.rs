@@ -47,10 +47,11 @@ pub(crate) fn step(
 }
 
 /// [`step`] on a K-first head state `s` (`[K, V]`, flash-linear-attention's layout, which
-/// `kda core` and `kda.core` hand over as a transposed view), in place: the same four lines in
-/// two passes over `s`'s contiguous rows (decay and `S^T k`; update and `S^T q`). `u` is scratch
-/// of `V` elements. Its sums run in another order than [`step`]'s, so the two agree within fp32
-/// rounding, not bit for bit.
+/// `kda core`, `kda.core` and an engine's transformers-layout cache hand over as a transposed
+/// view), in place, **with [`step`]'s bits**: the element-wise lines are the same, and each
+/// column's `S^T k` and `S^T q` is summed in [`dot`]'s order ([`column_dots`]), so a K-first
+/// cache and kda's own v-first one give the same results. `u` is scratch of `V` elements,
+/// `lanes` of `8 V`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn step_kfirst(
     s: &mut [f32],
@@ -59,29 +60,51 @@ pub(crate) fn step_kfirst(
     v: &[f32],
     g: &[f32],
     beta: f32,
-    u: &mut [f32],
+    (u, lanes): (&mut [f32], &mut [f32]),
     o: &mut [f32],
 ) {
     let vd = v.len();
-    o.fill(0.0);
-    if vd == 0 {
+    if k.is_empty() || vd == 0 {
+        o.fill(0.0);
         return;
     }
-    u.fill(0.0);
-    for ((row, &gc), &kc) in s.chunks_exact_mut(vd).zip(g).zip(k) {
+    for (row, &gc) in s.chunks_exact_mut(vd).zip(g) {
         let d = gc.exp();
-        for (x, acc) in row.iter_mut().zip(u.iter_mut()) {
-            *x *= d;
-            *acc += kc * *x;
-        }
+        row.iter_mut().for_each(|x| *x *= d);
     }
+    column_dots(s, k, lanes, u);
     for (acc, &vj) in u.iter_mut().zip(v) {
         *acc = beta * (vj - *acc);
     }
-    for ((row, &kc), &qc) in s.chunks_exact_mut(vd).zip(k).zip(q) {
-        for ((x, &uj), oj) in row.iter_mut().zip(&*u).zip(o.iter_mut()) {
+    for (row, &kc) in s.chunks_exact_mut(vd).zip(k) {
+        for (x, &uj) in row.iter_mut().zip(&*u) {
             *x += kc * uj;
-            *oj += qc * *x;
+        }
+    }
+    column_dots(s, q, lanes, o);
+}
+
+/// `out[j] = dot(column j of the [K, V] block s, w)` for every `j`, each summed exactly as
+/// [`dot`] sums a row: eight lanes (`i mod 8`) over the whole groups of eight, in order, the
+/// lanes added as `dot` adds them, then the remaining terms one by one. `lanes` is scratch of
+/// `8 V`.
+fn column_dots(s: &[f32], w: &[f32], lanes: &mut [f32], out: &mut [f32]) {
+    let vd = out.len();
+    let full = w.len() - w.len() % 8;
+    lanes.fill(0.0);
+    for (i, (row, &wi)) in s.chunks_exact(vd).zip(w).take(full).enumerate() {
+        let lane = &mut lanes[(i % 8) * vd..(i % 8 + 1) * vd];
+        for (a, &x) in lane.iter_mut().zip(row) {
+            *a += x * wi;
+        }
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        let l = |n: usize| lanes[n * vd + j];
+        *o = ((l(0) + l(4)) + (l(2) + l(6))) + ((l(1) + l(5)) + (l(3) + l(7)));
+    }
+    for (row, &wi) in s.chunks_exact(vd).zip(w).skip(full) {
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o += x * wi;
         }
     }
 }
@@ -149,12 +172,12 @@ pub(in crate::kernels) fn recurrent(
     };
     if n == 1 && in_place(&initial, &writes) {
         let taken = decode_in_place(op, exec, &initial, (heads, kd, vd), |at, s, o, scratch| {
-            let [qt, kt, decay, u] = scratch;
+            let [qt, kt, decay, u, lanes] = scratch;
             load(at, qt, kt);
             let (vt, gt) = (&v[at * vd..(at + 1) * vd], &g[at * kd..(at + 1) * kd]);
             match s {
                 HeadState::VFirst(s) => step(s, qt, kt, vt, gt, beta[at], decay, o),
-                HeadState::KFirst(s) => step_kfirst(s, qt, kt, vt, gt, beta[at], u, o),
+                HeadState::KFirst(s) => step_kfirst(s, qt, kt, vt, gt, beta[at], (u, lanes), o),
             }
         })?;
         if taken {
@@ -231,7 +254,7 @@ fn decode_in_place(
     exec: &Exec,
     initial: &[Option<usize>],
     (heads, kd, vd): (usize, usize, usize),
-    run: impl Fn(usize, HeadState<'_>, &mut [f32], [&mut [f32]; 4]) + Sync,
+    run: impl Fn(usize, HeadState<'_>, &mut [f32], [&mut [f32]; 5]) + Sync,
 ) -> Result<bool, String> {
     let batch = initial.len();
     let mut o_all = vec![0.0f32; batch * heads * vd];
@@ -277,9 +300,9 @@ fn decode_in_place(
         }
     }
     super::io::par_for_each(exec, tasks, |(at, state, o)| {
-        let (mut qt, mut kt, mut decay, mut u) =
-            (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd], vec![0.0; vd]);
-        run(at, state, o, [&mut qt, &mut kt, &mut decay, &mut u]);
+        let (mut qt, mut kt, mut decay, mut u, mut lanes) =
+            (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd], vec![0.0; vd], vec![0.0; 8 * vd]);
+        run(at, state, o, [&mut qt, &mut kt, &mut decay, &mut u, &mut lanes]);
     });
     write_f32(&op.o, &o_all);
     Ok(true)
@@ -294,48 +317,54 @@ mod tests {
     /// Steps on the v-first state agree with the f64 recurrence on the K-first one.
     #[test]
     fn steps_match_the_f64_recurrence() {
-        let (t, kd, vd) = (20, 6, 5);
-        let mut rng = Gen::new(2);
-        let mut q = rng.uniform_f32(t * kd, -1.0, 1.0);
-        let mut k = rng.uniform_f32(t * kd, -1.0, 1.0);
-        let v = rng.uniform_f32(t * vd, -1.0, 1.0);
-        let g = rng.uniform_f32(t * kd, -1.0, 0.0);
-        let beta = rng.uniform_f32(t, 0.0, 1.0);
-        let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
-        let seq = KdaSequence {
-            q: &f(&q),
-            k: &f(&k),
-            v: &f(&v),
-            g: &f(&g),
-            beta: &f(&beta),
-            heads: 1,
-            kd,
-            vd,
-        };
-        let (o_ref, s_ref) = kda_recurrence(seq, None, 0.5, true);
-        let (mut s, mut decay, mut o) =
-            (vec![0.0f32; vd * kd], vec![0.0; kd], vec![0.0f32; t * vd]);
-        for i in 0..t {
-            let (qi, ki) = (&mut q[i * kd..(i + 1) * kd], &mut k[i * kd..(i + 1) * kd]);
-            l2norm_row(qi, 0.5);
-            l2norm_row(ki, 1.0);
-            let (vi, gi) = (&v[i * vd..(i + 1) * vd], &g[i * kd..(i + 1) * kd]);
-            step(&mut s, qi, ki, vi, gi, beta[i], &mut decay, &mut o[i * vd..(i + 1) * vd]);
-        }
-        let tol = kda_testkit::Tolerance::new(1e-5, 1e-6);
-        tol.assert_close(&[t, vd], &o, &o_ref);
-        // The cache is v-first: s is the transpose of the oracle's [K, V].
-        let s_kfirst: Vec<f32> = (0..kd * vd).map(|i| s[(i % vd) * kd + i / vd]).collect();
-        tol.assert_close(&[kd, vd], &s_kfirst, &s_ref);
+        // K below one group of eight (the remainder alone) and across two groups and a remainder.
+        for (t, kd, vd) in [(20, 6, 5), (12, 21, 7)] {
+            let mut rng = Gen::new(2);
+            let mut q = rng.uniform_f32(t * kd, -1.0, 1.0);
+            let mut k = rng.uniform_f32(t * kd, -1.0, 1.0);
+            let v = rng.uniform_f32(t * vd, -1.0, 1.0);
+            let g = rng.uniform_f32(t * kd, -1.0, 0.0);
+            let beta = rng.uniform_f32(t, 0.0, 1.0);
+            let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+            let seq = KdaSequence {
+                q: &f(&q),
+                k: &f(&k),
+                v: &f(&v),
+                g: &f(&g),
+                beta: &f(&beta),
+                heads: 1,
+                kd,
+                vd,
+            };
+            let (o_ref, s_ref) = kda_recurrence(seq, None, 0.5, true);
+            let (mut s, mut decay, mut o) =
+                (vec![0.0f32; vd * kd], vec![0.0; kd], vec![0.0f32; t * vd]);
+            for i in 0..t {
+                let (qi, ki) = (&mut q[i * kd..(i + 1) * kd], &mut k[i * kd..(i + 1) * kd]);
+                l2norm_row(qi, 0.5);
+                l2norm_row(ki, 1.0);
+                let (vi, gi) = (&v[i * vd..(i + 1) * vd], &g[i * kd..(i + 1) * kd]);
+                step(&mut s, qi, ki, vi, gi, beta[i], &mut decay, &mut o[i * vd..(i + 1) * vd]);
+            }
+            let tol = kda_testkit::Tolerance::new(1e-5, 1e-6);
+            tol.assert_close(&[t, vd], &o, &o_ref);
+            // The cache is v-first: s is the transpose of the oracle's [K, V].
+            let s_kfirst: Vec<f32> = (0..kd * vd).map(|i| s[(i % vd) * kd + i / vd]).collect();
+            tol.assert_close(&[kd, vd], &s_kfirst, &s_ref);
 
-        // The same steps on the K-first state, as a transposed view hands it over.
-        let (mut s, mut u, mut o) = (vec![0.0f32; kd * vd], vec![0.0; vd], vec![0.0f32; t * vd]);
-        for i in 0..t {
-            let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
-            let (vi, gi) = (&v[i * vd..(i + 1) * vd], &g[i * kd..(i + 1) * kd]);
-            step_kfirst(&mut s, qi, ki, vi, gi, beta[i], &mut u, &mut o[i * vd..(i + 1) * vd]);
+            // The same steps on the K-first state, as a transposed view hands it over: the v-first
+            // step's bits (a K-first cache and kda's own give the same results).
+            let (o_vfirst, s_vfirst) = (o, s_kfirst);
+            let (mut s, mut u, mut lanes, mut o) =
+                (vec![0.0f32; kd * vd], vec![0.0; vd], vec![0.0; 8 * vd], vec![0.0f32; t * vd]);
+            for i in 0..t {
+                let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
+                let (vi, gi) = (&v[i * vd..(i + 1) * vd], &g[i * kd..(i + 1) * kd]);
+                let (scratch, oi) = ((&mut u[..], &mut lanes[..]), &mut o[i * vd..(i + 1) * vd]);
+                step_kfirst(&mut s, qi, ki, vi, gi, beta[i], scratch, oi);
+            }
+            kda_testkit::Tolerance::exact().assert_close(&[t, vd], &o, &o_vfirst);
+            kda_testkit::Tolerance::exact().assert_close(&[kd, vd], &s, &s_vfirst);
         }
-        tol.assert_close(&[t, vd], &o, &o_ref);
-        tol.assert_close(&[kd, vd], &s, &s_ref);
     }
 }
