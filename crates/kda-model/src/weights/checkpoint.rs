@@ -26,8 +26,7 @@ use safetensors::tensor::Dtype;
 use serde::Deserialize;
 
 use super::WeightError;
-use super::host::{HostTensor, gather_bytes};
-use super::source::{TensorRead, TensorSource};
+use super::source::{DenseTensor, TensorRead, TensorSource};
 use kda_core::dtype::DType;
 use kda_core::file::{
     COPY_BELOW_BYTES, MAX_INDEX_BYTES, open_regular, read_exact_len, read_regular_text,
@@ -352,32 +351,6 @@ impl Checkpoint {
     }
 }
 
-/// One tensor of a [`Checkpoint`].
-#[derive(Debug)]
-pub struct CheckpointTensor<'a> {
-    name: &'a str,
-    dtype: DType,
-    shape: &'a [usize],
-    bytes: &'a [u8],
-}
-
-impl TensorRead for CheckpointTensor<'_> {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    fn shape(&self) -> &[usize] {
-        self.shape
-    }
-
-    fn read(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError> {
-        let bytes =
-            gather_bytes(self.name, self.bytes, self.dtype.size_bytes(), self.shape, region)?;
-        let shape: Vec<usize> = region.iter().map(|r| r.len()).collect();
-        HostTensor::from_le_bytes(self.dtype, &shape, &bytes)
-    }
-}
-
 impl TensorSource for Checkpoint {
     fn origin(&self) -> String {
         self.origin.clone()
@@ -399,7 +372,7 @@ impl TensorSource for Checkpoint {
         })?;
         let shard = self.shards.get(entry.shard).ok_or_else(not_found)?;
         let bytes = shard.bytes.get(entry.bytes.clone()).ok_or_else(not_found)?;
-        Ok(Box::new(CheckpointTensor { name: key, dtype, shape: &entry.shape, bytes }))
+        Ok(Box::new(DenseTensor { name: key, dtype, shape: &entry.shape, bytes }))
     }
 }
 

@@ -6,38 +6,11 @@
 //! copied, as from a memory-mapped file; the engine's memory is never written.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 
 use super::WeightError;
-use super::host::{HostTensor, gather_bytes, numel};
-use super::source::{TensorRead, TensorSource};
+use super::host::numel;
+use super::source::{DenseTensor, TensorRead, TensorSource};
 use kda_core::dtype::DType;
-
-/// One named tensor of a [`MemorySource`]: dense row-major little-endian bytes.
-#[derive(Debug)]
-pub struct MemoryTensor<'a> {
-    name: &'a str,
-    dtype: DType,
-    shape: &'a [usize],
-    bytes: &'a [u8],
-}
-
-impl TensorRead for MemoryTensor<'_> {
-    fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    fn shape(&self) -> &[usize] {
-        self.shape
-    }
-
-    fn read(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError> {
-        let bytes =
-            gather_bytes(self.name, self.bytes, self.dtype.size_bytes(), self.shape, region)?;
-        let shape: Vec<usize> = region.iter().map(|r| r.len()).collect();
-        HostTensor::from_le_bytes(self.dtype, &shape, &bytes)
-    }
-}
 
 #[derive(Debug)]
 struct Entry<'a> {
@@ -109,7 +82,7 @@ impl TensorSource for MemorySource<'_> {
 
     fn tensor(&self, name: &str) -> Result<Box<dyn TensorRead + '_>, WeightError> {
         match self.entries.get_key_value(name) {
-            Some((key, e)) => Ok(Box::new(MemoryTensor {
+            Some((key, e)) => Ok(Box::new(DenseTensor {
                 name: key,
                 dtype: e.dtype,
                 shape: &e.shape,

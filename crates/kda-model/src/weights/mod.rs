@@ -38,13 +38,13 @@ pub use bfg::{BfgBlock, BfgMode, BfgSource, FusedBfgLinear};
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE};
 pub use conv::{ConvLayout, ConvWeights};
 pub use host::HostTensor;
-pub use memory::{MemorySource, MemoryTensor};
+pub use memory::MemorySource;
 pub use qkv::{FusedQkv, QkvPart, QkvWeights, dequantize_bf16};
 pub use registry::{
     BfgTarget, LayerLoader, LayerWeights, LoadOptions, LoadedLayer, Param, Route, Target,
     layer_prefix, load_layer, route,
 };
-pub use source::{TensorRead, TensorSource};
+pub use source::{DenseTensor, TensorRead, TensorSource};
 
 /// What loading weights can fail with. `param` is the parameter's name: its full checkpoint
 /// name (`model.layers.3.self_attn.f_b_proj.weight`) when the loader was given one.

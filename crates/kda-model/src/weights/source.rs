@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use super::WeightError;
-use super::host::HostTensor;
+use super::host::{HostTensor, gather_bytes};
 use kda_core::dtype::DType;
 
 /// One named tensor of a source, not yet read.
@@ -17,6 +17,34 @@ pub trait TensorRead: std::fmt::Debug {
     fn shape(&self) -> &[usize];
     /// The row-major sub-tensor `region` (one range per dimension), in the stored dtype.
     fn read(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError>;
+}
+
+/// One named tensor whose elements are dense row-major little-endian bytes in memory (a
+/// checkpoint's shard, mapped or read; an engine's array): what [`TensorRead::read`] copies a
+/// region of.
+#[derive(Debug)]
+pub struct DenseTensor<'a> {
+    pub(super) name: &'a str,
+    pub(super) dtype: DType,
+    pub(super) shape: &'a [usize],
+    pub(super) bytes: &'a [u8],
+}
+
+impl TensorRead for DenseTensor<'_> {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.shape
+    }
+
+    fn read(&self, region: &[Range<usize>]) -> Result<HostTensor, WeightError> {
+        let bytes =
+            gather_bytes(self.name, self.bytes, self.dtype.size_bytes(), self.shape, region)?;
+        let shape: Vec<usize> = region.iter().map(|r| r.len()).collect();
+        HostTensor::from_le_bytes(self.dtype, &shape, &bytes)
+    }
 }
 
 impl TensorRead for HostTensor {
