@@ -1,8 +1,9 @@
 //! CANN's own KDA operators (`docs/ascend.md`, vendor operators) over the emulated runtime:
 //!
 //! - the backend maps `KdaChunk` onto `aclnnChunkKdaFwd` where its contract fits, and the result
-//!   equals the reference's (the emulator computes the vendor op through the reference, so a
-//!   swapped flag, a k-first state or a missing `A_log` changes the numbers or is rejected);
+//!   equals the reference's within the vendor route's tolerance (the emulator computes the
+//!   vendor op in its own code at its kernels' precision, so a swapped flag, a k-first state or
+//!   a missing `A_log` changes the numbers far beyond it, or is rejected);
 //! - where it does not fit (a limit, a dtype, chunk-boundary states, capture), the backend runs
 //!   its own kernel and never hands the vendor op something it rejects;
 //! - the emulator rejects, with the documented code, every argument the documents rule out.
@@ -168,17 +169,19 @@ impl Problem {
     }
 }
 
-/// The vendor route against the reference pipeline it stands for, exactly (the emulated op
-/// computes through the reference), and the route really taken (`calls`: vendor calls
-/// expected).
+/// The vendor route against the reference pipeline it stands for, within the allowance of an
+/// operator that keeps its intermediates in bf16 ([`Tolerance::layer_bf16_intermediates`]: the
+/// reference keeps them in f32), and the route really taken (`calls`: vendor calls expected).
 fn check_vendor(p: &Problem, vendor_calls: usize) {
     let before = calls("aclnnChunkKdaFwd");
     let (o, state) = p.run(&ascend(), false);
     assert_eq!(calls("aclnnChunkKdaFwd") - before, vendor_calls, "aclnnChunkKdaFwd calls");
     let (o_ref, state_ref) = p.run(&ReferenceBackend::new(), true);
     let (t, h, kd, vd) = (p.tokens(), p.heads, p.kd, p.vd);
-    Tolerance::exact().assert_close(&[t, h, vd], &o, &o_ref);
-    Tolerance::exact().assert_close(&[p.n_slots, h, vd, kd], &state, &state_ref);
+    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    let tol = |x: &[f32]| Tolerance::layer_bf16_intermediates(max_abs(&wide(x)));
+    tol(&o_ref).assert_close(&[t, h, vd], &o, &o_ref);
+    tol(&state_ref).assert_close(&[p.n_slots, h, vd, kd], &state, &state_ref);
 }
 
 /// The op where the vendor route does not apply: the project's kernel, equal to the
@@ -590,7 +593,8 @@ fn bytes_of<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
 /// `aclnnRecurrentGatedDeltaRule` as the emulator computes it from its document: two requests of
 /// three speculative tokens, per-channel decay `gk`, per-token `ssmStateIndices` with the second
 /// request resuming from its second slot (`numAcceptedTokens` 2), against the reference's
-/// `KdaRecurrent` on the same values (exact: the emulator computes through it).
+/// `KdaRecurrent` on the same values (both f32 recurrences, so within twice the recurrence's
+/// rounding bound; a slot, decay or acceptance read wrongly is far outside it).
 #[test]
 fn the_emulated_recurrent_op_computes_its_document() {
     let _backend = ascend();
@@ -700,6 +704,14 @@ fn the_emulated_recurrent_op_computes_its_document() {
     r.launch(&s, Op::KdaRecurrent(op)).unwrap();
     let o_ref: Vec<f32> = r.download::<bf16>(&s, &o).unwrap().iter().map(|x| x.to_f32()).collect();
     let st_ref = r.download::<f32>(&s, &ref_state).unwrap();
-    Tolerance::exact().assert_close(&[t, h, d], &out, &o_ref);
-    Tolerance::exact().assert_close(&[blocks, h, d, d], &st_out, &st_ref);
+    // Both compute the recurrence in f32 (the vendor kernel scales q first and sums in its own
+    // order), so each is within the recurrence's bound of the f64 result: twice that apart.
+    let wide = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    let rec = |x: &[f32]| {
+        let one = recurrence_tolerance(n, d, 0, max_abs(&wide(x)));
+        one.with_abs(2.0 * one.abs).with_rel(2.0 * one.rel)
+    };
+    let out_tol = Tolerance::for_dtype(DType::BF16);
+    out_tol.with_abs(out_tol.abs + rec(&o_ref).abs).assert_close(&[t, h, d], &out, &o_ref);
+    rec(&st_ref).assert_close(&[blocks, h, d, d], &st_out, &st_ref);
 }

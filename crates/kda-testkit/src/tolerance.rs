@@ -54,6 +54,43 @@ impl Tolerance {
         }
     }
 
+    /// The whole KDA layer against its f64 oracle (`LayerOracle`), for outputs whose largest
+    /// magnitude is `max_abs`. After the projections everything is f32 (observed errors ~3e-7
+    /// of the largest magnitude); the projection outputs are bf16, and one of them may round to
+    /// the other side of a midpoint than the oracle's (f32 against f64 accumulation), which
+    /// moves that value, and at most its share of any later result, by 2^-8 relative (observed:
+    /// 2e-4 of the largest magnitude). So: 2^-8 relative, plus 2^-8 of the largest magnitude
+    /// for results that cancel.
+    pub fn layer(max_abs: f64) -> Self {
+        Self::new(1.0 / 256.0, max_abs / 256.0)
+    }
+
+    /// [`layer`](Self::layer) for a layer whose KDA core runs a vendor operator that keeps its
+    /// intermediates in bf16: CANN's `aclnnChunkKdaFwd` (and the decodes after it, which carry
+    /// its state). On a value's path the chunk kernel rounds to bf16 eight times where the f64
+    /// oracle does not (the β-scaled w and u seeds, w, u, the triangular inverse, the state
+    /// snapshot the GEMMs read, `v_new`, `kg`), each by up to 2^-9 relative, and `v_new = u −
+    /// w·h` cancels: 2^-6 relative, plus 2^-6 of the largest magnitude. Measured on the emulated
+    /// operator at its kernels' precision (`docs/ascend.md`, "Vendor operators"): 1.40–1.95 ×
+    /// [`layer`](Self::layer) over seven seeds (largest error 1.1e-2 of the largest magnitude),
+    /// where the same layer on f32 intermediates uses 0.03–0.40 of it; so `layer` is too tight
+    /// for that route and this leaves it a factor of two.
+    pub fn layer_bf16_intermediates(max_abs: f64) -> Self {
+        Self::new(1.0 / 64.0, max_abs / 64.0)
+    }
+
+    /// The largest share of this tolerance an element of `actual` uses against `expected`:
+    /// `max |a − e| / (abs + rel·|e|)` over finite pairs (at most 1 when they match). What a
+    /// measurement reports next to its pass or fail.
+    pub fn usage(&self, actual: &[f64], expected: &[f64]) -> f64 {
+        actual
+            .iter()
+            .zip(expected)
+            .filter(|(a, e)| a.is_finite() && e.is_finite())
+            .map(|(a, e)| (a - e).abs() / (self.abs + self.rel * e.abs()))
+            .fold(0.0, f64::max)
+    }
+
     /// The same tolerance with `abs` replaced.
     #[must_use]
     pub const fn with_abs(self, abs: f64) -> Self {

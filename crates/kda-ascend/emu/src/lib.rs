@@ -6,8 +6,9 @@
 //!
 //! It implements the documented semantics on top of the CPU reference backend: streams are its
 //! asynchronous worker threads, events its snapshots, capture is its graph capture with the ACL
-//! join rule, device memory is its buffers (device addresses are real host addresses), and every
-//! aclnn op computes through its kernels. Every AscendC kernel launch executes the kernel's own
+//! join rule, device memory is its buffers (device addresses are real host addresses), and the
+//! ops-nn aclnn ops compute through its kernels; CANN's KDA operators compute in the emulator's
+//! own code at the precision of their kernel sources (`vendor/`). Every AscendC kernel launch executes the kernel's own
 //! source, compiled for the host against the AscendC twin ([`twin`], `crates/kda-ascend/twin`),
 //! block by block on the launch's device memory, with the device's rules checked. It rejects what CANN rejects, with CANN's
 //! codes: a wait on an event without `ACL_EVENT_SYNC`, an executor run twice without
@@ -28,6 +29,7 @@
     reason = "each entry point's contract is CANN's documentation of the same symbol"
 )]
 
+mod host;
 mod kernel;
 mod nn;
 mod rt;

@@ -138,14 +138,9 @@ fn cache_bits<B: Backend>(
     (bits(cache.recurrent()), bits(cache.conv()))
 }
 
-/// Outputs and states against the oracle. After the projections everything is f32 (observed
-/// errors ~3e-7 of the largest magnitude); the projection outputs are bf16, and one of them may
-/// round to the other side of a midpoint than the oracle's (f32 against f64 accumulation), which
-/// moves that value, and at most its share of any later result, by 2^-8 relative (observed: 2e-4
-/// of the largest magnitude). So: 2^-8 relative, plus 2^-8 of the largest magnitude for results
-/// that cancel.
+/// Outputs and states against the oracle: [`Tolerance::layer`].
 fn layer_tolerance(expected: &[f64]) -> Tolerance {
-    Tolerance::new(1.0 / 256.0, max_abs(expected) / 256.0)
+    Tolerance::layer(max_abs(expected))
 }
 
 /// The oracle of what `layer` runs: its core operands and its QKV precision may be the backend's

@@ -6,12 +6,14 @@
 //!
 //! Phase one checks every argument the documents constrain and fails with the documented code
 //! (`ACLNN_ERR_PARAM_NULLPTR` 161001 for a missing required tensor, `ACLNN_ERR_PARAM_INVALID`
-//! 161002 for a dtype, shape, layout, limit or attribute out of range); the computation runs
-//! through the reference's `KdaChunk` / `KdaRecurrent`, so a wrong mapping (a swapped flag, a
-//! k-first state passed as v-first, a missing `A_log`) gives wrong numbers. What the emulator
-//! does not compute it says: the chunk op's intermediate outputs (`aqkOut`, `akkOut`, and the
-//! optional `gkOut` … `hOut`) are filled with NaN, and the layouts `BNSD`/`NTD` and a bf16
-//! recurrent state fail with `ACLNN_ERR_INNER` naming the emulator.
+//! 161002 for a dtype, shape, layout, limit or attribute out of range). Phase two computes in
+//! the emulator's own code, at the precision the operators' kernel sources give every
+//! intermediate ([`chunk_kda`], [`recurrent`]: which dtype each has and where it is rounded),
+//! so a wrong mapping (a swapped flag, a k-first state passed as v-first, a missing `A_log`)
+//! gives wrong numbers, and the bf16 rounding of the real op's intermediates is in the result.
+//! `aqkOut` and `akkOut` are computed; the optional intermediate outputs (`gkOut` … `hOut`) are
+//! filled with NaN, and the layouts `BNSD`/`NTD` fail with `ACLNN_ERR_INNER` naming the
+//! emulator.
 //!
 //! `KDA_ACL_EMU_VENDOR_OPS=none` emulates a CANN release without these operators (the symbols
 //! are absent from the table); `KDA_ACL_EMU_VENDOR_OPS=old` one whose
@@ -20,14 +22,17 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{LazyLock, Mutex, PoisonError};
 
-use kda_core::kda::{ChunkGate, GateForm, KdaChunk, KdaRecurrent};
-use kda_core::{DType, Layout, Op, Tensor};
+use kda_core::{DType, HostFn, Op};
 
+use crate::host::{self, Store};
 use crate::nn::{execute, prepare, tensor};
 use crate::types::*;
-use crate::{Emu, Ref, Res, T, array, call, emu};
+use crate::{Emu, Res, T, array, call, emu};
+
+mod chunk_kda;
+mod recurrent;
 
 /// Which vendor operators this emulated CANN ships (`KDA_ACL_EMU_VENDOR_OPS`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -129,48 +134,6 @@ fn require_shape(api: &str, param: &str, t: &T, want: &[usize]) -> Res<()> {
     }
 }
 
-/// A scratch tensor of the emulated device (the executor keeps it alive).
-fn scratch(emu: &Emu, dtype: DType, shape: &[usize]) -> Res<T> {
-    emu.backend.alloc(dtype, shape).map_err(crate::bad)
-}
-
-/// An i32 tensor holding `values`, written when the executor runs.
-fn i32_data(emu: &Emu, values: &[i32], ops: &mut Vec<Op<Ref>>) -> Res<T> {
-    let t = scratch(emu, DType::I32, &[values.len()])?;
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    ops.push(Op::Upload { dst: t.clone(), data: Arc::from(bytes) });
-    Ok(t)
-}
-
-/// `t` with its last two dimensions swapped (the same memory).
-fn swap_last_two(t: &T) -> Res<T> {
-    let l = t.layout();
-    let (mut shape, mut strides) = (l.shape().to_vec(), l.strides().to_vec());
-    let n = shape.len();
-    shape.swap(n - 2, n - 1);
-    strides.swap(n - 2, n - 1);
-    let layout = Layout::strided(l.dtype(), &shape, &strides, l.offset()).map_err(crate::bad)?;
-    Tensor::new(t.buffer().clone(), layout).map_err(crate::bad)
-}
-
-/// `[T, H, D]` operands as `[T, HV, D]`: each of the `H` heads repeated for its `HV / H` value
-/// heads (GVA), through one copy per group member.
-fn expand_heads(emu: &Emu, x: &T, hv: usize, ops: &mut Vec<Op<Ref>>) -> Res<T> {
-    let [t, h, d] = *x.shape() else { return param_invalid("expand", "rank") };
-    if h == hv {
-        return Ok(x.clone());
-    }
-    let r = hv / h;
-    let out = scratch(emu, x.dtype(), &[t, hv, d])?;
-    let grouped = out.reshape(&[t, h, r, d]).map_err(crate::bad)?;
-    let src = x.reshape(&[t, h, 1, d]).map_err(crate::bad)?;
-    for j in 0..r {
-        let dst = grouped.narrow(2, j, 1).map_err(crate::bad)?;
-        ops.push(Op::Copy { src: src.clone(), dst });
-    }
-    Ok(out)
-}
-
 /// The document's dimension limits: `0 < H <= HV <= 128`, `HV % H == 0`, `K` and `V` multiples
 /// of 16 in `[16, 256]`.
 fn check_chunk_dims(api: &str, h: usize, hv: usize, k: usize, v: usize) -> Res<()> {
@@ -186,6 +149,113 @@ fn check_chunk_dims(api: &str, h: usize, hv: usize, k: usize, v: usize) -> Res<(
         }
     }
     Ok(())
+}
+
+/// A prepared `aclnnChunkKdaFwd`: its tensors and attributes, run on the stream.
+struct ChunkJob {
+    q: T,
+    k: T,
+    v: T,
+    g: T,
+    beta: T,
+    /// `A_log`, `dt_bias` and `safeGate`'s lower bound, with `useGateInKernel`.
+    gate: Option<(T, Option<T>, Option<f32>)>,
+    initial: Option<T>,
+    final_state: Option<T>,
+    attn: T,
+    aqk: T,
+    akk: T,
+    /// Optional outputs the emulator does not compute: filled with NaN.
+    intermediates: Vec<T>,
+    /// `H`, `HV`, `K`, `V`.
+    dims: (usize, usize, usize, usize),
+    chunk: usize,
+    /// `B` of the layout (1 for `TND`).
+    batch: usize,
+    offsets: Vec<usize>,
+    state_v_first: bool,
+    scale: f32,
+    store: Store,
+    safe_gate: bool,
+}
+
+/// `[N, HV, a, b]` as `[N, HV, b, a]`.
+fn transpose_states(x: &[f32], a: usize, b: usize) -> Vec<f32> {
+    let mut out = vec![0.0; x.len()];
+    for (src, dst) in x.chunks(a * b).zip(out.chunks_mut(a * b)) {
+        for i in 0..a {
+            for j in 0..b {
+                dst[j * a + i] = src[i * b + j];
+            }
+        }
+    }
+    out
+}
+
+impl ChunkJob {
+    fn run(&self) -> Result<(), String> {
+        let (h, hv, kd, vd) = self.dims;
+        // SAFETY: the executor's tensors keep their buffers alive; the stream runs this task
+        // in order with the work that writes and reads them, as the device would.
+        let read = |t: &T| unsafe { host::read_f32(t) };
+        let initial = self.initial.as_ref().map(|t| {
+            let x = read(t);
+            if self.state_v_first { transpose_states(&x, vd, kd) } else { x }
+        });
+        let gate = self.gate.as_ref().map(|(a_log, dt_bias, lower_bound)| chunk_kda::Gate {
+            a_log: read(a_log),
+            dt_bias: dt_bias.as_ref().map(read),
+            lower_bound: *lower_bound,
+        });
+        let op = chunk_kda::Chunk {
+            h,
+            hv,
+            k: kd,
+            v: vd,
+            chunk: self.chunk,
+            q: read(&self.q),
+            key: read(&self.k),
+            value: read(&self.v),
+            g: read(&self.g),
+            beta: read(&self.beta),
+            gate,
+            offsets: self.offsets.clone(),
+            initial,
+            scale: self.scale,
+            store: self.store,
+            safe_gate: self.safe_gate,
+        };
+        let out = op.run();
+        // aqkOut / akkOut are `[B, HV, S, C]`; the computation's are `[HV, B·S, C]`.
+        let head_major = |x: &[f32]| -> Vec<f32> {
+            let tokens = x.len() / (hv * self.chunk).max(1);
+            let seq = tokens / self.batch.max(1);
+            let row = seq * self.chunk;
+            let mut y = vec![0.0; x.len()];
+            for head in 0..hv {
+                for b in 0..self.batch {
+                    let src = &x[(head * tokens + b * seq) * self.chunk..][..row];
+                    y[(b * hv + head) * row..][..row].copy_from_slice(src);
+                }
+            }
+            y
+        };
+        // SAFETY: as above; the outputs are this task's to write.
+        unsafe {
+            host::write_f32(&self.attn, &out.o);
+            host::write_f32(&self.aqk, &head_major(&out.aqk));
+            host::write_f32(&self.akk, &head_major(&out.akk));
+            if let Some(f) = &self.final_state {
+                let x = out.final_state;
+                let x = if self.state_v_first { transpose_states(&x, kd, vd) } else { x };
+                host::write_f32(f, &x);
+            }
+            for t in &self.intermediates {
+                host::write_f32(t, &vec![f32::NAN; t.numel()]);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The most sequences one varlen call takes.
@@ -385,74 +455,47 @@ pub unsafe extern "C" fn aclnnChunkKdaFwdGetWorkspaceSize(
                 }
             }
 
-            // The computation, through the reference.
-            let mut ops = Vec::new();
-            let flat = |t: &T, tail: &[usize]| -> Res<T> {
-                t.reshape(&[&[tokens][..], tail].concat()).map_err(crate::bad)
-            };
-            let (q, k) = (flat(&q, &[h, kd])?, flat(&k, &[h, kd])?);
-            let (q, k) =
-                (expand_heads(emu, &q, hv, &mut ops)?, expand_heads(emu, &k, hv, &mut ops)?);
-            let state = match final_state {
-                Some(s) => s,
-                None => scratch(emu, DType::F32, &state_shape)?,
-            };
-            match initial {
-                Some(i) => ops.push(Op::Copy { src: i, dst: state.clone() }),
-                None => ops.push(Op::Fill { dst: state.clone(), value: 0.0 }),
+            // The computation, in the emulator's own code at the kernel's precision
+            // (`chunk_kda.rs`), on the stream when the executor runs.
+            let mut extra = Vec::new();
+            for (name, t) in intermediates {
+                if let Some(t) = optional(emu, API, name, t)? {
+                    extra.push(t);
+                }
             }
-            let state_v = if state_v_first { state } else { swap_last_two(&state)? };
-            let cu32: Vec<i32> = offsets.iter().map(|&x| x as i32).collect();
-            let slots: Vec<i32> = (0..n as i32).collect();
             let gate = match (use_gate_in_kernel, a_log) {
                 (true, Some(a_log)) => {
-                    let dt_bias = match dt_bias {
-                        Some(d) => d.reshape(&[hv, kd]).map_err(crate::bad)?,
-                        None => {
-                            let z = scratch(emu, DType::F32, &[hv, kd])?;
-                            ops.push(Op::Fill { dst: z.clone(), value: 0.0 });
-                            z
-                        }
-                    };
-                    let form = if safe_gate {
-                        GateForm::LowerBound { lower_bound: lower_bound as f32 }
-                    } else {
-                        GateForm::Softplus
-                    };
-                    Some(ChunkGate { a_log, dt_bias, form })
+                    Some((a_log, dt_bias, safe_gate.then_some(lower_bound as f32)))
                 }
                 _ => None,
             };
-            let chunk = KdaChunk {
+            let Some(store) = Store::of(q.dtype()) else {
+                return param_invalid(API, format!("q dtype {}", q.dtype()));
+            };
+            let job = ChunkJob {
                 q,
                 k,
-                v: flat(&v, &[hv, vd])?,
-                g: flat(&g, &[hv, kd])?,
+                v,
+                g,
+                beta,
                 gate,
-                beta: beta.reshape(&[tokens, hv]).map_err(crate::bad)?,
-                cu_seqlens: i32_data(emu, &cu32, &mut ops)?,
-                state_slots: i32_data(emu, &slots, &mut ops)?,
-                has_initial_state: i32_data(emu, &vec![1; n], &mut ops)?,
-                chunk_state_slots: None,
-                host_meta: None,
-                state: state_v,
-                o: flat(&attn, &[hv, vd])?,
+                initial,
+                final_state,
+                attn,
+                aqk,
+                akk,
+                intermediates: extra,
+                dims: (h, hv, kd, vd),
+                chunk: c,
+                batch,
+                offsets,
+                state_v_first,
                 scale: scale as f32,
-                qk_l2norm: false,
+                store,
+                safe_gate,
             };
-            ops.push(Op::KdaChunk(chunk));
-            // Outputs the emulator does not compute: NaN, so that nothing can rely on them.
-            ops.push(Op::Fill { dst: aqk, value: f64::NAN });
-            ops.push(Op::Fill { dst: akk, value: f64::NAN });
-            for (name, t) in intermediates {
-                if let Some(t) = optional(emu, API, name, t)? {
-                    ops.push(Op::Fill { dst: t, value: f64::NAN });
-                }
-            }
-            for op in &ops {
-                op.validate(emu.backend_instance())
-                    .map_err(|e| (ACLNN_ERR_PARAM_INVALID, format!("{API}: {e}")))?;
-            }
+            let run = HostFn::new(move || job.run());
+            let ops = vec![Op::Host { name: API, f: run }];
             Ok(ops)
         })
     }
@@ -567,62 +610,96 @@ pub unsafe extern "C" fn aclnnRecurrentGatedDeltaRuleGetWorkspaceSize(
                 require_dtype(API, "gk", gk, &[DType::F32])?;
                 require_shape(API, "gk", gk, &[t, nv, dk])?;
             }
-            // The computation, for what the reference's recurrence expresses: an f32 state,
-            // Nk = Nv, every sequence of the same length T / B, and one of g and gk.
-            if state.dtype() != DType::F32 {
-                return not_emulated(API, "a bf16 state");
-            }
-            if nk != nv || t % b != 0 || t / b > MAX_RECURRENT_TOKENS {
-                return not_emulated(
-                    API,
-                    format!("Nk = {nk}, Nv = {nv}, T = {t}, B = {b} (uneven)"),
-                );
-            }
-            let n = t / b;
-            let mut ops = Vec::new();
-            let decay = match (g, gk) {
-                (None, Some(gk)) => gk,
-                (Some(g), None) => {
-                    // α_t per head: the same log decay on every key channel (a stride-0 view).
-                    let l = g.layout();
-                    let layout = Layout::strided(
-                        DType::F32,
-                        &[t, nv, dk],
-                        &[l.strides()[0], l.strides()[1], 0],
-                        l.offset(),
-                    )
-                    .map_err(crate::bad)?;
-                    Tensor::new(g.buffer().clone(), layout).map_err(crate::bad)?
-                }
-                (None, None) => {
-                    let z = scratch(emu, DType::F32, &[t, nv, dk])?;
-                    ops.push(Op::Fill { dst: z.clone(), value: 0.0 });
-                    z
-                }
-                (Some(_), Some(_)) => return not_emulated(API, "g and gk together"),
+            // The computation, in the emulator's own code at the kernel's precision
+            // (`recurrent.rs`), on the stream when the executor runs.
+            let (Some(out_store), Some(state_store)) =
+                (Store::of(o.dtype()), Store::of(state.dtype()))
+            else {
+                return param_invalid(API, "out and stateRef must be float tensors");
             };
-            let per_request = |x: &T, tail: &[usize]| -> Res<T> {
-                x.reshape(&[&[b, n][..], tail].concat()).map_err(crate::bad)
-            };
-            ops.push(Op::KdaRecurrent(KdaRecurrent {
-                q: per_request(&q, &[nk, dk])?,
-                k: per_request(&k, &[nk, dk])?,
-                v: per_request(&v, &[nv, dv])?,
-                g: per_request(&decay, &[nv, dk])?,
-                beta: per_request(&beta, &[nv])?,
-                state_slots: per_request(&indices, &[])?,
-                num_accepted_tokens: Some(accepted),
+            let job = RecurrentJob {
+                q,
+                k,
+                v,
+                beta,
                 state,
-                o: per_request(&o, &[nv, dv])?,
+                lens,
+                indices,
+                accepted,
+                g,
+                gk,
+                o,
+                dims: (nk, nv, dk, dv),
                 scale: scale_value,
-                qk_l2norm: false,
-            }));
-            for op in &ops {
-                op.validate(emu.backend_instance())
-                    .map_err(|e| (ACLNN_ERR_PARAM_INVALID, format!("{API}: {e}")))?;
-            }
+                out_store,
+                state_store,
+            };
+            let run = HostFn::new(move || job.run());
+            let ops = vec![Op::Host { name: API, f: run }];
             Ok(ops)
         })
+    }
+}
+
+/// A prepared `aclnnRecurrentGatedDeltaRule`: its tensors and attributes, run on the stream.
+struct RecurrentJob {
+    q: T,
+    k: T,
+    v: T,
+    beta: T,
+    state: T,
+    lens: T,
+    indices: T,
+    accepted: T,
+    g: Option<T>,
+    gk: Option<T>,
+    o: T,
+    /// `Nk`, `Nv`, `Dk`, `Dv`.
+    dims: (usize, usize, usize, usize),
+    scale: f32,
+    out_store: Store,
+    state_store: Store,
+}
+
+impl RecurrentJob {
+    fn run(&self) -> Result<(), String> {
+        let (nk, nv, dk, dv) = self.dims;
+        // SAFETY: the executor's tensors keep their buffers alive; the stream runs this task
+        // in order with the work that writes and reads them, as the device would.
+        let read = |t: &T| unsafe { host::read_f32(t) };
+        // SAFETY: as above.
+        let ints = |t: &T| unsafe { host::read_i64(t) };
+        let op = recurrent::Recurrent {
+            nk,
+            nv,
+            dk,
+            dv,
+            q: read(&self.q),
+            key: read(&self.k),
+            value: read(&self.v),
+            beta: read(&self.beta),
+            g: self.g.as_ref().map(read),
+            gk: self.gk.as_ref().map(read),
+            lens: ints(&self.lens),
+            indices: ints(&self.indices),
+            accepted: Some(ints(&self.accepted)),
+            scale: self.scale,
+            out: self.out_store,
+            state_store: self.state_store,
+        };
+        if let Some(l) = op.lens.iter().find(|&&l| l < 0 || l > MAX_RECURRENT_TOKENS as i64) {
+            return Err(format!(
+                "aclnnRecurrentGatedDeltaRule: a sequence of {l} tokens (0 < L <= {MAX_RECURRENT_TOKENS})"
+            ));
+        }
+        let mut state = read(&self.state);
+        let out = op.run(&mut state).map_err(|e| format!("aclnnRecurrentGatedDeltaRule: {e}"))?;
+        // SAFETY: as above; `out` and `stateRef` are this task's to write.
+        unsafe {
+            host::write_f32(&self.o, &out);
+            host::write_f32(&self.state, &state);
+        }
+        Ok(())
     }
 }
 
