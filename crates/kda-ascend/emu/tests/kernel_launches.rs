@@ -102,3 +102,57 @@ fn conv_prefill_gathers_strided_taps_after_the_previous_tiles_vector_reads() {
         }
     }
 }
+
+/// `kda_mx_dequant` against the codec's `decode_e4m3(q) · 2^(s − 127)` rounded once to f32
+/// (`kda_core::mx::dequantize_value`, the reference's dequantization), and once more to bf16,
+/// bit for bit: every E4M3 code under every E8M0 scale byte — the subnormal results of the
+/// smallest scales (2^-127, an f32 subnormal, and the scales whose products fall below f32's
+/// normal range), the overflowing products of the largest, NaN codes and the NaN scale — in rows
+/// whose last block is partial.
+#[test]
+fn mx_dequant_equals_the_codec_bit_for_bit_for_every_code_and_scale() {
+    use kda_ascend_sys::{ACL_BF16, ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
+    let (m, k) = (256usize, 256usize + 17);
+    let blocks = k.div_ceil(32);
+    // Row r: every code, then 17 more, all under scale byte r.
+    let data: Vec<u8> = (0..m).flat_map(|r| (0..k).map(move |c| ((c + r) % 256) as u8)).collect();
+    let scale: Vec<u8> = (0..m).flat_map(|r| std::iter::repeat_n(r as u8, blocks)).collect();
+    for (dtype, bytes) in [(ACL_FLOAT, 4usize), (ACL_BF16, 2)] {
+        let mut y = vec![0u8; m * k * bytes];
+        let tensors = [
+            gm(data.as_ptr() as u64, &[m as i64, k as i64], None, ACL_FLOAT8_E4M3FN),
+            gm(scale.as_ptr() as u64, &[m as i64, blocks as i64], None, ACL_FLOAT8_E8M0),
+            gm(y.as_mut_ptr() as u64, &[m as i64, k as i64], None, dtype),
+        ];
+        let buffers = [
+            (data.as_ptr() as u64, data.len()),
+            (scale.as_ptr() as u64, scale.len()),
+            (y.as_mut_ptr() as u64, y.len()),
+        ];
+        let tiling = KernelTiling {
+            block_dim: 1,
+            per_core: m as u32,
+            last_core: m as u32,
+            tile: 1,
+            ub_bytes: 1 << 16,
+            reserved: 0,
+        };
+        launch_one_block("kda_mx_dequant", tiling, &tensors, &buffers).expect("mx dequant");
+        for (i, (&q, got)) in data.iter().zip(y.chunks(bytes)).enumerate() {
+            let s = scale[(i / k) * blocks + (i % k) / 32];
+            let want = kda_core::mx::dequantize_value(q, s);
+            let (got_bits, want_bits, nan) = if bytes == 4 {
+                let g = f32::from_ne_bytes(got.try_into().unwrap());
+                (g.to_bits(), want.to_bits(), g.is_nan() && want.is_nan())
+            } else {
+                let g = half::bf16::from_bits(u16::from_ne_bytes(got.try_into().unwrap()));
+                let w = half::bf16::from_f32(want);
+                (u32::from(g.to_bits()), u32::from(w.to_bits()), g.is_nan() && w.is_nan())
+            };
+            assert!(
+                nan || got_bits == want_bits,
+                "dtype {dtype}: code {q:#04x} scale {s}: got bits {got_bits:#x}, want {want_bits:#x}"
+            );
+        }
+    }
+}
