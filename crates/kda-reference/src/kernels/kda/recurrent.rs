@@ -34,7 +34,7 @@ pub(crate) fn step(
         unsafe { step_avx2(s, q, k, v, g, beta, decay, o) };
         return;
     }
-    step_impl(s, q, k, v, g, beta, decay, o);
+    step_impl::<false>(s, q, k, v, g, beta, decay, o);
 }
 
 /// [`step_impl`] compiled for AVX2 (same bits: Rust never fuses a multiply and an add).
@@ -54,12 +54,13 @@ unsafe fn step_avx2(
     decay: &mut [f32],
     o: &mut [f32],
 ) {
-    step_impl(s, q, k, v, g, beta, decay, o);
+    step_impl::<true>(s, q, k, v, g, beta, decay, o);
 }
 
+/// `AVX2`: the rows' passes in AVX2 intrinsics (the caller has checked the CPU has them).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn step_impl(
+fn step_impl<const AVX2: bool>(
     s: &mut [f32],
     q: &[f32],
     k: &[f32],
@@ -79,6 +80,15 @@ fn step_impl(
     }
     let decay = &*decay;
     for ((row, &v), o) in s.chunks_exact_mut(kd).zip(v).zip(o) {
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: `AVX2` is set only under `step_avx2`, whose caller checked the CPU.
+            unsafe {
+                let u = beta * (v - update_dot_avx2::<false>(row, decay, 0.0, k));
+                *o = update_dot_avx2::<true>(row, k, u, q);
+            }
+            continue;
+        }
         let u = beta * (v - update_dot::<false>(row, decay, 0.0, k));
         *o = update_dot::<true>(row, k, u, q);
     }
@@ -90,20 +100,58 @@ fn step_impl(
 #[inline(always)]
 fn update_dot<const ADD: bool>(row: &mut [f32], a: &[f32], u: f32, w: &[f32]) -> f32 {
     let n = row.len().min(w.len()).min(a.len());
-    let (row, a, w) = (&mut row[..n], &a[..n], &w[..n]);
-    let full = n - n % 8;
+    let (rows, row_tail) = row[..n].as_chunks_mut::<8>();
+    let ((a8, a_tail), (w8, w_tail)) = (a[..n].as_chunks::<8>(), w[..n].as_chunks::<8>());
     let mut acc = [0.0f32; 8];
-    let chunks = row[..full].chunks_exact_mut(8).zip(a[..full].chunks_exact(8));
-    for ((x, a), y) in chunks.zip(w[..full].chunks_exact(8)) {
+    for ((x, a), y) in rows.iter_mut().zip(a8).zip(w8) {
         for l in 0..8 {
             x[l] = if ADD { x[l] + a[l] * u } else { x[l] * a[l] };
             acc[l] += x[l] * y[l];
         }
     }
     let mut sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for i in full..n {
-        row[i] = if ADD { row[i] + a[i] * u } else { row[i] * a[i] };
-        sum += row[i] * w[i];
+    for ((x, &a), &y) in row_tail.iter_mut().zip(a_tail).zip(w_tail) {
+        *x = if ADD { *x + a * u } else { *x * a };
+        sum += *x * y;
+    }
+    sum
+}
+
+/// [`update_dot`] in AVX2 registers, with its bits: lane `l` of the accumulator is `acc[l]`,
+/// every operation the same IEEE one (no fused multiply-add).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn update_dot_avx2<const ADD: bool>(row: &mut [f32], a: &[f32], u: f32, w: &[f32]) -> f32 {
+    use std::arch::x86_64::{
+        _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps,
+        _mm256_storeu_ps,
+    };
+    let n = row.len().min(w.len()).min(a.len());
+    let (rows, row_tail) = row[..n].as_chunks_mut::<8>();
+    let ((a8, a_tail), (w8, w_tail)) = (a[..n].as_chunks::<8>(), w[..n].as_chunks::<8>());
+    let uv = _mm256_set1_ps(u);
+    let mut acc = _mm256_setzero_ps();
+    for ((x, a), y) in rows.iter_mut().zip(a8).zip(w8) {
+        // SAFETY: each pointer is to eight f32 (an `[f32; 8]`); loads and stores are unaligned.
+        unsafe {
+            let (xv, av) = (_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(a.as_ptr()));
+            let nx =
+                if ADD { _mm256_add_ps(xv, _mm256_mul_ps(av, uv)) } else { _mm256_mul_ps(xv, av) };
+            _mm256_storeu_ps(x.as_mut_ptr(), nx);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(nx, _mm256_loadu_ps(y.as_ptr())));
+        }
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: eight f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    let l = lanes;
+    let mut sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for ((x, &a), &y) in row_tail.iter_mut().zip(a_tail).zip(w_tail) {
+        *x = if ADD { *x + a * u } else { *x * a };
+        sum += *x * y;
     }
     sum
 }
