@@ -2,9 +2,10 @@
 inputs, in one process: `cargo xtask bench` runs it (xtask/src/peer.rs builds the ggml library
 and the small C wrapper, ggml_kda.c, it loads).
 
-For each case, both are warmed up, then timed alternately for `--rounds` rounds (the order
-swapped every round): kda's whole call (`kda.core` in-process, conversions included, as an engine
-would see it) against ggml's `ggml_graph_compute` alone. Printed: the ratio ggml time / kda time
+For each case, both are warmed up, then timed alternately for `--rounds` rounds (five times
+as many for a decode step; the order swapped every round): kda's whole call (`kda.core`
+in-process, conversions included, as an engine would see it) against ggml's
+`ggml_graph_compute` alone. Printed: the ratio ggml time / kda time
 per round (median and min-max; above 1 kda is faster), both times, kda's distance to ggml
 (at most 1e-4 relative to the output's magnitude) and to the f64 recurrence (under the suite's
 recurrence tolerance) on the first request's first heads.
@@ -119,6 +120,9 @@ def case(lib, name, b, t, h, d, threads, algo, in_place, rounds):
     _, o_kda, s_kda = run_kda()
     s_kda = s_kda.copy()
     ratios, t_ggml, t_kda = [], [], []
+    # A decode step takes milliseconds: five times the rounds, so that a busy machine's
+    # spikes do not make the median.
+    rounds = rounds * 5 if t == 1 else rounds
     for r in range(rounds):
         if r % 2 == 0:
             tg, tk = run_ggml()[0], run_kda()[0]
