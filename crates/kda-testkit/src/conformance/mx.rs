@@ -412,7 +412,8 @@ fn spec_tolerance(
 /// MxGemm equals [`kda_core::mx::gemm`] bit for bit (bf16 outputs: its value rounded once), at
 /// shapes with partial blocks and tiles, with every E4M3 code in the operands (extreme dynamic
 /// range inside blocks, NaN), and at the K3 hidden size on sampled entries. A backend without a
-/// native MX GEMM is held to [`spec_tolerance`] instead: its route is not bit-exact by design.
+/// native MX GEMM is held to the bound `spec_tolerance` states instead: its route is not
+/// bit-exact by design.
 pub fn mx_gemm_matches_the_spec_bit_for_bit<B: Backend>(make: &impl Factory<B>) {
     let b = make();
     let s = b.new_stream().unwrap();
