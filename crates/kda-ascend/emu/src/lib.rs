@@ -4,12 +4,14 @@
 //! prototypes and the backend's real FFI layer — pointers, out-parameters and structs included —
 //! runs here without an NPU.
 //!
-//! It implements the documented semantics on top of the CPU reference backend: streams are its
-//! asynchronous worker threads, events its snapshots, capture is its graph capture with the ACL
-//! join rule, device memory is its buffers (device addresses are real host addresses), and the
-//! ops-nn aclnn ops compute through its kernels; CANN's KDA operators compute in the emulator's
-//! own code at the precision of their kernel sources (`vendor/`). Every AscendC kernel launch executes the kernel's own
-//! source, compiled for the host against the AscendC twin ([`twin`], `crates/kda-ascend/twin`),
+//! It implements the documented semantics in its own code, except streams, events and capture,
+//! which are still the CPU reference backend's (its asynchronous worker threads, completion
+//! snapshots and graph capture with the ACL join rule) running the emulator's tasks: device
+//! memory is its own allocations (`mem`; device addresses are real host addresses), every aclnn
+//! op computes on host vectors from its document (`nn`; CANN's KDA operators at the precision
+//! of their kernel sources, `vendor/`), and every AscendC kernel launch executes the kernel's
+//! own source, compiled for the host against the AscendC twin ([`twin`],
+//! `crates/kda-ascend/twin`),
 //! block by block on the launch's device memory, with the device's rules checked. It rejects what CANN rejects, with CANN's
 //! codes: a wait on an event without `ACL_EVENT_SYNC`, an executor run twice without
 //! `aclSetAclOpExecutorRepeatable`, a capture ending with a forked stream not joined back, a
@@ -31,6 +33,7 @@
 
 mod host;
 mod kernel;
+pub mod mem;
 mod nn;
 mod rt;
 pub mod twin;
@@ -48,13 +51,15 @@ use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
 use kda_core::Device;
 use kda_core::graph::Graph;
-use kda_core::{BufferHandle, DType, Layout, Op, Tensor};
-use kda_reference::{RefBuffer, RefEvent, RefStream, ReferenceBackend, ReferenceOptions};
+use kda_core::{BufferHandle, DType, HostFn, InstanceId, Layout, Op, Tensor};
+use kda_reference::{RefEvent, RefStream, ReferenceBackend, ReferenceOptions};
+use mem::{DeviceBuffer, Mem};
 
 use types::*;
 
 type Ref = ReferenceBackend;
-type T = Tensor<Ref>;
+/// A view of the emulated device's memory.
+type T = Tensor<Mem>;
 
 /// An event and the flags it was created with.
 struct EmuEvent {
@@ -71,7 +76,7 @@ struct EmuEvent {
 /// more than once.
 struct Executor {
     api: &'static str,
-    ops: Vec<Op<Ref>>,
+    tasks: Vec<HostFn>,
     workspace: u64,
     repeatable: bool,
 }
@@ -80,9 +85,12 @@ struct Executor {
 struct Emu {
     initialized: bool,
     backend: Device<Ref>,
+    /// The emulated device: its allocations and the HAL op descriptions launches are checked
+    /// against belong to it.
+    instance: InstanceId,
     soc: CString,
     /// Device (and host-pinned) allocations by base address.
-    memory: BTreeMap<usize, RefBuffer>,
+    memory: BTreeMap<usize, DeviceBuffer>,
     streams: HashMap<usize, RefStream>,
     events: HashMap<usize, EmuEvent>,
     tensors: HashMap<usize, (T, aclDataType)>,
@@ -136,6 +144,7 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
     Mutex::new(Emu {
         initialized: false,
         backend,
+        instance: InstanceId::fresh(),
         soc: CString::default(),
         memory: BTreeMap::new(),
         streams: HashMap::new(),
@@ -271,8 +280,8 @@ impl Emu {
             .ok_or_else(|| (ACL_ERROR_INVALID_PARAM, format!("{api}: unknown stream {handle:?}")))
     }
 
-    fn backend_instance(&self) -> kda_core::InstanceId {
-        self.backend.instance()
+    fn backend_instance(&self) -> InstanceId {
+        self.instance
     }
 
     /// Whether the MX dtypes exist on this SoC (Ascend 950 only).
@@ -281,7 +290,7 @@ impl Emu {
     }
 
     /// The allocation holding `len` bytes from device address `addr`, and the byte offset.
-    fn locate(&self, api: &str, addr: usize, len: usize) -> Res<(RefBuffer, usize)> {
+    fn locate(&self, api: &str, addr: usize, len: usize) -> Res<(DeviceBuffer, usize)> {
         let found = self.memory.range(..=addr).next_back();
         match found {
             Some((&base, buf)) if addr - base + len <= buf.len_bytes() => {
@@ -335,17 +344,23 @@ impl Emu {
         Tensor::new(buf, layout).map_err(bad)
     }
 
-    /// Queue `ops` on `stream` (captured instead, while its capture is open) under the name of
-    /// the task (`aclnnMatmul`, a kernel's name): a failure names it, as an AI Core exception
+    /// Queue `tasks` on `stream` (captured instead, while its capture is open) under the name
+    /// of the task (`aclnnMatmul`, a kernel's name): a failure names it, as an AI Core exception
     /// report names the kernel.
-    fn launch(&self, task: &str, stream: &RefStream, ops: Vec<Op<Ref>>) -> Res<()> {
-        for op in ops {
+    fn launch(&self, name: &'static str, stream: &RefStream, tasks: Vec<HostFn>) -> Res<()> {
+        for f in tasks {
             self.backend
-                .launch_labeled(stream, task, op)
-                .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{task}: {e}")))?;
+                .launch_labeled(stream, name, Op::Host { name, f })
+                .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{name}: {e}")))?;
         }
         Ok(())
     }
+}
+
+/// A fresh zeroed allocation of the emulated device.
+fn allocate(emu: &Emu, api: &str, len: usize) -> Res<DeviceBuffer> {
+    DeviceBuffer::new(emu.instance, len)
+        .ok_or_else(|| (ACL_ERROR_BAD_ALLOC, format!("{api}: no host memory for {len} bytes")))
 }
 
 fn bad(e: impl std::fmt::Display) -> (aclError, String) {

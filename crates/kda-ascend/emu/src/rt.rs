@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kda_core::CaptureError;
-use kda_core::{DownloadSlot, Error, HostFn, Op};
+use kda_core::{Error, HostFn};
 
+use crate::host;
 use crate::types::*;
 use crate::{EmuEvent, Res, array, call, emu, invalid, put};
 
@@ -62,10 +63,7 @@ pub unsafe extern "C" fn aclrtMalloc(
         if size == 0 {
             return invalid("aclrtMalloc: size 0");
         }
-        let buf = emu
-            .backend
-            .alloc_buffer(size)
-            .map_err(|e| (ACL_ERROR_BAD_ALLOC, format!("aclrtMalloc({size}): {e}")))?;
+        let buf = crate::allocate(&emu, "aclrtMalloc", size)?;
         let addr = buf.element_ptr::<u8>(0);
         emu.memory.insert(addr as usize, buf);
         // SAFETY: the caller passes a writable out-parameter (CANN's contract).
@@ -117,19 +115,24 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
         if count == 0 {
             return Ok(());
         }
-        let ops = match kind {
+        let body: HostFn = match kind {
             ACL_MEMCPY_HOST_TO_DEVICE => {
                 // SAFETY: `src` holds `count` readable bytes (CANN's contract); the emulator
                 // stages them at once, which the real runtime does not promise.
                 let data = unsafe { array(src.cast::<u8>(), count) }?;
-                vec![Op::Upload { dst: emu.bytes(API, dst as usize, count)?, data: data.into() }]
+                let dst = emu.bytes(API, dst as usize, count)?;
+                HostFn::new(move || {
+                    // SAFETY: the view keeps its memory alive; stream order as the device.
+                    unsafe { host::write_bytes(&dst, &data) };
+                    Ok(())
+                })
             }
             ACL_MEMCPY_DEVICE_TO_HOST => {
-                let slot = DownloadSlot::default();
                 let src = emu.bytes(API, src as usize, count)?;
-                let (out, target) = (slot.clone(), HostPtr(dst as usize));
-                let write = HostFn::new(move || {
-                    let bytes = out.take().ok_or("device-to-host copy lost its bytes")?;
+                let target = HostPtr(dst as usize);
+                HostFn::new(move || {
+                    // SAFETY: the view keeps its memory alive; stream order as the device.
+                    let bytes = unsafe { host::read_bytes(&src) };
                     let target = &target;
                     // SAFETY: the caller keeps `dst` valid for `count` bytes until the stream has
                     // passed this copy (CANN's contract for asynchronous copies).
@@ -137,15 +140,20 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
                         std::ptr::copy_nonoverlapping(bytes.as_ptr(), target.0 as *mut u8, count)
                     };
                     Ok(())
-                });
-                vec![Op::Download { src, slot }, Op::Host { name: "memcpy_d2h", f: write }]
+                })
             }
-            ACL_MEMCPY_DEVICE_TO_DEVICE => vec![Op::Copy {
-                src: emu.bytes(API, src as usize, count)?,
-                dst: emu.bytes(API, dst as usize, count)?,
-            }],
+            ACL_MEMCPY_DEVICE_TO_DEVICE => {
+                let (src, dst) =
+                    (emu.bytes(API, src as usize, count)?, emu.bytes(API, dst as usize, count)?);
+                HostFn::new(move || {
+                    // SAFETY: the views keep their memory alive; stream order as the device.
+                    unsafe { host::copy_raw(&src, &dst) };
+                    Ok(())
+                })
+            }
             other => return invalid(format!("{API}: copy kind {other}")),
         };
+        let ops = vec![body];
         emu.launch(API, &s, ops)?;
         crate::log(API, stream as usize, 0);
         Ok(())
@@ -302,7 +310,7 @@ pub extern "C" fn aclrtRecordEvent(ev: aclrtEvent, stream: aclrtStream) -> aclEr
             done.fetch_max(generation, Ordering::AcqRel);
             Ok(())
         });
-        emu.launch(API, &s, vec![Op::Host { name: "event_complete", f: mark }])
+        emu.launch("event_complete", &s, vec![mark])
     })
 }
 
@@ -417,7 +425,7 @@ pub extern "C" fn aclrtLaunchHostFunc(
             unsafe { (host.f)(host.args as *mut c_void) };
             Ok(())
         });
-        emu.launch(API, &s, vec![Op::Host { name: "host_func", f: run }])?;
+        emu.launch("host_func", &s, vec![run])?;
         crate::log(API, stream as usize, 0);
         Ok(())
     })
