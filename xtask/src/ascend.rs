@@ -175,12 +175,12 @@ pub fn twin_checks() -> Result<(), String> {
     a2_conformance()
 }
 
-/// The emulated conformance suite on an Atlas A2 profile (`KDA_ACL_EMU_SOC=Ascend910B3`: no MX
-/// aclnn ops, no mixed bf16 `aclnnMatmul`, the A2's UB size and ReduceSum order under the
+/// The whole emulated conformance suite on an Atlas A2 profile (`KDA_ACL_EMU_SOC=Ascend910B3`: no
+/// MX aclnn ops, no mixed bf16 `aclnnMatmul`, the A2's UB size and ReduceSum order under the
 /// AscendC twin); the workspace tests above run it on the 950 profile (the emulator's default).
-/// Skipped here until their conformance bodies ask the backend's capabilities: the MX and
-/// schedule bodies (they quantize with `DynamicQuant`, which A2 refuses by design) and the two
-/// layer bodies that compare the default layer (bf16 QKV on A2) with the MXFP8 oracle.
+/// The bodies ask the backend's capabilities: DynamicQuant and MXFP8 projections are refused by
+/// design there, the MX GEMM route (dequantize, then the bf16 GEMM) is held to its stated
+/// tolerance, and the layer bodies compare with the oracle of the bf16 QKV a layer runs there.
 fn a2_conformance() -> Result<(), String> {
     let cargo = cargo();
     step(
@@ -195,15 +195,6 @@ fn a2_conformance() -> Result<(), String> {
             "emulated",
             "--test",
             "conformance",
-            "--",
-            "--skip",
-            "mx_",
-            "--skip",
-            "schedule_",
-            "--skip",
-            "layer_matches_f64_oracle",
-            "--skip",
-            "layer_norm_uses_the_checkpoint_eps",
         ],
         &[("KDA_ACL_EMU_SOC", "Ascend910B3")],
     )

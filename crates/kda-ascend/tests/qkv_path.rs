@@ -148,12 +148,9 @@ fn dynamic_quant_on_a2_is_refused_before_anything_is_queued() {
     let scale = b.alloc(DType::E8M0, &[m, num_blocks(k)]).unwrap();
     let from = kda_acl_emu::calls_of_this_thread().len();
     match b.launch(&s, Op::DynamicQuant { x, data, scale, alg: ScaleAlg::OcpFloor }) {
-        Err(Error::Backend { backend: "ascend", message }) => {
-            assert!(
-                message.starts_with("DynamicQuant: no MXFP8 quantize on Ascend910B3"),
-                "{message}"
-            );
-            assert!(message.contains("NativeOps::mx_quant is false"), "{message}");
+        Err(Error::Unsupported { backend: "ascend", feature }) => {
+            assert!(feature.starts_with("DynamicQuant on Ascend910B3"), "{feature}");
+            assert!(feature.contains("capabilities.native.mx_quant is false"), "{feature}");
         }
         other => panic!("expected the typed refusal, got {other:?}"),
     }

@@ -68,8 +68,11 @@ pub enum Error {
     #[error("{backend} backend: {message}")]
     Backend { backend: &'static str, message: String },
 
+    /// The backend lacks `feature` by design (on this device, in this build): the typed refusal.
+    /// `feature` names what was asked for and why it is absent (often a fixed text; a device's
+    /// name where the device decides).
     #[error("the {backend} backend does not support {feature}")]
-    Unsupported { backend: &'static str, feature: &'static str },
+    Unsupported { backend: &'static str, feature: std::borrow::Cow<'static, str> },
 }
 
 /// Why a capture could not begin, continue or end, or a graph could not be launched.

@@ -93,7 +93,7 @@ pub trait Backend: Resources {
         owner: Box<dyn Any + Send + Sync>,
     ) -> Result<Self::Buffer> {
         let _ = (ptr, len, owner);
-        Err(Error::Unsupported { backend: self.info().name, feature: "import_buffer" })
+        Err(Error::Unsupported { backend: self.info().name, feature: "import_buffer".into() })
     }
 
     /// Use a stream someone else created (an engine's `CUstream`, `aclrtStream`, passed as an
@@ -104,7 +104,7 @@ pub trait Backend: Resources {
     /// As [`Device::import_stream`](crate::device::Device::import_stream).
     unsafe fn import_stream(&self, handle: usize) -> Result<Self::Stream> {
         let _ = handle;
-        Err(Error::Unsupported { backend: self.info().name, feature: "import_stream" })
+        Err(Error::Unsupported { backend: self.info().name, feature: "import_stream".into() })
     }
 
     /// Release `buffer` in the order of `stream`. The default keeps the handle alive until the

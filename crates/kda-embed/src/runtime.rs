@@ -149,7 +149,7 @@ fn not_compiled(backend: &'static str) -> EmbedError {
         "cuda" => "this build (without `cuda`)",
         _ => "this build (without `ascend`)",
     };
-    kda_core::Error::Unsupported { backend, feature }.into()
+    kda_core::Error::Unsupported { backend, feature: feature.into() }.into()
 }
 
 fn unavailable(backend: &'static str, e: impl fmt::Display) -> EmbedError {

@@ -243,7 +243,8 @@ impl PyLayer {
     /// (f32), numpy / torch CPU / DLPack, in `layout`: `"vllm"` (conv `[N, W - 1 + num_spec,
     /// 3 lp]` or `[N, 3 lp, W - 1 + num_spec]`, recurrent `[N, lh, V, K]`) or `"transformers"`
     /// (conv `[B, 3 lp, W]`, recurrent `[B, lh, K, V]`, as `DynamicCache` holds them). The
-    /// slots are the first dimension. Runs on the reference backend.
+    /// slots are the first dimension. On a device backend, device tensors of that backend
+    /// (DLPack) are used in place the same way.
     #[pyo3(signature = (conv_state, recurrent_state, layout="vllm", num_spec=0))]
     fn wrap_cache(
         &self,

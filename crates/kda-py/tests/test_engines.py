@@ -144,6 +144,22 @@ def test_vllm_layout_is_kdas_own_cache_bit_for_bit(checkpoint_linear, orientatio
     assert np.array_equal(cache.conv_state(1), conv[1])
 
 
+def test_an_older_vllms_k_first_state_wraps_as_a_transposed_view(checkpoint_linear):
+    # Earlier vLLM releases index the recurrent state [N, lh, K, V] (docs/embedding.md): the
+    # engine passes the transposed view, and kda writes the K-first array itself.
+    layer = kda.Layer.load(checkpoint_linear)
+    lh, d, w = layer.local_heads, layer.head_dim, layer.conv_width
+    steps = two_steps(layer, seed=13)
+    outs, rec, conv = own_run(layer, steps, 2)
+    conv_state = np.zeros((2, w - 1, 3 * lh * d), np.float32)
+    k_first = np.zeros((2, lh, d, d), np.float32)
+    cache = layer.wrap_cache(conv_state, k_first.transpose(0, 1, 3, 2), layout="vllm")
+    for x, y in zip(outs, run_steps(layer, cache, steps)):
+        assert np.array_equal(x, y)
+    assert np.array_equal(k_first.transpose(0, 1, 3, 2), rec)
+    assert np.array_equal(conv_state, conv)
+
+
 def test_vllm_layout_with_bf16_conv_states(checkpoint_linear):
     layer = kda.Layer.load(checkpoint_linear)
     lh, d, w = layer.local_heads, layer.head_dim, layer.conv_width

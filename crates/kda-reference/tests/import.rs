@@ -128,6 +128,6 @@ fn a_misaligned_pointer_or_a_foreign_stream_is_rejected() {
     assert!(matches!(err, Error::Param { op: "import_buffer", param: "ptr", .. }), "{err}");
     // SAFETY: the reference backend has no foreign streams; nothing is dereferenced.
     let err = unsafe { b.import_stream(0x1234) }.unwrap_err();
-    assert_eq!(err, Error::Unsupported { backend: "reference", feature: "import_stream" });
+    assert_eq!(err, Error::Unsupported { backend: "reference", feature: "import_stream".into() });
     assert_eq!(err.to_string(), "the reference backend does not support import_stream");
 }

@@ -162,6 +162,17 @@ impl LayerOracle {
         }
     }
 
+    /// The oracle of a layer that runs an MXFP8 checkpoint's QKV in bf16 (`QkvPath::Bf16`, the
+    /// choice on a backend without native MX ops): the weight dequantized exactly, the
+    /// activation unquantized, as with a dense QKV weight. A dense weight is unchanged.
+    #[must_use]
+    pub fn with_bf16_qkv(mut self) -> Self {
+        if let Qkv::Mx { w, .. } = self.qkv {
+            self.qkv = Qkv::Dense(w);
+        }
+        self
+    }
+
     /// The oracle of a layer whose recurrence takes bf16 operands (`CoreOperands::Bf16`): q, k,
     /// v after the conv, beta and the core output are rounded to bf16, everything else in f64.
     #[must_use]

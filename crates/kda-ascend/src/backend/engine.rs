@@ -46,7 +46,7 @@ pub(crate) fn capture_of(stream: sys::aclrtStream) -> std::result::Result<Captur
 
 /// The error for work that needs the host at run time under an engine's capture.
 pub(crate) fn refused(feature: &'static str) -> Error {
-    Error::Unsupported { backend: "ascend", feature }
+    Error::Unsupported { backend: "ascend", feature: feature.into() }
 }
 
 fn bad_handle(expected: &str, actual: String) -> Error {

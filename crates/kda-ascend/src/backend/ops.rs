@@ -368,23 +368,24 @@ fn build(p: &mut Prep<'_>, launch: Op<'_, AscendBackend>) -> Result<()> {
         // A failure stops the stream on the host (see the `host` module): no device task.
         Op::Host { name, f, dims: () } => p.host(name, f.clone()),
         Op::DynamicQuant { x, data, scale, alg, dims } => {
-            if dims.m == 0 || dims.k == 0 {
-                return Ok(());
-            }
             if !p.b.inner.native_mx {
                 // No MXFP8 quantize on this chip (A2/A3 CANN has no aclnnDynamicMxQuantV3, and
-                // there is no AscendC kernel for it): refused before anything is queued. The
-                // backend reports `NativeOps::mx_quant = false`, so the layer runs bf16 QKV.
-                return Err(AscendError::Unsupported {
-                    op: "DynamicQuant",
-                    message: format!(
-                        "no MXFP8 quantize on {} (capability NativeOps::mx_quant is false: \
+                // there is no AscendC kernel for it): the typed refusal, before anything is
+                // queued and whatever the shape. The backend reports `NativeOps::mx_quant =
+                // false`, so the layer runs bf16 QKV.
+                return Err(kda_core::Error::Unsupported {
+                    backend: "ascend",
+                    feature: format!(
+                        "DynamicQuant on {} (capabilities.native.mx_quant is false: \
                          aclnnDynamicMxQuantV3 is absent or not selected, and no AscendC kernel \
-                         stands in); the layer's bf16 QKV path does not need it",
+                         stands in; the layer's bf16 QKV path does not need it)",
                         p.b.inner.chip.soc
-                    ),
-                }
-                .into());
+                    )
+                    .into(),
+                });
+            }
+            if dims.m == 0 || dims.k == 0 {
+                return Ok(());
             }
             const OP: &str = "aclnnDynamicMxQuantV3";
             let (scale_desc, copy_back) = p.ascend_scale(OP, scale, dims.k, false)?;

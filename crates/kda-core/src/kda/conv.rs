@@ -200,7 +200,7 @@ pub fn require_f32_conv_state<B: Resources>(
     }
     Err(crate::Error::Unsupported {
         backend,
-        feature: "a bf16 or f16 conv state (an engine's cache wrapped in place)",
+        feature: "a bf16 or f16 conv state (an engine's cache wrapped in place)".into(),
     })
 }
 

@@ -197,7 +197,7 @@ impl CudaBackend {
         if scratch::capturing() || capture_of(stream.raw())?.allows_release() {
             return Ok(());
         }
-        Err(Error::Unsupported { backend: "cuda", feature: what })
+        Err(Error::Unsupported { backend: "cuda", feature: what.into() })
     }
 
     /// After a synchronize of `stream`: release what its queued work held.
@@ -246,7 +246,7 @@ impl CudaBackend {
             Route::Refused => {
                 return Err(Error::Unsupported {
                     backend: "cuda",
-                    feature: "a download or host function inside an engine's graph capture",
+                    feature: "a download or host function inside an engine's graph capture".into(),
                 });
             }
             Route::Ordered | Route::Pinned => {}

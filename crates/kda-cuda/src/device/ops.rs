@@ -586,7 +586,7 @@ impl CudaBackend {
         if op.chunk_state_slots.is_some() {
             return Err(kda_core::Error::Unsupported {
                 backend: "cuda",
-                feature: "chunk_state_slots",
+                feature: "chunk_state_slots".into(),
             });
         }
         let grid = Self::recurrence_grid(OP, &dims)?;

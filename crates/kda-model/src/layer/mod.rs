@@ -33,7 +33,7 @@ use crate::config::{KdaConfig, LayerDims, Tp};
 use crate::layer::error::Result;
 pub use crate::schedule::QkvPath;
 use crate::schedule::{
-    MatrixOverlap, Mutation, ProjectionSchedule, QkvBfgProjection, prepare_beta,
+    MatrixOverlap, Mutation, ProjectionSchedule, QkvBfgProjection, QkvWeight, prepare_beta,
 };
 use crate::weights::{LayerWeights, LoadOptions, TensorSource, load_layer};
 use kda_core::device::Device;
@@ -206,6 +206,15 @@ impl<B: Backend> KdaLayer<B> {
     /// The dtype of the recurrence's operands ([`CoreOperands`]).
     pub fn core_operands(&self) -> CoreOperands {
         self.operands
+    }
+
+    /// The precision the QKV projection runs in ([`QkvPath`]): what `LayerOptions::qkv` asked
+    /// for, or the backend's choice.
+    pub fn qkv_path(&self) -> QkvPath {
+        match self.projection.weights().qkv() {
+            QkvWeight::Mxfp8 { .. } => QkvPath::Mxfp8,
+            QkvWeight::Bf16 { .. } => QkvPath::Bf16,
+        }
     }
 
     pub fn projection(&self) -> &QkvBfgProjection<B> {

@@ -102,12 +102,33 @@ pub struct QkvBfgProjection<B: Backend> {
 
 impl<B: Backend> QkvBfgProjection<B> {
     /// `schedule` with the matrix-overlap policy the backend's capabilities choose.
+    ///
+    /// MXFP8 QKV weights need the backend's native MX ops (`capabilities.native` `mx_quant` and
+    /// `mx_gemm`, as [`QkvPath::resolve`] requires): on a backend without them (Ascend A2/A3) the
+    /// projection is refused here, with an [`Error::Param`] naming what is missing, instead of
+    /// failing at its first quantization with half a schedule queued.
     pub fn new(
         device: &Device<B>,
         weights: ProjectionWeights<B>,
         schedule: ProjectionSchedule,
     ) -> Result<Self> {
-        let matrix_overlap = MatrixOverlap::for_capabilities(&device.info().capabilities);
+        let info = device.info();
+        let native = info.capabilities.native;
+        if matches!(weights.qkv(), QkvWeight::Mxfp8 { .. }) && !native.mxfp8() {
+            return Err(Error::Param {
+                op: "qkv_bfg_projection",
+                param: "ProjectionWeights::qkv",
+                expected: "QkvWeight::Bf16: QkvWeight::Mxfp8 needs capabilities.native mx_quant \
+                           and mx_gemm"
+                    .into(),
+                actual: format!(
+                    "QkvWeight::Mxfp8 on the {} backend, whose capabilities.native has {}",
+                    info.name,
+                    native.describe()
+                ),
+            });
+        }
+        let matrix_overlap = MatrixOverlap::for_capabilities(&info.capabilities);
         Ok(Self {
             device: device.clone(),
             weights,

@@ -17,7 +17,7 @@ use kda_core::{Backend, BufferHandle, DType, Device, Error, Op, Tensor};
 use kda_model::config::{KdaConfig, Tp};
 use kda_model::layer::{
     BatchError, BatchMeta, BetaInput, CoreOperands, ForgetProjection, KdaLayer, KeepError,
-    KeepState, LayerError, LayerOptions, RequestSlots, StateCache,
+    KeepState, LayerError, LayerOptions, QkvPath, RequestSlots, StateCache,
 };
 use kda_model::schedule::beta::BETA_SIGMOID;
 use kda_model::schedule::{MatrixOverlap, ProjectionSchedule};
@@ -143,6 +143,23 @@ fn layer_tolerance(expected: &[f64]) -> Tolerance {
     Tolerance::layer(max_abs(expected))
 }
 
+/// The oracle of what `layer` runs: its core operands and its QKV precision may be the backend's
+/// choice (`CoreOperands`, `QkvPath`: bf16 QKV where the backend has no native MX ops).
+fn oracle_of<B: Backend>(
+    layer: &KdaLayer<B>,
+    weights: &LayerWeights,
+    forget: ForgetProjection,
+) -> LayerOracle {
+    let mut oracle = LayerOracle::new(weights, forget);
+    if layer.core_operands() == CoreOperands::Bf16 {
+        oracle = oracle.with_bf16_core_operands();
+    }
+    if layer.qkv_path() == QkvPath::Bf16 {
+        oracle = oracle.with_bf16_qkv();
+    }
+    oracle
+}
+
 /// Identities between two device runs whose projections may round differently (GEMMs of
 /// another M), checked with the same allowance.
 fn assert_close(what: &str, shape: &[usize], actual: &[f64], expected: &[f64]) {
@@ -165,11 +182,7 @@ fn matches_oracle<B: Backend>(make: &impl Factory<B>, model: Model, options: Lay
     let config = tiny_config(model);
     let w = load(&config, Tp::SINGLE, 11);
     let layer = layer(&b, &s, &w, options);
-    // The oracle of what the layer runs: its core operands may be the backend's choice.
-    let oracle = match layer.core_operands() {
-        CoreOperands::F32 => LayerOracle::new(&w, options.forget),
-        CoreOperands::Bf16 => LayerOracle::new(&w, options.forget).with_bf16_core_operands(),
-    };
+    let oracle = oracle_of(&layer, &w, options.forget);
     let mut cache = layer.new_cache(&s, 12, 2).unwrap();
     let mut rng = Gen::new(5);
     let mut tracked: Vec<RequestState> = (0..3).map(|_| oracle.fresh()).collect();
@@ -321,12 +334,12 @@ pub fn norm_uses_the_checkpoint_eps<B: Backend>(make: &impl Factory<B>) {
     let mut cache = layer.new_cache(&s, 1, 0).unwrap();
     let x = tokens(&mut Gen::new(9), 4);
     let out = step(&b, &s, &layer, &mut cache, &BatchMeta::prefills(&[4], &[0]), &x, 0, 0.0, 0.0);
-    let oracle = LayerOracle::new(&w, ForgetProjection::Composed);
+    let oracle = oracle_of(&layer, &w, ForgetProjection::Composed);
     let (want, _) = oracle.run(&x, &oracle.fresh());
     layer_tolerance(&want).assert_close(&[4, HIDDEN], &out, &want);
     let mut default_eps = w.clone();
     default_eps.rms_norm_eps = 1e-5;
-    let other = LayerOracle::new(&default_eps, ForgetProjection::Composed);
+    let other = oracle_of(&layer, &default_eps, ForgetProjection::Composed);
     let (wrong, _) = other.run(&x, &other.fresh());
     assert!(
         layer_tolerance(&wrong).compare(&[4, HIDDEN], &out, &wrong).is_err(),

@@ -18,8 +18,8 @@ pub mod views;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use kda_core::Backend;
-use kda_core::Device;
+use kda_core::resource::NativeOps;
+use kda_core::{Backend, Device, Error};
 
 /// Instantiate the whole suite as `#[test]` functions in the calling module.
 ///
@@ -69,6 +69,26 @@ pub fn with_watchdog<R: Send + 'static>(
         },
         Err(mpsc::RecvTimeoutError::Timeout) => {
             panic!("{what}: did not finish within {limit:?} (hang or serialised streams)")
+        }
+    }
+}
+
+/// The op families `b` runs natively (`Capabilities::native`). A body whose subject the backend
+/// lacks by design (the MX ops on Ascend A2/A3) expects its typed refusal instead
+/// ([`expect_refused`]); a route that exists but is not bit-exact by design (A2's MX GEMM:
+/// dequantize, then the bf16 GEMM) is held to the tolerance its body states.
+pub fn native<B: Backend>(b: &Device<B>) -> NativeOps {
+    b.info().capabilities.native
+}
+
+/// `r` is the backend's typed refusal of an op family it lacks: [`Error::Unsupported`] naming
+/// `feature`.
+#[track_caller]
+pub fn expect_refused<T: std::fmt::Debug>(r: kda_core::Result<T>, feature: &str) {
+    match r {
+        Err(Error::Unsupported { feature: f, .. }) if f.contains(feature) => {}
+        other => {
+            panic!("expected the typed refusal of {feature} (Error::Unsupported), got {other:?}")
         }
     }
 }

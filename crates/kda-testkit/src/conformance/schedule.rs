@@ -235,8 +235,48 @@ fn setup<B: Backend>(
 ) -> (Device<B>, B::Stream, ProjectionWeights<B>) {
     let b = make();
     let main = b.new_stream().unwrap();
-    let weights = device_weights(&b, &main, &Model::new(7).rank(8, 7), qkv, bfg);
+    let weights = device_weights(&b, &main, &setup_rank(), qkv, bfg);
     (b, main, weights)
+}
+
+/// The rank [`setup`] uploads.
+fn setup_rank() -> RankWeights {
+    Model::new(7).rank(8, 7)
+}
+
+/// Whether `b` runs MXFP8 QKV: the native MX ops, as `QkvPath::resolve` requires. Without them
+/// (Ascend A2/A3) a projection of MXFP8 weights is refused by design ([`expect_mx_refused`]), and
+/// the bodies whose MXFP8 form is incidental run the bf16 QKV a layer there runs ([`layer_qkv`]).
+fn runs_mxfp8<B: Backend>(b: &Device<B>) -> bool {
+    super::native(b).mxfp8()
+}
+
+/// The QKV form a layer of an MXFP8 checkpoint runs on `b`: MXFP8 where it can, bf16 otherwise.
+fn layer_qkv<B: Backend>(b: &Device<B>) -> Qkv {
+    if runs_mxfp8(b) { MXFP8 } else { Qkv::Bf16 }
+}
+
+/// [`setup`] with the QKV form a layer runs on the backend ([`layer_qkv`]), which it returns.
+fn setup_layer<B: Backend>(
+    make: &impl Factory<B>,
+    bfg: Bfg,
+) -> (Device<B>, B::Stream, ProjectionWeights<B>, Qkv) {
+    let b = make();
+    let main = b.new_stream().unwrap();
+    let qkv = layer_qkv(&b);
+    let weights = device_weights(&b, &main, &setup_rank(), qkv, bfg);
+    (b, main, weights, qkv)
+}
+
+/// A projection of MXFP8 `weights` on a backend without the native MX ops is the typed refusal,
+/// naming the weights and the missing capability.
+#[track_caller]
+fn expect_mx_refused<B: Backend>(b: &Device<B>, weights: &ProjectionWeights<B>) {
+    match QkvBfgProjection::new(b, weights.clone(), ProjectionSchedule::Overlapped) {
+        Err(Error::Param { param: "ProjectionWeights::qkv", expected, .. })
+            if expected.contains("mx_quant") => {}
+        other => panic!("expected MXFP8 QKV to be refused without native MX ops, got {other:?}"),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -306,8 +346,15 @@ pub fn overlapped_trace_is_the_seeds_sequence<B: Backend>(make: &impl Factory<B>
             SEEDS_TRACE.replace("dynamic_quant · ", ""),
         ),
     ];
-    for (qkv, bfg, policy, expected) in cases {
-        let (b, main, weights) = setup(make, qkv, bfg);
+    for (qkv, bfg, policy, mut expected) in cases {
+        let (b, main, mut weights) = setup(make, qkv, bfg);
+        let mut qkv = qkv;
+        if qkv != Qkv::Bf16 && !runs_mxfp8(&b) {
+            // Refused by design; the same schedule with the bf16 QKV a layer runs there.
+            expect_mx_refused(&b, &weights);
+            (qkv, expected) = (Qkv::Bf16, expected.replace("dynamic_quant · ", ""));
+            weights = device_weights(&b, &main, &setup_rank(), qkv, bfg);
+        }
         assert!(b.instrumentation().is_checked(), "the trace is read from the checked-mode log");
         let (x, _) = activation(&b, &main, &mut Gen::new(1), 5);
         let p = projection(&b, &weights, ProjectionSchedule::Overlapped, policy);
@@ -347,7 +394,7 @@ pub fn overlapped_trace_is_the_seeds_sequence<B: Backend>(make: &impl Factory<B>
 /// layers of one model) fork onto one stream, created once; a projection made without one has
 /// its own.
 pub fn aux_stream_is_created_once_per_instance<B: Backend>(make: &impl Factory<B>) {
-    let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+    let (b, main, weights, _) = setup_layer(make, Bfg::Composed);
     let shared = AuxStream::new();
     assert!(shared.created().is_none(), "created on first use");
     let aux = shared.get(&b).unwrap();
@@ -391,6 +438,10 @@ pub fn serial_and_overlapped_are_bit_identical<B: Backend>(make: &impl Factory<B
         for qkv in [Qkv::Bf16, Qkv::Mxfp8(ScaleAlg::OcpFloor), Qkv::Mxfp8(ScaleAlg::RoundUp)] {
             for bfg in [Bfg::Composed, Bfg::Staged] {
                 let weights = device_weights(&b, &main, &host, qkv, bfg);
+                if qkv != Qkv::Bf16 && !runs_mxfp8(&b) {
+                    expect_mx_refused(&b, &weights);
+                    continue;
+                }
                 let serial =
                     projection(&b, &weights, ProjectionSchedule::Serial, MatrixOverlap::Serialized);
                 for (t, x) in &inputs {
@@ -474,6 +525,10 @@ pub fn projection_matches_host_computation<B: Backend>(make: &impl Factory<B>) {
     // MXFP8: quantize x as the spec does, then the defining GEMM, rounded once to bf16.
     for alg in [ScaleAlg::OcpFloor, ScaleAlg::RoundUp] {
         let weights = device_weights(&b, &main, &host, Qkv::Mxfp8(alg), Bfg::Composed);
+        if !runs_mxfp8(&b) {
+            expect_mx_refused(&b, &weights);
+            continue;
+        }
         let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
         let out = p.forward(&main, &x).unwrap();
         let qx = mx::quantize(&to_bf16(&xv), t, hd, alg).unwrap();
@@ -492,7 +547,7 @@ pub fn projection_matches_host_computation<B: Backend>(make: &impl Factory<B>) {
 /// clean and `Concurrent` is exactly one matrix overlap, the two GEMMs.
 pub fn overlapped_schedule_is_hazard_free<B: Backend>(make: &impl Factory<B>) {
     for policy in POLICIES {
-        let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+        let (b, main, weights, _) = setup_layer(make, Bfg::Composed);
         let vector_only = ExclusiveUnits { matrix: false, vector: true };
         let all = ExclusiveUnits { matrix: true, vector: true };
         let units = if policy == MatrixOverlap::Serialized { all } else { vector_only };
@@ -516,7 +571,7 @@ pub fn overlapped_schedule_is_hazard_free<B: Backend>(make: &impl Factory<B>) {
     }
 
     // Concurrent on a backend whose matrix units are shared: the one thing it gives up.
-    let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+    let (b, main, weights, _) = setup_layer(make, Bfg::Composed);
     b.instrumentation().set_exclusive_units(ExclusiveUnits { matrix: true, vector: true });
     let (x, _) = activation(&b, &main, &mut Gen::new(3), 4);
     let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Concurrent);
@@ -552,11 +607,13 @@ fn assert_hazard(h: &Hazard, kind: HazardKind, first: &str, second: &str) {
     );
 }
 
-/// A checked backend with both exclusive-unit rules on, MXFP8 QKV and composed F, `x` uploaded
-/// on main just before the call (so an aux reader that is not ordered after it races), and the
-/// overlapped projection under `Serialized`.
+/// A checked backend with both exclusive-unit rules on, MXFP8 QKV (bf16 where the backend has no
+/// native MX ops: [`layer_qkv`]) and composed F, `x` uploaded on main just before the call (so an
+/// aux reader that is not ordered after it races), and the overlapped projection under
+/// `Serialized`.
 struct Mutant<B: Backend> {
     b: Device<B>,
+    qkv: Qkv,
     main: B::Stream,
     aux: B::Stream,
     x: Tensor<B>,
@@ -565,13 +622,13 @@ struct Mutant<B: Backend> {
 
 impl<B: Backend> Mutant<B> {
     fn new(make: &impl Factory<B>) -> Self {
-        let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+        let (b, main, weights, qkv) = setup_layer(make, Bfg::Composed);
         assert!(b.instrumentation().is_checked(), "mutation tests need checked mode");
         b.instrumentation().set_exclusive_units(ExclusiveUnits { matrix: true, vector: true });
         let (x, _) = activation(&b, &main, &mut Gen::new(5), 6);
         let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
         let aux = p.aux_stream().get(&b).unwrap();
-        Self { b, main, aux, x, p }
+        Self { b, qkv, main, aux, x, p }
     }
 
     fn run(&self, mutation: Mutation) -> kda_core::Result<Projected<B>> {
@@ -648,18 +705,36 @@ pub fn mutation_drop_record_quant_ready<B: Backend>(make: &impl Factory<B>) {
         }
         other => panic!("expected ExternalEvent, got {other:?}"),
     }
+    quant_overlap(&m, mutation);
+    m.finish();
+}
+
+/// Run `mutation` of `quant_ready` eagerly: with MXFP8 QKV the post-process may run alongside
+/// DynamicQuant (a vector overlap); with bf16 QKV there is no quant op for `quant_ready` to order
+/// (only the QKV GEMM, on the matrix units), so the mutated call is clean.
+fn quant_overlap<B: Backend>(m: &Mutant<B>, mutation: Mutation) -> Option<Hazard> {
+    if m.qkv == Qkv::Bf16 {
+        let out = m.run(mutation).unwrap();
+        bits(&m.b, &m.main, &out);
+        assert!(
+            m.b.instrumentation().hazards().is_empty(),
+            "{:?}",
+            m.b.instrumentation().hazards()
+        );
+        return None;
+    }
     let h = expect_hazard(m.run(mutation));
     assert_hazard(&h, HazardKind::VectorOverlap, labels::DYNAMIC_QUANT, labels::POSTPROCESS_BFG);
-    m.finish();
+    Some(h)
 }
 
 /// Without aux's wait on `quant_ready`: the post-process is unordered with DynamicQuant, a vector
 /// overlap where the vector units are shared.
 pub fn mutation_drop_wait_quant_ready<B: Backend>(make: &impl Factory<B>) {
     let m = Mutant::new(make);
-    let h = expect_hazard(m.run(Mutation::DropWait(ScheduleEvent::QuantReady)));
-    assert_hazard(&h, HazardKind::VectorOverlap, labels::DYNAMIC_QUANT, labels::POSTPROCESS_BFG);
-    assert_eq!((h.first.op.stream, h.second.op.stream), (m.main.id(), m.aux.id()));
+    if let Some(h) = quant_overlap(&m, Mutation::DropWait(ScheduleEvent::QuantReady)) {
+        assert_eq!((h.first.op.stream, h.second.op.stream), (m.main.id(), m.aux.id()));
+    }
     m.finish();
 }
 
@@ -707,7 +782,7 @@ pub fn mutation_drop_wait_bfg_ready<B: Backend>(make: &impl Factory<B>) {
     m.finish();
 
     // Concurrent: nothing joins aux back.
-    let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+    let (b, main, weights, _) = setup_layer(make, Bfg::Composed);
     let (x, _) = activation(&b, &main, &mut Gen::new(6), 6);
     b.synchronize(&main).unwrap();
     let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Concurrent);
@@ -750,7 +825,7 @@ pub fn mutation_record_bfg_ready_before_postprocess<B: Backend>(make: &impl Fact
 /// bit (outputs reset to NaN before each replay), for both policies; replays are hazard-free.
 pub fn capture_replays_equal_eager<B: Backend>(make: &impl Factory<B>) {
     for policy in POLICIES {
-        let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+        let (b, main, weights, qkv) = setup_layer(make, Bfg::Composed);
         let (x, _) = activation(&b, &main, &mut Gen::new(8), 33);
         let p = projection(&b, &weights, ProjectionSchedule::Overlapped, policy);
         let eager = bits(&b, &main, &p.forward(&main, &x).unwrap());
@@ -766,7 +841,10 @@ pub fn capture_replays_equal_eager<B: Backend>(make: &impl Factory<B>) {
         b.begin_capture(&main).unwrap();
         let out = p.forward_into(&main, &x, &bufs).unwrap();
         let graph = b.end_capture(&main).unwrap();
-        let mut ops = vec![(1, labels::PROJECT_BFG), (0, labels::DYNAMIC_QUANT)];
+        let mut ops = vec![(1, labels::PROJECT_BFG)];
+        if qkv != Qkv::Bf16 {
+            ops.push((0, labels::DYNAMIC_QUANT));
+        }
         ops.extend([(0, labels::QKV_MATMUL), (1, labels::POSTPROCESS_BFG)]);
         assert_eq!(graph.ops(), ops);
         let captured = bits(&b, &main, &out);
@@ -790,7 +868,7 @@ pub fn capture_replays_equal_eager<B: Backend>(make: &impl Factory<B>) {
 /// different lengths, two buffer sets reused in turn and poisoned before each call) all equal
 /// the serial outputs bit for bit.
 pub fn stress_jittered_overlapped_equals_serial<B: Backend>(make: &impl Factory<B>, calls: usize) {
-    let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+    let (b, main, weights, _) = setup_layer(make, Bfg::Composed);
     let mut rng = Gen::new(9);
     let inputs: Vec<Tensor<B>> =
         [1, 3, 17, 64].into_iter().map(|t| activation(&b, &main, &mut rng, t).0).collect();
@@ -879,7 +957,7 @@ pub fn prepare_beta_slices_and_applies_the_sigmoid_once<B: Backend>(make: &impl 
 /// is one op.
 pub fn postprocess_shapes<B: Backend>(make: &impl Factory<B>) {
     for schedule in [ProjectionSchedule::Serial, ProjectionSchedule::Overlapped] {
-        let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+        let (b, main, weights, _) = setup_layer(make, Bfg::Composed);
         let dims = weights.dims();
         let (lh, d, lp) = (dims.heads, dims.head_dim, dims.local_projection());
         let p = projection(&b, &weights, schedule, MatrixOverlap::Serialized);
@@ -909,7 +987,7 @@ pub fn postprocess_shapes<B: Backend>(make: &impl Factory<B>) {
 /// beta with the flag set, so dispatch only slices it, and its values equal the ordinary path's
 /// (raw B columns, sigmoid in dispatch) bit for bit; a second sigmoid would change them.
 pub fn mixed_path_passes_preprocessed_beta<B: Backend>(make: &impl Factory<B>) {
-    let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+    let (b, main, weights, _) = setup_layer(make, Bfg::Composed);
     let (t, live) = (7, 5);
     let (x, _) = activation(&b, &main, &mut Gen::new(10), t);
     for schedule in [ProjectionSchedule::Serial, ProjectionSchedule::Overlapped] {
@@ -972,6 +1050,15 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
     };
     for alg in [ScaleAlg::OcpFloor, ScaleAlg::RoundUp] {
         let (b, main, weights) = setup(make, Qkv::Mxfp8(alg), Bfg::Composed);
+        // A 3-D activation would not be split.
+        assert_eq!(
+            QkvRoute::decide(weights.qkv(), DType::BF16, 3),
+            QkvRoute::QuantInLinear { alg }
+        );
+        if !runs_mxfp8(&b) {
+            expect_mx_refused(&b, &weights);
+            continue;
+        }
         let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
         let (x, xv) = activation(&b, &main, &mut Gen::new(4), 3);
         assert_eq!(p.route(&x).unwrap(), QkvRoute::SplitQuant { alg });
@@ -998,11 +1085,6 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
             (labels::QKV_LINEAR_QUANT, 0, alg)
         );
         assert_eq!(found[0].0 + 1, position(&g, labels::QKV_MATMUL));
-        // A 3-D activation would not be split either.
-        assert_eq!(
-            QkvRoute::decide(weights.qkv(), DType::BF16, 3),
-            QkvRoute::QuantInLinear { alg }
-        );
     }
     let (b, main, weights) = setup(make, Qkv::Bf16, Bfg::Composed);
     let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
@@ -1015,7 +1097,7 @@ pub fn dynamic_quant_split_decision<B: Backend>(make: &impl Factory<B>) {
 
 /// Bad input is an error from the call that names it, and nothing is queued.
 pub fn projection_rejects_bad_input<B: Backend>(make: &impl Factory<B>) {
-    let (b, main, weights) = setup(make, MXFP8, Bfg::Composed);
+    let (b, main, weights, qkv) = setup_layer(make, Bfg::Composed);
     let p = projection(&b, &weights, ProjectionSchedule::Overlapped, MatrixOverlap::Serialized);
     let launches = |b: &Device<B>| {
         b.instrumentation().log().iter().filter(|e| matches!(e, Entry::Launch { .. })).count()
@@ -1025,15 +1107,24 @@ pub fn projection_rejects_bad_input<B: Backend>(make: &impl Factory<B>) {
     assert!(matches!(p.forward(&main, &wrong_width), Err(Error::Shape { param: "x", .. })));
     let three_d = b.alloc(DType::BF16, &[1, 3, HIDDEN]).unwrap();
     assert!(matches!(p.forward(&main, &three_d), Err(Error::Shape { param: "x", .. })));
-    let f16 = b.alloc(DType::F16, &[3, HIDDEN]).unwrap();
-    assert!(matches!(p.forward(&main, &f16), Err(Error::DType { param: "x", .. })));
+    // MXFP8 quantizes bf16 or f32 only; the dense GEMM takes any float.
+    let wrong_dtype = if qkv == Qkv::Bf16 { DType::I32 } else { DType::F16 };
+    let wrong = b.alloc(wrong_dtype, &[3, HIDDEN]).unwrap();
+    assert!(matches!(p.forward(&main, &wrong), Err(Error::DType { param: "x", .. })));
     let x = b.alloc(DType::BF16, &[3, HIDDEN]).unwrap();
     let other = b.alloc(DType::BF16, &[4, HIDDEN]).unwrap();
     let bufs = p.alloc_buffers(&other).unwrap();
     assert!(matches!(p.forward_into(&main, &x, &bufs), Err(Error::Shape { param: "buffers", .. })));
     let serial = projection(&b, &weights, ProjectionSchedule::Serial, MatrixOverlap::Serialized);
     let mut wrong_plan = p.alloc_buffers(&x).unwrap();
-    wrong_plan.quant = None;
+    // Quant buffers where the route has none, or none where it quantizes.
+    wrong_plan.quant = match wrong_plan.quant {
+        Some(_) => None,
+        None => Some((
+            b.alloc(DType::E4M3, &[3, HIDDEN]).unwrap(),
+            b.alloc(DType::E8M0, &[3, num_blocks(HIDDEN)]).unwrap(),
+        )),
+    };
     let err = serial.forward_into(&main, &x, &wrong_plan);
     assert!(matches!(err, Err(Error::Param { param: "buffers", .. })), "{err:?}");
     assert_eq!(launches(&b), before, "nothing was queued");
