@@ -4,9 +4,9 @@
 //! prototypes and the backend's real FFI layer — pointers, out-parameters and structs included —
 //! runs here without an NPU.
 //!
-//! It implements the documented semantics in its own code, except streams, events and capture,
-//! which are still the CPU reference backend's (its asynchronous worker threads, completion
-//! snapshots and graph capture with the ACL join rule) running the emulator's tasks: device
+//! It implements the documented semantics in its own code, on no other backend: streams are
+//! worker threads running queued tasks in order, events records of a stream's position, capture
+//! records the tasks of its streams into a model with the ACL join rule (`sched`), device
 //! memory is its own allocations (`mem`; device addresses are real host addresses), every aclnn
 //! op computes on host vectors from its document (`nn`; CANN's KDA operators at the precision
 //! of their kernel sources, `vendor/`), and every AscendC kernel launch executes the kernel's
@@ -36,6 +36,7 @@ mod kernel;
 pub mod mem;
 mod nn;
 mod rt;
+mod sched;
 pub mod twin;
 mod vendor;
 
@@ -49,21 +50,18 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{CString, c_char};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
-use kda_core::Device;
-use kda_core::graph::Graph;
-use kda_core::{BufferHandle, DType, HostFn, InstanceId, Layout, Op, Tensor};
-use kda_reference::{RefEvent, RefStream, ReferenceBackend, ReferenceOptions};
+use kda_core::{BufferHandle, DType, HostFn, InstanceId, Layout, Tensor};
 use mem::{DeviceBuffer, Mem};
 
 use types::*;
 
-type Ref = ReferenceBackend;
 /// A view of the emulated device's memory.
 type T = Tensor<Mem>;
 
 /// An event and the flags it was created with.
 struct EmuEvent {
-    event: RefEvent,
+    /// Where it was last recorded outside a capture (a wait on it waits for that point).
+    mark: Option<sched::Mark>,
     flags: u32,
     /// Records queued so far, and the last one whose work has completed.
     recorded: u64,
@@ -84,26 +82,27 @@ struct Executor {
 /// The whole emulated device (one device, one context, as kda uses it).
 struct Emu {
     initialized: bool,
-    backend: Device<Ref>,
     /// The emulated device: its allocations and the HAL op descriptions launches are checked
     /// against belong to it.
     instance: InstanceId,
     soc: CString,
     /// Device (and host-pinned) allocations by base address.
     memory: BTreeMap<usize, DeviceBuffer>,
-    streams: HashMap<usize, RefStream>,
+    streams: HashMap<usize, sched::Stream>,
     events: HashMap<usize, EmuEvent>,
     tensors: HashMap<usize, (T, aclDataType)>,
     scalars: HashMap<usize, f64>,
     executors: HashMap<usize, Executor>,
     /// Executors freed by their (only) run: a second run is the error CANN reports.
     spent: HashSet<usize>,
-    models: HashMap<usize, Graph<Ref>>,
+    models: HashMap<usize, sched::Model>,
     /// Loaded binaries: the kda kernels each contains and where their code is.
     binaries: HashMap<usize, kernel::Binary>,
     functions: HashMap<usize, (&'static str, kernel::Code)>,
     /// The capture open now, if any.
     capture: Option<Capturing>,
+    /// What the open capture has recorded (behind a lock: tasks are queued through `&Emu`).
+    recording: Mutex<Option<sched::Capture>>,
     /// Events recorded in the open capture: they cannot be queried or synchronized until it
     /// ends (`ACL_ERROR_RT_EVENT_CAPTURED`).
     captured_events: HashSet<usize>,
@@ -119,31 +118,18 @@ struct Emu {
     next: usize,
 }
 
-/// An open capture: the stream it was begun on and the thread that began it. The emulator
-/// captures through its one reference instance, which holds one capture at a time, so a second
-/// thread's `aclmdlRICaptureBegin` waits for the first capture to end (CANN captures streams of
-/// different threads independently); the calls of other threads meanwhile are not captured.
+/// An open capture: the stream it was begun on and the thread that began it. The emulator holds
+/// one capture at a time, so a second thread's `aclmdlRICaptureBegin` waits for the first
+/// capture to end (CANN captures streams of different threads independently).
 #[derive(Copy, Clone, Debug)]
 struct Capturing {
     stream: usize,
     thread: std::thread::ThreadId,
 }
 
-impl Emu {
-    /// Whether this thread has a capture open (its records and phase-one calls are then part of
-    /// the capture).
-    fn capturing_here(&self) -> bool {
-        self.capture.is_some_and(|c| c.thread == std::thread::current().id())
-    }
-}
-
 static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
-    let options = ReferenceOptions { checked: false, ..ReferenceOptions::default() };
-    let backend =
-        ReferenceBackend::with_options(options).unwrap_or_else(|_| ReferenceBackend::new());
     Mutex::new(Emu {
         initialized: false,
-        backend,
         instance: InstanceId::fresh(),
         soc: CString::default(),
         memory: BTreeMap::new(),
@@ -157,6 +143,7 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         binaries: HashMap::new(),
         functions: HashMap::new(),
         capture: None,
+        recording: Mutex::new(None),
         captured_events: HashSet::new(),
         captured_streams: HashSet::new(),
         stop_on_failure: false,
@@ -265,7 +252,7 @@ impl Emu {
 
     /// The stream behind `handle`, for a call that queues a task or waits for the stream: an
     /// aborted stream refuses both with the code of its failure.
-    fn stream(&self, api: &str, handle: aclrtStream) -> Res<RefStream> {
+    fn stream(&self, api: &str, handle: aclrtStream) -> Res<sched::Stream> {
         if let Some((code, why)) = self.aborted.get(&(handle as usize)) {
             return Err((
                 *code,
@@ -344,14 +331,16 @@ impl Emu {
         Tensor::new(buf, layout).map_err(bad)
     }
 
-    /// Queue `tasks` on `stream` (captured instead, while its capture is open) under the name
-    /// of the task (`aclnnMatmul`, a kernel's name): a failure names it, as an AI Core exception
-    /// report names the kernel.
-    fn launch(&self, name: &'static str, stream: &RefStream, tasks: Vec<HostFn>) -> Res<()> {
-        for f in tasks {
-            self.backend
-                .launch_labeled(stream, name, Op::Host { name, f })
-                .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{name}: {e}")))?;
+    /// Queue `tasks` on `stream` (recorded instead, while it is in the open capture) under the
+    /// name of the task (`aclnnMatmul`, a kernel's name): a failure names it, as an AI Core
+    /// exception report names the kernel.
+    fn launch(&self, name: &'static str, stream: &sched::Stream, tasks: Vec<HostFn>) -> Res<()> {
+        let mut recording = self.recording.lock().unwrap_or_else(PoisonError::into_inner);
+        match recording.as_mut() {
+            Some(c) if c.holds(stream.key) => {
+                tasks.into_iter().for_each(|f| c.run(stream.key, name, f))
+            }
+            _ => tasks.into_iter().for_each(|f| stream.run(name, f)),
         }
         Ok(())
     }

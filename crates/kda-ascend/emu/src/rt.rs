@@ -1,11 +1,10 @@
 //! The ACL runtime: init, device, memory, copies, streams, events, host functions, capture.
 
 use std::ffi::{CString, c_char, c_void};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 
-use kda_core::CaptureError;
-use kda_core::{Error, HostFn};
+use kda_core::HostFn;
 
 use crate::host;
 use crate::types::*;
@@ -165,9 +164,9 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError
     call(|| {
         let mut emu = emu();
         emu.ready("aclrtCreateStream")?;
-        let s =
-            emu.backend.new_stream().map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, e.to_string()))?;
         let h = emu.handle();
+        let s = crate::sched::Stream::new(h)
+            .map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, format!("aclrtCreateStream: {e}")))?;
         emu.streams.insert(h, s);
         // SAFETY: writable out-parameter per CANN's contract.
         unsafe { put("aclrtCreateStream", stream, h as aclrtStream) }
@@ -220,7 +219,7 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
 pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     const API: &str = "aclrtSynchronizeStream";
     call(|| {
-        let (backend, s) = {
+        let s = {
             let emu = emu();
             if emu.captured_streams.contains(&(stream as usize)) {
                 return Err((
@@ -228,15 +227,12 @@ pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
                     format!("{API}: stream {stream:?} is capturing"),
                 ));
             }
-            (emu.backend.clone(), emu.stream(API, stream)?)
+            emu.stream(API, stream)?
         };
         // Blocks without the emulator lock: host functions on the stream may call the runtime.
-        let failure = match backend.synchronize(&s) {
+        let failure = match s.synchronize() {
             Ok(()) => return Ok(()),
-            Err(Error::Capture(c)) => {
-                return Err((ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {c}")));
-            }
-            Err(other) => (ACL_ERROR_RT_AICORE_EXCEPTION, format!("{API}: {other}")),
+            Err(f) => (ACL_ERROR_RT_AICORE_EXCEPTION, format!("{API}: {f}")),
         };
         let mut emu = emu();
         if emu.stop_on_failure {
@@ -251,12 +247,10 @@ pub unsafe extern "C" fn aclrtCreateEventExWithFlag(event: *mut aclrtEvent, flag
     call(|| {
         let mut emu = emu();
         emu.ready("aclrtCreateEventExWithFlag")?;
-        let ev =
-            emu.backend.new_event().map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, e.to_string()))?;
         let h = emu.handle();
         let at = Arc::default();
         emu.events
-            .insert(h, EmuEvent { event: ev, flags: flag, recorded: 0, done: Arc::default(), at });
+            .insert(h, EmuEvent { mark: None, flags: flag, recorded: 0, done: Arc::default(), at });
         let kind = match flag {
             ACL_EVENT_SYNC => "SYNC".to_string(),
             ACL_EVENT_CAPTURE_STREAM_PROGRESS => "CAPTURE_STREAM_PROGRESS".to_string(),
@@ -289,20 +283,29 @@ pub extern "C" fn aclrtRecordEvent(ev: aclrtEvent, stream: aclrtStream) -> aclEr
     call(|| {
         let mut emu = emu();
         let s = emu.stream(API, stream)?;
-        let e = event(API, &emu, ev)?.event.clone();
-        emu.backend
-            .record(&e, &s)
-            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
+        event(API, &emu, ev)?;
         crate::log(API, stream as usize, ev as usize);
-        if emu.capturing_here() {
+        let captured = {
+            let mut recording = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
+            match recording.as_mut() {
+                Some(c) if c.holds(stream as usize) => {
+                    c.record(stream as usize, ev as usize);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if captured {
             // A captured record completes when the model runs; until the capture ends the event
             // cannot be queried.
             emu.captured_events.insert(ev as usize);
             return Ok(());
         }
+        let mark = s.mark();
         // Completion for `aclrtQueryEventStatus`: a marker right behind the recorded work.
         let slot =
             emu.events.get_mut(&(ev as usize)).ok_or((ACL_ERROR_INVALID_PARAM, API.into()))?;
+        slot.mark = Some(mark);
         slot.recorded += 1;
         let (generation, done, at) = (slot.recorded, Arc::clone(&slot.done), Arc::clone(&slot.at));
         let mark = HostFn::new(move || {
@@ -320,7 +323,7 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, ev: aclrtEvent) -> a
     const API: &str = "aclrtStreamWaitEvent";
     call(|| {
         let mut emu = emu();
-        let (e, flags) = event(API, &emu, ev).map(|e| (e.event.clone(), e.flags))?;
+        let (mark, flags) = event(API, &emu, ev).map(|e| (e.mark.clone(), e.flags))?;
         if flags & ACL_EVENT_SYNC == 0 {
             return Err((
                 ACL_ERROR_RT_PARAM_INVALID,
@@ -330,12 +333,22 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, ev: aclrtEvent) -> a
             ));
         }
         let s = emu.stream(API, stream)?;
-        emu.backend
-            .wait(&s, &e)
-            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
         if emu.captured_events.contains(&(ev as usize)) {
             // A wait on an event recorded inside the open capture pulls the stream into it.
+            let mut recording = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(c) = recording.as_mut() {
+                c.wait(stream as usize, ev as usize);
+            }
+            drop(recording);
             emu.captured_streams.insert(stream as usize);
+        } else if let Some(mark) = mark {
+            // Outside the capture (or on a record made before it began, which a model then
+            // finds satisfied): order the stream after the record. An event never recorded
+            // orders nothing.
+            let held = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
+            if !held.as_ref().is_some_and(|c| c.holds(stream as usize)) {
+                s.wait(&mark);
+            }
         }
         crate::log(API, stream as usize, ev as usize);
         Ok(())
@@ -449,10 +462,9 @@ pub extern "C" fn aclmdlRICaptureBegin(stream: aclrtStream, mode: aclmdlRICaptur
         if !(ACL_MODEL_RI_CAPTURE_MODE_GLOBAL..=ACL_MODEL_RI_CAPTURE_MODE_RELAXED).contains(&mode) {
             return invalid(format!("{API}: capture mode {mode}"));
         }
-        let s = emu.stream(API, stream)?;
-        emu.backend
-            .begin_capture(&s)
-            .map_err(|e| (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {e}")))?;
+        emu.stream(API, stream)?;
+        *emu.recording.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(crate::sched::Capture::new(stream as usize));
         emu.capture =
             Some(crate::Capturing { stream: stream as usize, thread: std::thread::current().id() });
         emu.captured_streams.insert(stream as usize);
@@ -471,19 +483,33 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(
     const API: &str = "aclmdlRICaptureEnd";
     call(|| {
         let mut emu = emu();
-        let s = emu.stream(API, stream)?;
-        let graph = emu.backend.end_capture(&s).map_err(|e| match e {
-            Error::Capture(
-                c @ (CaptureError::NotJoined { .. } | CaptureError::WorkAfterJoin { .. }),
-            ) => (ACL_ERROR_RT_STREAM_UNJOINED, format!("{API}: {c}")),
-            other => (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {other}")),
-        });
-        if emu.capture.is_some_and(|c| c.stream == stream as usize) {
-            emu.capture = None;
-            emu.captured_events.clear();
-            emu.captured_streams.clear();
-        }
-        let graph = graph?;
+        emu.stream(API, stream)?;
+        let recording = {
+            let mut held = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
+            match held.as_ref() {
+                Some(c) if c.origin == stream as usize => held.take(),
+                _ => None,
+            }
+        };
+        let Some(recording) = recording else {
+            return Err((
+                ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+                format!("{API}: stream {stream:?} is not the origin of an open capture"),
+            ));
+        };
+        emu.capture = None;
+        emu.captured_events.clear();
+        emu.captured_streams.clear();
+        let graph =
+            recording.end().map_err(|crate::sched::Unjoined::NotJoined { stream: s }| {
+                (
+                    ACL_ERROR_RT_STREAM_UNJOINED,
+                    format!(
+                        "{API}: stream {s:#x} of the capture was never joined back to its origin \
+                     after its last work"
+                    ),
+                )
+            })?;
         let h = emu.handle();
         emu.models.insert(h, graph);
         // SAFETY: writable out-parameter per CANN's contract.
@@ -528,12 +554,10 @@ pub extern "C" fn aclmdlRIExecuteAsync(model_ri: aclmdlRI, stream: aclrtStream) 
     call(|| {
         let emu = emu();
         let s = emu.stream(API, stream)?;
-        let graph = emu.models.get(&(model_ri as usize)).ok_or_else(|| {
+        let model = emu.models.get(&(model_ri as usize)).ok_or_else(|| {
             (ACL_ERROR_INVALID_PARAM, format!("{API}: unknown model {model_ri:?}"))
         })?;
-        emu.backend
-            .launch_graph(graph, &s)
-            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
+        emu.launch(API, &s, vec![model.replay()])?;
         crate::log(API, stream as usize, 0);
         Ok(())
     })
