@@ -308,3 +308,86 @@ impl Model {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn push(log: &Arc<Mutex<Vec<usize>>>, v: usize) -> HostFn {
+        let log = Arc::clone(log);
+        HostFn::new(move || {
+            log.lock().unwrap_or_else(PoisonError::into_inner).push(v);
+            Ok(())
+        })
+    }
+
+    /// A stream runs its tasks in order; a wait orders another stream after a record.
+    #[test]
+    fn tasks_run_in_order_and_waits_order_streams() {
+        let (a, b) = (Stream::new(1).expect("stream"), Stream::new(2).expect("stream"));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(AtomicUsize::new(0));
+        let g = Arc::clone(&gate);
+        // `a` is held back until the test lets it go: `b`'s task must still come after it.
+        a.run(
+            "slow",
+            HostFn::new(move || {
+                while g.load(Ordering::Acquire) == 0 {
+                    std::thread::yield_now();
+                }
+                Ok(())
+            }),
+        );
+        a.run("a1", push(&log, 1));
+        let mark = a.mark();
+        b.wait(&mark);
+        b.run("b2", push(&log, 2));
+        gate.store(1, Ordering::Release);
+        assert_eq!(b.synchronize(), Ok(()));
+        assert_eq!(a.synchronize(), Ok(()));
+        assert_eq!(*log.lock().unwrap_or_else(PoisonError::into_inner), vec![1, 2]);
+    }
+
+    /// A failed task skips its stream's later tasks and fails a stream that waits past it.
+    #[test]
+    fn a_failure_skips_later_tasks_and_reaches_waiting_streams() {
+        let (a, b) = (Stream::new(1).expect("stream"), Stream::new(2).expect("stream"));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        a.run("broken", HostFn::new(|| Err("boom".into())));
+        a.run("after", push(&log, 1));
+        b.wait(&a.mark());
+        b.run("dependent", push(&log, 2));
+        let own = Failure::Own { task: "broken", message: "boom".into() };
+        assert_eq!(a.synchronize(), Err(own.clone()));
+        assert_eq!(b.synchronize(), Err(Failure::Upstream { message: own.to_string() }));
+        assert!(log.lock().unwrap_or_else(PoisonError::into_inner).is_empty());
+    }
+
+    /// A capture ends only with its forked stream joined back, and its model replays the
+    /// captured tasks in capture order.
+    #[test]
+    fn a_capture_needs_the_join_and_replays_in_order() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let capture = |join: bool| {
+            let mut c = Capture::new(1);
+            c.run(1, "t1", push(&log, 1));
+            c.record(1, 100);
+            c.wait(2, 100);
+            c.run(2, "t2", push(&log, 2));
+            c.record(2, 101);
+            if join {
+                c.wait(1, 101);
+            }
+            c.run(1, "t3", push(&log, 3));
+            c.end()
+        };
+        assert_eq!(capture(false).err(), Some(Unjoined::NotJoined { stream: 2 }));
+        let model = capture(true).unwrap_or_else(|e| panic!("{e:?}"));
+        let s = Stream::new(3).expect("stream");
+        s.run("model", model.replay());
+        s.run("model", model.replay());
+        assert_eq!(s.synchronize(), Ok(()));
+        assert_eq!(*log.lock().unwrap_or_else(PoisonError::into_inner), vec![1, 2, 3, 1, 2, 3]);
+    }
+}
