@@ -2,9 +2,10 @@
 inputs, in one process: `cargo xtask bench` runs it (xtask/src/peer.rs builds the ggml library
 and the small C wrapper, ggml_kda.c, it loads).
 
-For each case, both are warmed up, then timed alternately for `--rounds` rounds (the order
-swapped every round): kda's whole call (`kda.core` in-process, conversions included, as an engine
-would see it) against ggml's `ggml_graph_compute` alone. Printed: the ratio ggml time / kda time
+For each case, both are warmed up, then timed alternately for `--rounds` rounds (five times
+as many for a decode step; the order swapped every round): kda's whole call (`kda.core`
+in-process, conversions included, as an engine would see it) against ggml's
+`ggml_graph_compute` alone. Printed: the ratio ggml time / kda time
 per round (median and min-max; above 1 kda is faster), both times, kda's distance to ggml
 (at most 1e-4 relative to the output's magnitude) and to the f64 recurrence (under the suite's
 recurrence tolerance) on the first request's first heads.
@@ -20,13 +21,17 @@ import numpy as np
 
 import kda
 
-# (name, B, T, H, D, threads, kda algo)
+# (name, B, T, H, D, threads, kda algo, kda updates the state in place). In place is how an
+# engine runs a decode step (vLLM's `inplace_final_state`); otherwise `kda.core` leaves the
+# caller's initial state as it is and writes the final one to a new array.
 CASES = [
-    ("prefill", 1, 2048, 4, 128, 1, "chunk"),
-    ("prefill", 1, 2048, 4, 128, 1, "recurrent"),
-    ("prefill", 2, 4096, 8, 128, 2, "chunk"),
-    ("decode", 32, 1, 12, 128, 1, "recurrent"),
-    ("decode", 32, 1, 12, 128, 2, "recurrent"),
+    ("prefill", 1, 2048, 4, 128, 1, "chunk", False),
+    ("prefill", 1, 2048, 4, 128, 1, "recurrent", False),
+    ("prefill", 2, 4096, 8, 128, 2, "chunk", False),
+    ("decode", 32, 1, 12, 128, 1, "recurrent", False),
+    ("decode", 32, 1, 12, 128, 1, "recurrent", True),
+    ("decode", 32, 1, 12, 128, 2, "recurrent", False),
+    ("decode", 32, 1, 12, 128, 2, "recurrent", True),
 ]
 
 
@@ -94,14 +99,18 @@ class Ggml:
         self.lib.peer_free(self.p)
 
 
-def case(lib, name, b, t, h, d, threads, algo, rounds):
+def case(lib, name, b, t, h, d, threads, algo, in_place, rounds):
     q, k, v, g, beta, s0 = inputs(b, t, h, d, seed=b * t + h)
     s0_vfirst = np.ascontiguousarray(s0.transpose(0, 1, 3, 2))
     ggml = Ggml(lib, b, t, h, d, threads)
+    # In place, the state advances call after call; the first call, the one checked, starts
+    # from s0.
+    state = s0.copy() if in_place else s0
 
     def run_kda():
         start = time.perf_counter()
-        out = kda.core(q, k, v, g, beta, initial_state=s0, algo=algo, threads=threads)
+        out = kda.core(q, k, v, g, beta, initial_state=state, algo=algo, threads=threads,
+                       inplace_final_state=in_place)
         return time.perf_counter() - start, *out
 
     def run_ggml():
@@ -109,7 +118,11 @@ def case(lib, name, b, t, h, d, threads, algo, rounds):
 
     _, o_ggml, s_ggml = run_ggml()
     _, o_kda, s_kda = run_kda()
+    s_kda = s_kda.copy()
     ratios, t_ggml, t_kda = [], [], []
+    # A decode step takes milliseconds: five times the rounds, so that a busy machine's
+    # spikes do not make the median.
+    rounds = rounds * 5 if t == 1 else rounds
     for r in range(rounds):
         if r % 2 == 0:
             tg, tk = run_ggml()[0], run_kda()[0]
@@ -136,7 +149,7 @@ def case(lib, name, b, t, h, d, threads, algo, rounds):
         1e3 * min(xs), 1e3 * max(xs), 1e3 * statistics.median(xs)
     )
     print(
-        f"{name} B={b} T={t} H={h} D={d} threads={threads} kda {algo}: "
+        f"{name} B={b} T={t} H={h} D={d} threads={threads} kda {algo}{', state in place' if in_place else ''}: "
         f"ggml/kda {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) over {rounds} rounds; "
         f"ggml {ms(t_ggml)}, kda {ms(t_kda)}; "
         f"|kda - ggml| / max|ggml| = {worst:.1e}; f64 oracle {'within' if oracle_ok else 'OUTSIDE'} tolerance"

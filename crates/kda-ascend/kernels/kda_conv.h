@@ -17,6 +17,15 @@ __aicore__ inline void kda_conv_load_taps(const AscendC::LocalTensor<float> &w,
     using namespace AscendC;
     const int64_t width = weight.shape[1];
     const bool packed = weight.strides[0] == 1;  // tap k's channels contiguous
+    if (!packed) {
+        // The scalar stores below overwrite taps the vector unit read for the previous tile
+        // (kda_conv_silu): they wait for it, V -> S (asc-devkit's auto-sync example puts
+        // SetFlag/WaitFlag<HardEvent::V_S> between a vector instruction and SetValue on its
+        // operand: mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/同步控制/核内同步/关键特性说明.md).
+        // The packed path's loads are ordered by the previous tile's stores (V -> MTE3 -> MTE2).
+        SetFlag<HardEvent::V_S>(EVENT_ID0);
+        WaitFlag<HardEvent::V_S>(EVENT_ID0);
+    }
     for (int64_t k = 0; k < width; ++k) {
         LocalTensor<float> row = w[k * tp];
         if (packed) {

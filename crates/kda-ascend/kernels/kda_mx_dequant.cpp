@@ -1,7 +1,9 @@
 // MXFP8 dequantization for chips without MX GEMMs (the A2/A3 emulation path):
 //   y[r, c] = decode_e4m3(data[r, c]) * 2^(scale[r, c / 32] - 127), rounded once to y's dtype.
 // E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff are NaN; subnormals at
-// exponent 0. E8M0 0xff is NaN. Units: rows.
+// exponent 0. E8M0 0xff is NaN. The product is exact but for its one rounding to f32 (the
+// reference's, crates/kda-core mx::dequantize_value; docs/design/mxfp8.md), then to bf16. Units:
+// rows.
 #include "kda_kernel_util.h"
 
 using namespace AscendC;
@@ -13,20 +15,35 @@ struct MxDequantArgs {
     GmTensor y;      // [M, K] bf16 or f32
 };
 
-__aicore__ inline float decode_e4m3(uint8_t q)
+// The f32 bits of an E4M3 byte, built from its fields without floating-point arithmetic (so no
+// rounding and no subnormal operand on the scalar unit): normal codes rebias 7 -> 127; the
+// subnormal codes m * 2^-9 (m = 1..7) are normal f32 values.
+__aicore__ inline uint32_t e4m3_bits(uint8_t q)
 {
-    const float sign = (q & 0x80) ? -1.0f : 1.0f;
+    const uint32_t sign = static_cast<uint32_t>(q & 0x80) << 24;
     const uint32_t e = (q >> 3) & 0xf, m = q & 0x7;
-    if (e == 0xf && m == 0x7) return sign * __builtin_nanf("");
-    if (e == 0) return sign * static_cast<float>(m) * 0.001953125f;  // m * 2^-9
-    return sign * kda_f32_from_bits(((e + 120u) << 23) | (m << 20));  // rebias 7 → 127
+    if (e == 0xf && m == 0x7) return sign | 0x7fc00000u;  // NaN
+    if (e != 0) return sign | ((e + 120u) << 23) | (m << 20);
+    if (m == 0) return sign;  // +-0
+    const uint32_t p = m >= 4 ? 2 : (m >= 2 ? 1 : 0);  // m = 2^p * 1.f
+    return sign | ((p + 118u) << 23) | ((m ^ (1u << p)) << (23 - p));
 }
 
-__aicore__ inline float decode_e8m0(uint8_t s)
+// y = x * 2^(s - 127) over `n` f32 on the vector unit, rounded once as the reference's one f32
+// product: a scale below 2^-63 (s < 64; 2^-127 is an f32 subnormal) is applied as
+// 2^(s - 63) (exact: an E4M3 value has 4 significant bits and stays in f32's normal range)
+// then 2^-64 (the one rounding), so no factor is subnormal; the NaN scale gives NaN.
+__aicore__ inline void scale_block(const LocalTensor<float> &x, uint8_t s, int32_t n)
 {
-    if (s == 0xff) return __builtin_nanf("");
-    if (s == 0) return 5.877471754111438e-39f;  // 2^-127, an f32 subnormal
-    return kda_f32_from_bits(static_cast<uint32_t>(s) << 23);
+    if (s == 0xff) {
+        Muls(x, x, kda_f32_from_bits(0x7fc00000u), n);
+    } else if (s < 64) {
+        Muls(x, x, kda_f32_from_bits((static_cast<uint32_t>(s) + 64u) << 23), n);
+        PipeBarrier<PIPE_V>();
+        Muls(x, x, kda_f32_from_bits(63u << 23), n);  // 2^-64
+    } else {
+        Muls(x, x, kda_f32_from_bits(static_cast<uint32_t>(s) << 23), n);
+    }
 }
 
 template <typename T>
@@ -41,14 +58,17 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
     scale.SetGlobalBuffer(kda_gm<uint8_t>(a.scale));
     y.SetGlobalBuffer(kda_gm<T>(a.y));
     // A row moves GM -> UB (data and scale bytes) and UB -> GM (the decoded row) through
-    // DataCopyPad; the decode itself is scalar on UB. No scalar GM writes: two cores' rows may
-    // share a 64-byte line of y.
+    // DataCopyPad; the scalar unit writes the E4M3 values as f32 (whole 32-value blocks, the
+    // last one zero-filled), the vector unit scales each block and rounds to y's dtype. No
+    // scalar GM writes: two cores' rows may share a 64-byte line of y.
     TPipe pipe;
-    TBuf<TPosition::VECCALC> db, sb, yb;
+    TBuf<TPosition::VECCALC> db, sb, fb, yb;
     pipe.InitBuffer(db, kda_pitch(k, 1));
     pipe.InitBuffer(sb, kda_pitch(blocks, 1));
-    pipe.InitBuffer(yb, kda_pitch(k, sizeof(T)) * sizeof(T));
+    pipe.InitBuffer(fb, blocks * 32 * sizeof(float));
+    pipe.InitBuffer(yb, IsSameType<T, float>::value ? 32 : kda_pitch(k, sizeof(T)) * sizeof(T));
     LocalTensor<uint8_t> dl = db.Get<uint8_t>(), sl = sb.Get<uint8_t>();
+    LocalTensor<float> fl = fb.Get<float>();
     LocalTensor<T> yl = yb.Get<T>();
     DataCopyPadExtParams<uint8_t> no_pad{false, 0, 0, 0};
     for (uint32_t row = start; row < start + count; ++row) {
@@ -64,27 +84,35 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
         }
         SetFlag<HardEvent::MTE2_S>(EVENT_ID0);
         WaitFlag<HardEvent::MTE2_S>(EVENT_ID0);
-        // The previous row's store has read yl before it is written again.
+        // The previous row's vector instructions and store are done with fl before the scalar
+        // unit writes it again.
+        SetFlag<HardEvent::V_S>(EVENT_ID0);
+        WaitFlag<HardEvent::V_S>(EVENT_ID0);
         SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
         WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
-        for (int64_t c = 0; c < k; ++c) {
-            float v = decode_e4m3(dl.GetValue(c)) * decode_e8m0(sl.GetValue(c / 32));
-            if constexpr (IsSameType<T, bfloat16_t>::value) {
-                // float -> bf16 on the scalar unit is AscendC's scalar Cast, which rounds to
-                // nearest even (CAST_RINT) as the reference does
-                // (asc-devkit/docs/zh/api/SIMD-API/基础API/标量计算/Cast（float转bfloat16_t）.md); a plain
-                // static_cast leaves the rounding to the compiler.
-                yl.SetValue(c, AscendC::Cast(v));
-            } else {
-                yl.SetValue(c, v);
-            }
+        for (int64_t c = 0; c < k; ++c) fl.SetValue(c, kda_f32_from_bits(e4m3_bits(dl.GetValue(c))));
+        for (int64_t c = k; c < blocks * 32; ++c) fl.SetValue(c, 0.0f);
+        SetFlag<HardEvent::S_V>(EVENT_ID0);
+        WaitFlag<HardEvent::S_V>(EVENT_ID0);
+        for (int64_t j = 0; j < blocks; ++j) scale_block(fl[j * 32], sl.GetValue(j), 32);
+        PipeBarrier<PIPE_V>();
+        if constexpr (IsSameType<T, float>::value) {
+            SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+            WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+            DataCopyPad(y[row * a.y.strides[0]], fl, DataCopyExtParams{1, static_cast<uint32_t>(k * sizeof(T)), 0, 0, 0});
+        } else {
+            // f32 -> bf16 rounds to nearest even, as the reference's conversion does.
+            Cast(yl, fl, RoundMode::CAST_RINT, k);
+            SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+            WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+            DataCopyPad(y[row * a.y.strides[0]], yl, DataCopyExtParams{1, static_cast<uint32_t>(k * sizeof(T)), 0, 0, 0});
         }
-        SetFlag<HardEvent::S_MTE3>(EVENT_ID0);
-        WaitFlag<HardEvent::S_MTE3>(EVENT_ID0);
-        DataCopyPad(y[row * a.y.strides[0]], yl, DataCopyExtParams{1, static_cast<uint32_t>(k * sizeof(T)), 0, 0, 0});
-        // The next row's loads overwrite dl and sl, which the scalar unit has finished reading.
+        // The next row's loads overwrite dl and sl, which the scalar unit has finished reading,
+        // and the next Cast overwrites yl, which this store reads.
         SetFlag<HardEvent::S_MTE2>(EVENT_ID0);
         WaitFlag<HardEvent::S_MTE2>(EVENT_ID0);
+        SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
     }
 }
 

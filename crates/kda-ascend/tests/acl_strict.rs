@@ -1,9 +1,10 @@
 //! The emulated runtime is as strict as CANN, and the backend keeps its rules (the rules table
 //! in docs/ascend.md names the CANN source of each): kernel binaries and launches (absolute
 //! path, the symbols a binary holds, the launch function of file-loaded binaries, where each
-//! launch function reads its arguments), failures (stop-on-failure, host-side failures without a
-//! device fault) and capture (no query or synchronize of what a capture holds, phase one of an
-//! aclnn op allowed, reuse events that are not SYNC events).
+//! launch function reads its arguments), host-side failures without a device fault, and capture (no query or
+//! synchronize of what a capture holds, phase one of an aclnn op allowed, reuse events that are not SYNC events). A device fault stops every stream
+//! of the context (stop-on-failure), so the tests of one are in binaries of their own
+//! (`stop_on_failure.rs`, `device_failure.rs`).
 #![cfg(feature = "emulated")]
 #![allow(clippy::expect_used, clippy::unwrap_used, reason = "tests")]
 
@@ -12,8 +13,7 @@ use std::path::{Path, PathBuf};
 
 use kda_ascend::kernels::abi::{self, GmTensor, KernelTiling, names};
 use kda_ascend::{AscendBackend, AscendOptions, sys};
-use kda_core::kda::ZeroPadding;
-use kda_core::{DType, Device, Error, HostFn, Op, Tensor};
+use kda_core::{DType, Device, Error, HostFn, Op};
 
 fn backend(kernels: Option<PathBuf>) -> Device<AscendBackend> {
     let options = AscendOptions { checked: false, kernels, ..AscendOptions::default() };
@@ -232,67 +232,6 @@ fn event(flags: u32) -> sys::aclrtEvent {
     e
 }
 
-/// A zero-padding launch whose token count (4) exceeds the rows (3): the kernel fails when it
-/// runs.
-fn failing_zero_padding(s: sys::aclrtStream) -> sys::aclError {
-    let path = scratch("zero_padding.o");
-    std::fs::write(&path, b"\0kda_zero_padding\0").unwrap();
-    let (code, bin) = load(&path);
-    assert_eq!(code, 0, "{}", sys::recent_error());
-    let (code, f) = function(bin, names::ZERO_PADDING);
-    assert_eq!(code, 0, "{}", sys::recent_error());
-    let (x, count) = (device_alloc(6 * 4), device_alloc(4));
-    let four = 4i32;
-    copy(count, (&raw const four).cast(), 4, sys::ACL_MEMCPY_HOST_TO_DEVICE, s);
-    let gm = |addr: *mut c_void, shape: &[i64], dtype| {
-        let mut g =
-            GmTensor { addr: addr as u64, rank: shape.len() as u32, dtype, ..GmTensor::default() };
-        g.shape[..shape.len()].copy_from_slice(shape);
-        g.strides[..shape.len()]
-            .copy_from_slice(&[shape.get(1).copied().unwrap_or(1), 1][..shape.len()]);
-        g
-    };
-    let tiling = KernelTiling {
-        block_dim: 1,
-        per_core: 3,
-        last_core: 3,
-        tile: 3,
-        ub_bytes: 1 << 16,
-        reserved: 0,
-    };
-    let args = abi::encode(
-        tiling,
-        &[gm(x, &[3, 2], sys::ACL_FLOAT), gm(count, &[1], sys::ACL_INT32)],
-        &[],
-    );
-    launch_with_host_args(f, s, &args, &[args.place_holder])
-}
-
-/// Under stop-on-failure (set on one stream, it holds for the whole context) a stream whose task
-/// failed accepts no further task and reports the failure on every synchronize.
-#[test]
-fn tasks_on_a_stream_stopped_by_a_failed_task_are_rejected() {
-    let _init = backend(None);
-    let (a, s) = (stream(), stream());
-    // SAFETY: a live stream. The mode is set on `a` only.
-    assert_eq!(unsafe { sys::aclrtSetStreamFailureMode(a, sys::ACL_STOP_ON_FAILURE) }, 0);
-    assert_eq!(failing_zero_padding(s), 0, "{}", sys::recent_error());
-    // SAFETY: a live stream.
-    assert_eq!(unsafe { sys::aclrtSynchronizeStream(s) }, sys::ACL_ERROR_RT_AICORE_EXCEPTION);
-    let mem = device_alloc(4);
-    let one = 1.0f32;
-    // SAFETY: 4 readable host bytes, 4 bytes of device memory, a live stream.
-    let code = unsafe {
-        sys::aclrtMemcpyAsync(mem, 4, (&raw const one).cast(), 4, sys::ACL_MEMCPY_HOST_TO_DEVICE, s)
-    };
-    assert_eq!(code, sys::ACL_ERROR_RT_AICORE_EXCEPTION);
-    assert!(sys::recent_error().contains("stop-on-failure"), "{}", sys::recent_error());
-    // SAFETY: a live stream.
-    assert_eq!(unsafe { sys::aclrtSynchronizeStream(s) }, sys::ACL_ERROR_RT_AICORE_EXCEPTION);
-    // SAFETY: destroying a stopped stream is allowed.
-    assert_eq!(unsafe { sys::aclrtDestroyStream(s) }, 0);
-}
-
 /// A failing host function stops its stream on the host: no device task faults, the work behind
 /// it is skipped, `synchronize` reports it once, and the stream works again afterwards.
 #[test]
@@ -342,27 +281,6 @@ fn work_behind_a_running_host_function_is_held_until_it_returns() {
     let issued = calls().split_off(start);
     assert_eq!(issued, vec!["aclrtLaunchHostFunc".to_string(), "aclnnInplaceFillScalar".into()]);
     assert_eq!(b.download::<f32>(&s, &x).unwrap(), vec![3.0; 4]);
-}
-
-/// A failed device task stops the ACL stream for good; the HAL reports it and continues the
-/// stream on a fresh ACL stream.
-#[test]
-fn a_device_failure_is_reported_and_the_stream_continues_on_a_fresh_acl_stream() {
-    let b = backend(None);
-    let s = b.new_stream().unwrap();
-    let x = b.alloc(DType::F32, &[3, 2]).unwrap();
-    let count: Tensor<AscendBackend> = b.alloc(DType::I32, &[1]).unwrap();
-    b.upload(&s, &count, &[4i32]).unwrap();
-    b.launch(&s, Op::ZeroPadding(ZeroPadding { x: x.clone(), num_actual_tokens: count })).unwrap();
-    match b.synchronize(&s) {
-        Err(Error::OpFailed { message, .. }) => {
-            assert!(message.contains(&sys::ACL_ERROR_RT_AICORE_EXCEPTION.to_string()), "{message}");
-            assert!(message.contains("replaced"), "{message}");
-        }
-        other => panic!("expected the device failure, got {other:?}"),
-    }
-    b.launch(&s, Op::Fill { dst: x.clone(), value: 5.0 }).unwrap();
-    assert_eq!(b.download::<f32>(&s, &x).unwrap(), vec![5.0; 6]);
 }
 
 #[test]

@@ -90,6 +90,13 @@ pub struct Capabilities {
     /// `aclnnChunkKdaFwd`). A layer whose `CoreOperands` (kda-model) are left
     /// open then runs its core in bf16 (`docs/design/kda.md#core-operand-dtype`).
     pub bf16_core: bool,
+    /// A failure while an op executes on the device (a device fault, a kernel's check of device
+    /// metadata) stops every stream of the process's device context for good, not only the
+    /// failing one: later work on any stream fails with that failure until the process ends
+    /// (Ascend: the backend runs with `ACL_STOP_ON_FAILURE`, and CANN keeps the context failed
+    /// until it is destroyed). False where `synchronize` reports and clears the failure and the
+    /// stream works again (`docs/design/architecture.md#when-errors-surface`).
+    pub device_faults_are_fatal: bool,
     /// A short description of the execution model (e.g. "one core per stream").
     pub execution: String,
     /// Host or device threads the backend computes with.

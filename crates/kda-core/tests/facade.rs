@@ -91,6 +91,7 @@ impl Backend for Counting {
                 concurrent_streams: false,
                 shared_matrix_units: false,
                 bf16_core: false,
+                device_faults_are_fatal: false,
                 execution: "records calls".into(),
                 threads: 1,
                 gemm_inputs: vec![DType::BF16, DType::F32],

@@ -436,12 +436,16 @@ fn quant<'py>(
 
 /// The KDA recurrence in flash-linear-attention's conventions: `q`, `k`, `g` `[B, T, H, K]`
 /// (`g` the activated log decay), `v` `[B, T, H, V]`, `beta` `[B, T, H]` (after the sigmoid),
-/// optional `initial_state` `[B, H, K, V]`, each f32 or bf16. Returns `(o, final_state)`,
-/// float32 `[B, T, H, V]` and `[B, H, K, V]`. `algo`: "chunk" or "recurrent"; `scale`
-/// multiplies q (default `K ** -0.5`); `l2norm`: L2-normalise q and k first; `threads`: 1 runs
-/// the op on its stream's own thread, more on a pool of that many.
+/// optional `initial_state` `[B, H, K, V]`, each f32 or bf16, read where they lie when
+/// row-major (copied otherwise). Returns `(o, final_state)`, float32 `[B, T, H, V]` and
+/// `[B, H, K, V]`. `initial_state` is left as it was and `final_state` is a new array, unless
+/// `inplace_final_state`: then `initial_state` (a writable float32 array) is updated in place
+/// and returned as `final_state` (vLLM's `fused_recurrent_gated_delta_rule` convention).
+/// `algo`: "chunk" or "recurrent"; `scale` multiplies q (default `K ** -0.5`); `l2norm`:
+/// L2-normalise q and k first; `threads`: 1 runs the op on its stream's own thread, more on a
+/// pool of that many.
 #[pyfunction]
-#[pyo3(name = "core", signature = (q, k, v, g, beta, initial_state=None, algo="chunk", scale=None, l2norm=false, threads=1))]
+#[pyo3(name = "core", signature = (q, k, v, g, beta, initial_state=None, algo="chunk", scale=None, l2norm=false, threads=1, inplace_final_state=false))]
 #[allow(clippy::too_many_arguments)]
 fn kda_core_op<'py>(
     py: Python<'py>,
@@ -455,33 +459,38 @@ fn kda_core_op<'py>(
     scale: Option<f32>,
     l2norm: bool,
     threads: usize,
+    inplace_final_state: bool,
 ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
     let algo = CoreAlgo::parse(algo).map_err(to_py)?;
-    let (q, k, v) = (
-        array::foreign(py, "q", q, None)?,
-        array::foreign(py, "k", k, None)?,
-        array::foreign(py, "v", v, None)?,
-    );
-    let (g, beta) = (array::foreign(py, "g", g, None)?, array::foreign(py, "beta", beta, None)?);
-    let initial_state = match initial_state.filter(|s| !s.is_none()) {
-        Some(s) => Some(array::foreign(py, "initial_state", s, None)?),
-        None => None,
-    };
+    let initial = initial_state.filter(|s| !s.is_none());
     let args = CoreArgs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        initial_state: initial_state.as_ref(),
+        q: array::foreign(py, "q", q, None)?,
+        k: array::foreign(py, "k", k, None)?,
+        v: array::foreign(py, "v", v, None)?,
+        g: array::foreign(py, "g", g, None)?,
+        beta: array::foreign(py, "beta", beta, None)?,
+        initial_state: initial.map(|s| array::foreign(py, "initial_state", s, None)).transpose()?,
+        in_place: inplace_final_state,
         options: CoreOptions { algo, scale, l2norm },
         threads,
     };
-    let result = py.detach(|| guard(|| ops::core(&args))).map_err(to_py)?;
-    Ok((
-        array::numpy_from(py, "float32", &result.o_shape, &result.o)?,
-        array::numpy_from(py, "float32", &result.state_shape, &result.final_state)?,
-    ))
+    let (dims, _) = args.check().map_err(to_py)?;
+    let o = array::numpy_empty(py, "float32", &[dims.batch, dims.tokens, dims.heads, dims.v])?;
+    let o_array = array::foreign(py, "o", &o, None)?;
+    let (final_state, final_array) = match initial {
+        Some(state) if inplace_final_state => {
+            array::expect_writable("initial_state", state)?;
+            (state.clone(), None)
+        }
+        _ => {
+            let shape = [dims.batch, dims.heads, dims.k, dims.v];
+            let state = array::numpy_empty(py, "float32", &shape)?;
+            let foreign = array::foreign(py, "final_state", &state, None)?;
+            (state, Some(foreign))
+        }
+    };
+    py.detach(|| guard(|| ops::core(args, o_array, final_array))).map_err(to_py)?;
+    Ok((o, final_state))
 }
 
 /// Test support (`kda._testing.write_synthetic_checkpoint`).

@@ -75,3 +75,55 @@ def test_core_rejects_mismatched_shapes():
         kda.core(empty, empty, empty, empty, np.zeros((1, 0, 2), dtype=np.float32))
     with pytest.raises(ValueError, match="algo"):
         kda.core(x, x, x, x, np.zeros((1, 4, 2), dtype=np.float32), algo="parallel")
+
+
+def _core_inputs(b, t, h, kd, vd, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, t, h, kd)).astype(np.float32) * 0.3
+    k = rng.standard_normal((b, t, h, kd)).astype(np.float32) * 0.3
+    v = rng.standard_normal((b, t, h, vd)).astype(np.float32)
+    g = -rng.uniform(0.01, 0.2, (b, t, h, kd)).astype(np.float32)
+    beta = rng.uniform(0.1, 0.9, (b, t, h)).astype(np.float32)
+    s0 = rng.standard_normal((b, h, kd, vd)).astype(np.float32) * 0.1
+    return q, k, v, g, beta, s0
+
+
+@pytest.mark.parametrize("algo", ["chunk", "recurrent"])
+@pytest.mark.parametrize("t", [1, 3, 70])
+def test_core_state_in_and_out(algo, t):
+    """By default `initial_state` is left as it was and `final_state` is a new array; with
+    `inplace_final_state` the initial state is updated in place, returned as `final_state`, with
+    the same bits. A K-first view of a v-first array is updated where it lies."""
+    q, k, v, g, beta, s0 = _core_inputs(3, t, 2, 24, 20, seed=t)
+    before = s0.copy()
+    o, final = kda.core(q, k, v, g, beta, initial_state=s0, algo=algo)
+    assert np.array_equal(s0, before), "the caller's initial state changed"
+    assert final is not s0 and not np.shares_memory(final, s0)
+    state = s0.copy()
+    o_in, final_in = kda.core(q, k, v, g, beta, initial_state=state, algo=algo,
+                              inplace_final_state=True)
+    assert final_in is state
+    assert np.array_equal(o_in, o) and np.array_equal(state, final)
+    vfirst = np.ascontiguousarray(s0.transpose(0, 1, 3, 2))
+    o_t, final_t = kda.core(q, k, v, g, beta, initial_state=vfirst.transpose(0, 1, 3, 2),
+                            algo=algo, inplace_final_state=True)
+    assert np.array_equal(o_t, o) and np.array_equal(vfirst.transpose(0, 1, 3, 2), final)
+    assert final_t.base is vfirst
+
+
+def test_core_in_place_needs_a_writable_f32_state():
+    q, k, v, g, beta, s0 = _core_inputs(1, 2, 1, 8, 8, seed=0)
+    with pytest.raises(kda.ShapeError, match="initial_state: none given"):
+        kda.core(q, k, v, g, beta, inplace_final_state=True)
+    ro = s0.copy()
+    ro.flags.writeable = False
+    with pytest.raises(kda.ShapeError, match="read-only"):
+        kda.core(q, k, v, g, beta, initial_state=ro, inplace_final_state=True)
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    with pytest.raises(kda.ShapeError, match="initial_state: dtype bf16, expected f32"):
+        kda.core(q, k, v, g, beta, initial_state=s0.astype(ml_dtypes.bfloat16),
+                 inplace_final_state=True)
+    # Without in place, a bf16 state is read as its values.
+    want = kda.core(q, k, v, g, beta, initial_state=s0.astype(ml_dtypes.bfloat16).astype(np.float32))
+    got = kda.core(q, k, v, g, beta, initial_state=s0.astype(ml_dtypes.bfloat16))
+    assert all(np.array_equal(x, y) for x, y in zip(got, want))

@@ -204,6 +204,7 @@ impl Backend for ReferenceBackend {
                 concurrent_streams: true,
                 shared_matrix_units: false,
                 bf16_core: false,
+                device_faults_are_fatal: false,
                 execution,
                 threads: self.inner.exec.threads(),
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],

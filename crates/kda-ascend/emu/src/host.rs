@@ -3,7 +3,7 @@
 //!
 //! Values are widened exactly (bf16, f16 and i32 into f32 or i64) and narrowed with IEEE
 //! round-to-nearest-even, which is what AscendC's `Cast(…, CAST_RINT)` does
-//! (mirror-cann/asc-devkit `docs/zh/api/SIMD-API/基础API/Memory矢量计算/类型转换/Cast.md`,
+//! (`mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/类型转换/Cast.md`,
 //! `CAST_RINT`).
 
 use half::{bf16, f16};

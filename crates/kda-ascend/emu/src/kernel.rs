@@ -339,7 +339,7 @@ fn read_and_queue(
     op.validate(emu.backend_instance())
         .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{api} {name}: {e}")))?;
     let kernel = code.kernel(name).map_err(|e| bad(e.to_string()))?;
-    let run = execution(emu, api, kernel, num_blocks, &params, &meta)?;
+    let run = execution(emu, api, kernel, num_blocks, &params, &meta, stream)?;
     emu.launch(name, &s, vec![run])?;
     crate::log(name, stream as usize, 0);
     Ok(())
@@ -347,7 +347,8 @@ fn read_and_queue(
 
 /// The kernel's execution on the stream: its pointer parameters, a copy of the meta region (the
 /// runtime copied it to the device at launch), the GM buffers those pointers lie in (kept alive
-/// until the stream has run it, and the only GM it may touch) and the SoC's profile.
+/// until the stream has run it, and the only GM it may touch) and the SoC's profile. A fault is
+/// recorded on the context as it happens (the runtime's error report), not at a synchronize.
 fn execution(
     emu: &Emu,
     api: &str,
@@ -355,6 +356,7 @@ fn execution(
     blocks: u32,
     params: &abi::Params,
     meta: &[u8],
+    stream: aclrtStream,
 ) -> Res<HostFn> {
     let mut words = vec![0u64; meta.len().div_ceil(8)];
     for (w, chunk) in words.iter_mut().zip(meta.chunks(8)) {
@@ -379,6 +381,7 @@ fn execution(
     }
     let profile = twin::Profile::of_soc(&emu.soc.to_string_lossy());
     let tensors = params.tensors.clone();
+    let (failure, stream) = (emu.failure.clone(), stream as usize);
     Ok(HostFn::new(move || {
         let mut args = tensors.clone();
         args.push(meta_words.as_ptr() as u64);
@@ -386,7 +389,14 @@ fn execution(
         // SAFETY: every range of `gm` is an allocation `keep` holds alive; the stream runs one
         // task at a time and orders this one after the work it depends on, as the device
         // does; the meta pointer is `meta_words`, which the kernel reads as its meta region.
-        unsafe { kernel.launch(profile, blocks, &args, &gm) }.map_err(|e| e.to_string())
+        unsafe { kernel.launch(profile, blocks, &args, &gm) }.map_err(|e| {
+            let text = e.to_string();
+            failure.record(
+                ACL_ERROR_RT_AICORE_EXCEPTION,
+                format!("a task on stream {stream:#x} failed: {text}"),
+            );
+            text
+        })
     }))
 }
 

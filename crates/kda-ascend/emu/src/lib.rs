@@ -17,7 +17,7 @@
 //! `aclSetAclOpExecutorRepeatable`, a capture ending with a forked stream not joined back, a
 //! synchronize of a stream in an open capture (its origin, or a stream joined to it by waiting on
 //! an event recorded inside it) or a query of an event recorded in an open capture, tasks on
-//! a stream stopped by a failed task under stop-on-failure, a kernel launch whose arguments are
+//! any stream of a context stopped by a failed task under stop-on-failure, a kernel launch whose arguments are
 //! not where its launch function reads them, a relative binary path, a kernel the binary lacks,
 //! MX ops on a SoC without them (`KDA_ACL_EMU_SOC`, default `Ascend950PR_9599`).
 //!
@@ -112,10 +112,36 @@ struct Emu {
     captured_streams: HashSet<usize>,
     /// `ACL_STOP_ON_FAILURE` was set on a stream: it holds for every stream of the context.
     stop_on_failure: bool,
-    /// Streams stopped by a failed task under stop-on-failure: the failure's code and text. They
-    /// accept no task (the runtime's abort state) and report the failure on every synchronize.
-    aborted: HashMap<usize, (aclError, String)>,
+    /// The context's failure: the first failed task's code and text (see [`ContextFailure`]).
+    failure: ContextFailure,
     next: usize,
+}
+
+/// The failure recorded on the (one) context: the first failed task's code, and the text naming
+/// the task and its stream. The runtime keeps it on the context (hicann/runtime
+/// `src/runtime/core/src/stream/stream.cc`, `Stream::EnterFailureAbort`: the stream's error
+/// becomes the context's failure error) until the context is torn down or the device recovers
+/// (`hicann/runtime/docs/zh/design/modules/context/context.md`, 异常处理机制); under
+/// stop-on-failure every task sent to any stream of the context, and every synchronize, returns
+/// it (`src/runtime/core/src/context/context.cc`, `Context::CheckTaskSend`; `stream.cc`,
+/// `Stream::GetSynchronizeError`). The emulator has no context teardown or device recovery call,
+/// so nothing clears it in a process. Shared with the stream workers: a kernel that faults
+/// records it when it runs, as the runtime's error report does, before anyone synchronizes.
+#[derive(Clone, Debug, Default)]
+struct ContextFailure(std::sync::Arc<Mutex<Option<(aclError, String)>>>);
+
+impl ContextFailure {
+    /// Record a failed task; the first failure is the one kept.
+    fn record(&self, code: aclError, text: String) {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some((code, text));
+        }
+    }
+
+    fn get(&self) -> Option<(aclError, String)> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
 }
 
 /// An open capture: the stream it was begun on and the thread that began it. The emulator holds
@@ -147,7 +173,7 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         captured_events: HashSet::new(),
         captured_streams: HashSet::new(),
         stop_on_failure: false,
-        aborted: HashMap::new(),
+        failure: ContextFailure::default(),
         next: 0x1000,
     })
 });
@@ -250,17 +276,27 @@ impl Emu {
         self.next
     }
 
-    /// The stream behind `handle`, for a call that queues a task or waits for the stream: an
-    /// aborted stream refuses both with the code of its failure.
+    /// The stream behind `handle`, for a call that queues a task or waits for the stream. Under
+    /// stop-on-failure, once a task of the context has failed, every stream refuses both with
+    /// the failure's code ([`ContextFailure`]).
     fn stream(&self, api: &str, handle: aclrtStream) -> Res<sched::Stream> {
-        if let Some((code, why)) = self.aborted.get(&(handle as usize)) {
+        let s = self.known_stream(api, handle)?;
+        if self.stop_on_failure
+            && let Some((code, why)) = self.failure.get()
+        {
             return Err((
-                *code,
+                code,
                 format!(
-                    "{api}: stream {handle:?} stopped on a failed task (stop-on-failure): {why}"
+                    "{api}: stream {handle:?}: the context stopped on a failed task \
+                     (stop-on-failure): {why}"
                 ),
             ));
         }
+        Ok(s)
+    }
+
+    /// The stream behind `handle`, for a call that neither queues a task nor waits.
+    fn known_stream(&self, api: &str, handle: aclrtStream) -> Res<sched::Stream> {
         self.streams
             .get(&(handle as usize))
             .cloned()

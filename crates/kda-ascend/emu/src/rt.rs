@@ -173,14 +173,18 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError
     })
 }
 
-/// `ACL_STOP_ON_FAILURE`: a failed task stops its stream, which then accepts no new task; set on
-/// one stream, the mode holds for every stream of the context (API reference,
-/// `aclrtSetStreamFailureMode`). The emulator implements only this mode.
+/// `ACL_STOP_ON_FAILURE`: after a failed task no task of the context runs and no new one is
+/// accepted; set on one stream, the mode holds for every stream of the context (hicann/runtime
+/// `hicann/runtime/docs/zh/api_ref/06_stream_management.md`, `aclrtSetStreamFailureMode`,
+/// 约束说明; `hicann/runtime/docs/zh/dev_guide/03-02_stream_management.md`, 配置任务遇错即停: a
+/// failed task stops the tasks of every stream of the context). The emulator implements only
+/// this mode. Setting it queues no task (`stream.cc`, `Stream::SetFailMode`), so a stopped
+/// context accepts it.
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtSetStreamFailureMode(stream: aclrtStream, mode: u64) -> aclError {
     call(|| {
         let mut emu = emu();
-        emu.stream("aclrtSetStreamFailureMode", stream)?;
+        emu.known_stream("aclrtSetStreamFailureMode", stream)?;
         if mode != ACL_STOP_ON_FAILURE {
             return invalid(format!(
                 "aclrtSetStreamFailureMode: mode {mode} (the emulator implements STOP_ON_FAILURE)"
@@ -191,6 +195,9 @@ pub extern "C" fn aclrtSetStreamFailureMode(stream: aclrtStream, mode: u64) -> a
     })
 }
 
+/// Destroying a stream, stopped or not, is allowed; it does not clear the context's failure
+/// (the runtime destroys a stream of a failed context through its control stream,
+/// `stream.cc`, `Stream::TearDown`).
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
     call(|| {
@@ -201,7 +208,6 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
                 "aclrtDestroyStream: the stream is capturing".into(),
             ));
         }
-        emu.aborted.remove(&(stream as usize));
         // The worker finishes its queue and exits once the last handle is gone.
         match emu.streams.remove(&(stream as usize)) {
             Some(_) => Ok(()),
@@ -211,15 +217,16 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
 }
 
 /// Block until the stream's work has run; a failed task is returned
-/// (`ACL_ERROR_RT_AICORE_EXCEPTION`, its text in `aclGetRecentErrMsg`) and, under stop-on-failure,
-/// leaves the stream stopped: it accepts no task and every later synchronize reports the same
-/// failure (the runtime's abort state, `Stream::...ABORT_ON_FAILURE`). A capturing stream cannot
-/// be synchronized (`ACL_ERROR_RT_STREAM_CAPTURED`).
+/// (`ACL_ERROR_RT_AICORE_EXCEPTION`, its text in `aclGetRecentErrMsg`) and recorded on the
+/// context. Under stop-on-failure every synchronize of every stream of the context then reports
+/// that failure (`stream.cc`, `Stream::GetSynchronizeError`: the context's failure error), and
+/// no stream accepts a task ([`crate::Emu::stream`]). A capturing stream cannot be synchronized
+/// (`ACL_ERROR_RT_STREAM_CAPTURED`).
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     const API: &str = "aclrtSynchronizeStream";
     call(|| {
-        let s = {
+        let (s, failure) = {
             let emu = emu();
             if emu.captured_streams.contains(&(stream as usize)) {
                 return Err((
@@ -227,18 +234,28 @@ pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
                     format!("{API}: stream {stream:?} is capturing"),
                 ));
             }
-            emu.stream(API, stream)?
+            (emu.known_stream(API, stream)?, emu.failure.clone())
         };
         // Blocks without the emulator lock: host functions on the stream may call the runtime.
-        let failure = match s.synchronize() {
-            Ok(()) => return Ok(()),
-            Err(f) => (ACL_ERROR_RT_AICORE_EXCEPTION, format!("{API}: {f}")),
-        };
-        let mut emu = emu();
-        if emu.stop_on_failure {
-            emu.aborted.insert(stream as usize, failure.clone());
+        let result = s.synchronize();
+        if let Err(other) = &result {
+            failure.record(
+                ACL_ERROR_RT_AICORE_EXCEPTION,
+                format!("a task on stream {stream:?} failed: {other}"),
+            );
         }
-        Err(failure)
+        let emu = emu();
+        match (emu.stop_on_failure, failure.get(), result) {
+            (true, Some((code, why)), _) => Err((
+                code,
+                format!(
+                    "{API}: stream {stream:?}: the context stopped on a failed task \
+                     (stop-on-failure): {why}"
+                ),
+            )),
+            (_, _, Ok(())) => Ok(()),
+            (_, _, Err(other)) => Err((ACL_ERROR_RT_AICORE_EXCEPTION, format!("{API}: {other}"))),
+        }
     })
 }
 
@@ -462,7 +479,7 @@ pub extern "C" fn aclmdlRICaptureBegin(stream: aclrtStream, mode: aclmdlRICaptur
         if !(ACL_MODEL_RI_CAPTURE_MODE_GLOBAL..=ACL_MODEL_RI_CAPTURE_MODE_RELAXED).contains(&mode) {
             return invalid(format!("{API}: capture mode {mode}"));
         }
-        emu.stream(API, stream)?;
+        emu.known_stream(API, stream)?;
         *emu.recording.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(crate::sched::Capture::new(stream as usize));
         emu.capture =
@@ -483,7 +500,7 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(
     const API: &str = "aclmdlRICaptureEnd";
     call(|| {
         let mut emu = emu();
-        emu.stream(API, stream)?;
+        emu.known_stream(API, stream)?;
         let recording = {
             let mut held = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
             match held.as_ref() {

@@ -87,6 +87,14 @@ fn a_scalar_read_of_a_vector_result_without_a_flag_is_rejected() {
     assert!(r.contains("LocalTensor::GetValue") && r.contains("unsynchronised read"), "{r}");
 }
 
+/// Write after read: a scalar store into a vector instruction's operand before the vector unit
+/// is done with it.
+#[test]
+fn a_scalar_write_of_a_vector_operand_without_a_flag_is_rejected() {
+    let r = rule("twin_unsynced_scalar_write_after_vector_read", a2(), 1);
+    assert!(r.contains("LocalTensor::SetValue") && r.contains("another pipe still reads"), "{r}");
+}
+
 #[test]
 fn two_blocks_writing_one_gm_range_are_rejected() {
     let r = rule("twin_two_blocks_one_range", a2(), 2);

@@ -325,6 +325,9 @@ impl Backend for AscendBackend {
                 // bf16 operands: the layer's core runs on them by default where they exist and
                 // their prototype is confirmed for the installed release (vendor.rs).
                 bf16_core: self.inner.vendor_chunk,
+                // Under ACL_STOP_ON_FAILURE a failed device task stops every stream of the
+                // context until it is destroyed (docs/ascend.md, "Failures").
+                device_faults_are_fatal: true,
                 execution: {
                     let mut notes = vec![mx.to_string()];
                     if !self.inner.absent.is_empty() {

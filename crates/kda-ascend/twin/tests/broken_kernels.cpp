@@ -80,6 +80,24 @@ extern "C" __global__ __aicore__ void twin_unsynced_scalar_read(GM_ADDR x, GM_AD
     (void)v;
 }
 
+// A scalar store into a tensor a vector instruction still reads: the write needs the vector
+// unit done with it first (V_S), as the auto-sync example of 关键特性说明.md inserts.
+extern "C" __global__ __aicore__ void twin_unsynced_scalar_write_after_vector_read(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> a, b;
+    pipe.InitBuffer(a, 64 * sizeof(float));
+    pipe.InitBuffer(b, 64 * sizeof(float));
+    LocalTensor<float> src = a.Get<float>(), dst = b.Get<float>();
+    for (int i = 0; i < 64; ++i) src.SetValue(i, 2.0f);
+    SetFlag<HardEvent::S_V>(EVENT_ID0);
+    WaitFlag<HardEvent::S_V>(EVENT_ID0);
+    Adds(dst, src, 1.0f, 64);
+    src.SetValue(3, 0.0f);
+}
+
 // Every block writes y[0 .. 8): two blocks write the same GM bytes.
 extern "C" __global__ __aicore__ void twin_two_blocks_one_range(GM_ADDR x, GM_ADDR y)
 {

@@ -531,6 +531,7 @@ mod tests {
             concurrent_streams: true,
             shared_matrix_units: shared,
             bf16_core: false,
+            device_faults_are_fatal: false,
             execution: String::new(),
             threads: 1,
             gemm_inputs: Vec::new(),

@@ -458,6 +458,8 @@ impl Backend for CudaBackend {
                 concurrent_streams: true,
                 shared_matrix_units: true,
                 bf16_core: false,
+                // Bad device metadata is reported by the kernels, not a sticky device fault.
+                device_faults_are_fatal: false,
                 execution: format!("CUDA streams on {}", self.inner.name),
                 threads: self.inner.sms as usize,
                 gemm_inputs: vec![DType::BF16, DType::F16, DType::F32],

@@ -17,7 +17,7 @@ use kda_core::{Backend, DType, Device, Element, Layout, Op, Tensor};
 use kda_reference::{ExecutionMode, ReferenceBackend, ReferenceOptions};
 use thiserror::Error;
 
-use crate::array::ForeignArray;
+use crate::array::{ForeignArray, Import};
 use crate::error::{EmbedError, Result};
 
 /// Which form of the recurrence runs.
@@ -228,46 +228,96 @@ pub fn core_on<B: Backend>(
     inputs: &CoreInputs<'_>,
     options: CoreOptions,
 ) -> Result<CoreOutput, CoreError> {
-    let CoreDims { batch, tokens, heads, k, v } = inputs.dims()?;
-    let scale = options.scale_for(k)?;
+    let dims = inputs.dims()?;
+    let scale = options.scale_for(dims.k)?;
+    let CoreDims { batch, tokens, heads, k, v } = dims;
+    let s = dev.new_stream()?;
+    let up = |t: &HostTensor<'_>| upload(dev, &s, t, t.shape);
+    let state = dev.alloc(DType::F32, &[batch, heads, k, v])?;
+    match &inputs.initial_state {
+        Some(init) => dev.upload(&s, &state, init.values)?,
+        None => dev.launch(&s, Op::Fill { dst: state.clone(), value: 0.0 })?,
+    }
+    let o = dev.alloc(DType::F32, &[batch, tokens, heads, v])?;
+    let operands = CoreOperands {
+        q: up(&inputs.q)?,
+        k: up(&inputs.k)?,
+        v: up(&inputs.v)?,
+        g: up(&inputs.g)?,
+        beta: up(&inputs.beta)?,
+        state: state.clone(),
+        o: o.clone(),
+    };
+    launch(dev, &s, dims, operands, options.algo, scale, options.l2norm)?;
+    Ok(CoreOutput {
+        o: dev.download::<f32>(&s, &o)?,
+        o_shape: [batch, tokens, heads, v],
+        final_state: dev.download::<f32>(&s, &state)?,
+        state_shape: [batch, heads, k, v],
+        scale,
+    })
+}
+
+/// The tensors of one recurrence, in the conventions' shapes: `q`, `k`, `g` `[B, T, H, K]`,
+/// `v` `[B, T, H, V]`, `beta` `[B, T, H]` (each contiguous, f32 or bf16), `o` `[B, T, H, V]`
+/// (contiguous f32) and `state` `[B, H, K, V]` (f32, any non-overlapping strides), which holds
+/// the initial state and is updated in place into the final one.
+struct CoreOperands<B: Backend> {
+    q: Tensor<B>,
+    k: Tensor<B>,
+    v: Tensor<B>,
+    g: Tensor<B>,
+    beta: Tensor<B>,
+    state: Tensor<B>,
+    o: Tensor<B>,
+}
+
+/// Queue the recurrence on `s`: the one op both entry points ([`core_on`], [`core`]) run.
+fn launch<B: Backend>(
+    dev: &Device<B>,
+    s: &B::Stream,
+    dims: CoreDims,
+    t: CoreOperands<B>,
+    algo: CoreAlgo,
+    scale: f32,
+    qk_l2norm: bool,
+) -> Result<(), CoreError> {
+    let CoreDims { batch, tokens, heads, k, v } = dims;
     // `dims` bounds B·T by i32::MAX, so these fit.
     let (batch_i32, tokens_i32) = (batch as i32, tokens as i32);
     let n = batch * tokens;
-    let s = dev.new_stream()?;
-    let up = |t: &HostTensor<'_>, shape: &[usize]| upload(dev, &s, t, shape);
-    let ints = |shape: &[usize], values: &[i32]| upload_values(dev, &s, shape, values);
-    // The K-first state of the conventions, and the v-first view of it that the ops take.
-    let state_kfirst = dev.alloc(DType::F32, &[batch, heads, k, v])?;
-    match &inputs.initial_state {
-        Some(init) => dev.upload(&s, &state_kfirst, init.values)?,
-        None => dev.launch(&s, Op::Fill { dst: state_kfirst.clone(), value: 0.0 })?,
-    }
-    let layout =
-        Layout::strided(DType::F32, &[batch, heads, v, k], &[heads * k * v, k * v, 1, v], 0)
-            .map_err(kda_core::Error::from)?;
-    let state = Tensor::new(state_kfirst.buffer().clone(), layout)?;
+    let ints = |shape: &[usize], values: &[i32]| upload_values(dev, s, shape, values);
+    // The ops take the cache's v-first `[N, H, V, K]`: the K-first state seen transposed.
+    let st = t.state.layout().strides();
+    let layout = Layout::strided(
+        DType::F32,
+        &[batch, heads, v, k],
+        &[st[0], st[1], st[3], st[2]],
+        t.state.layout().offset(),
+    )
+    .map_err(kda_core::Error::from)?;
+    let state = Tensor::new(t.state.buffer().clone(), layout)?;
     let slots: Vec<i32> = (0..batch_i32).collect();
-    let o = dev.alloc(DType::F32, &[batch, tokens, heads, v])?;
-    let op = match options.algo {
+    let op = match algo {
         CoreAlgo::Chunk => {
             // The B requests back to back: one flat batch of B·T tokens.
             let cu_seqlens: Vec<i32> = (0..=batch_i32).map(|r| r * tokens_i32).collect();
             Op::KdaChunk(KdaChunk {
                 chunk_state_slots: None,
                 host_meta: None,
-                q: up(&inputs.q, &[n, heads, k])?,
-                k: up(&inputs.k, &[n, heads, k])?,
-                v: up(&inputs.v, &[n, heads, v])?,
-                g: up(&inputs.g, &[n, heads, k])?,
+                q: t.q.reshape(&[n, heads, k])?,
+                k: t.k.reshape(&[n, heads, k])?,
+                v: t.v.reshape(&[n, heads, v])?,
+                g: t.g.reshape(&[n, heads, k])?,
                 gate: None,
-                beta: up(&inputs.beta, &[n, heads])?,
+                beta: t.beta.reshape(&[n, heads])?,
                 cu_seqlens: ints(&[batch + 1], &cu_seqlens)?,
                 state_slots: ints(&[batch], &slots)?,
                 has_initial_state: ints(&[batch], &vec![1; batch])?,
                 state,
-                o: o.reshape(&[n, heads, v])?,
+                o: t.o.reshape(&[n, heads, v])?,
                 scale,
-                qk_l2norm: options.l2norm,
+                qk_l2norm,
             })
         }
         CoreAlgo::Recurrent => {
@@ -278,77 +328,202 @@ pub fn core_on<B: Backend>(
                 state_slots[r * tokens + tokens - 1] = slot;
             }
             Op::KdaRecurrent(KdaRecurrent {
-                q: up(&inputs.q, &[batch, tokens, heads, k])?,
-                k: up(&inputs.k, &[batch, tokens, heads, k])?,
-                v: up(&inputs.v, &[batch, tokens, heads, v])?,
-                g: up(&inputs.g, &[batch, tokens, heads, k])?,
-                beta: up(&inputs.beta, &[batch, tokens, heads])?,
+                q: t.q,
+                k: t.k,
+                v: t.v,
+                g: t.g,
+                beta: t.beta,
                 state_slots: ints(&[batch, tokens], &state_slots)?,
                 num_accepted_tokens: Some(ints(&[batch], &vec![tokens_i32; batch])?),
                 state,
-                o: o.clone(),
+                o: t.o,
                 scale,
-                qk_l2norm: options.l2norm,
+                qk_l2norm,
             })
         }
     };
-    dev.launch(&s, op)?;
-    Ok(CoreOutput {
-        o: dev.download::<f32>(&s, &o)?,
-        o_shape: [batch, tokens, heads, v],
-        final_state: dev.download::<f32>(&s, &state_kfirst)?,
-        state_shape: [batch, heads, k, v],
-        scale,
-    })
+    dev.launch(s, op)?;
+    Ok(())
 }
 
-/// The inputs of [`core()`]: an engine's host arrays (see the module's conventions).
+/// The inputs of [`core()`]: an engine's host arrays (see the module's conventions), read where
+/// they lie when their layout allows (f32 or bf16, row-major, aligned), copied otherwise.
 #[derive(Debug)]
-pub struct CoreArgs<'a> {
-    pub q: &'a ForeignArray,
-    pub k: &'a ForeignArray,
-    pub v: &'a ForeignArray,
-    pub g: &'a ForeignArray,
-    pub beta: &'a ForeignArray,
-    pub initial_state: Option<&'a ForeignArray>,
+pub struct CoreArgs {
+    pub q: ForeignArray,
+    pub k: ForeignArray,
+    pub v: ForeignArray,
+    pub g: ForeignArray,
+    pub beta: ForeignArray,
+    pub initial_state: Option<ForeignArray>,
+    /// `true`: `initial_state` (f32, host memory, writable, non-negative strides) is updated in
+    /// place into the final state, which is then not written anywhere else.
+    pub in_place: bool,
     pub options: CoreOptions,
     /// Threads the op runs on: 1 is the stream's own thread; more, a pool of that many.
     pub threads: usize,
 }
 
-/// [`core_on`] on the reference backend, for an engine's host arrays.
-pub fn core(args: &CoreArgs<'_>) -> Result<CoreOutput> {
-    let mode = match args.threads {
-        0 => {
+impl CoreArgs {
+    /// Check every argument (shapes, dtypes, scale, threads, what in place needs) before
+    /// anything is allocated: the sizes of the outputs the caller then allocates, and the scale.
+    pub fn check(&self) -> Result<(CoreDims, f32)> {
+        if self.threads == 0 {
             return Err(EmbedError::Argument {
                 param: "threads",
                 expected: "a count of at least 1",
                 actual: "0".into(),
             });
         }
-        1 => ExecutionMode::PerStream,
-        threads => ExecutionMode::SharedPool { threads },
-    };
-    let named = [("q", args.q), ("k", args.k), ("v", args.v), ("g", args.g), ("beta", args.beta)];
-    let state = args.initial_state.map(|s| ("initial_state", s));
-    let mut values = Vec::with_capacity(6);
-    for (name, a) in named.into_iter().chain(state) {
-        a.expect_dtype(name, &[DType::F32, DType::BF16])?;
-        values.push(a.to_f32(name)?);
+        fn shape_of(a: &ForeignArray) -> HostTensor<'_> {
+            HostTensor { dtype: a.dtype(), shape: a.shape(), values: &[] }
+        }
+        let inputs = CoreInputs {
+            q: shape_of(&self.q),
+            k: shape_of(&self.k),
+            v: shape_of(&self.v),
+            g: shape_of(&self.g),
+            beta: shape_of(&self.beta),
+            initial_state: self.initial_state.as_ref().map(shape_of),
+        };
+        let dims = inputs.dims()?;
+        let scale = self.options.scale_for(dims.k)?;
+        if self.in_place {
+            let Some(state) = &self.initial_state else {
+                return Err(EmbedError::Array {
+                    param: "initial_state",
+                    message: "none given, but the final state is to be written in place into it"
+                        .into(),
+                });
+            };
+            state.expect_dtype("initial_state", &[DType::F32])?;
+        }
+        Ok((dims, scale))
     }
-    fn host<'b>(a: &'b ForeignArray, values: &'b [f32]) -> HostTensor<'b> {
-        HostTensor { dtype: a.dtype(), shape: a.shape(), values }
+}
+
+/// [`core_on`]'s recurrence on the reference backend, for an engine's host arrays, written into
+/// `o` (f32 `[B, T, H, V]`) and, unless [`CoreArgs::in_place`], `final_state` (f32
+/// `[B, H, K, V]`): both row-major host arrays the caller allocated from [`CoreArgs::check`]'s
+/// sizes, written in place. Inputs are read where they lie when their layout allows; the
+/// initial state, unless updated in place, is copied into `final_state` once and the op runs
+/// on that. Returns the scale applied.
+pub fn core(args: CoreArgs, o: ForeignArray, final_state: Option<ForeignArray>) -> Result<f32> {
+    let (dims, scale) = args.check()?;
+    let worker = Worker::take(args.threads)?;
+    run_core(&worker, args, dims, scale, o, final_state)?;
+    // Given back only after a call that succeeded: a stream that reported an error starts over.
+    worker.give_back();
+    Ok(scale)
+}
+
+/// A reference device and a stream of it, kept between [`core()`] calls (a stream's worker
+/// thread, and a pool's threads, cost more to start than a decode step takes to run). Each call
+/// takes one of its thread count, or makes one: concurrent calls never share a stream.
+struct Worker {
+    threads: usize,
+    dev: Device<ReferenceBackend>,
+    stream: kda_reference::RefStream,
+}
+
+/// The idle [`Worker`]s, at most [`MAX_IDLE_WORKERS`].
+static IDLE_WORKERS: std::sync::Mutex<Vec<Worker>> = std::sync::Mutex::new(Vec::new());
+const MAX_IDLE_WORKERS: usize = 4;
+
+impl Worker {
+    fn take(threads: usize) -> Result<Self> {
+        let idle = |w: &Worker| w.threads == threads;
+        let mut workers = IDLE_WORKERS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = workers.iter().position(idle) {
+            return Ok(workers.swap_remove(at));
+        }
+        drop(workers);
+        let mode = match threads {
+            1 => ExecutionMode::PerStream,
+            threads => ExecutionMode::SharedPool { threads },
+        };
+        let dev = ReferenceBackend::with_options(ReferenceOptions { mode, ..Default::default() })?;
+        let stream = dev.new_stream()?;
+        Ok(Self { threads, dev, stream })
     }
-    let inputs = CoreInputs {
-        q: host(args.q, &values[0]),
-        k: host(args.k, &values[1]),
-        v: host(args.v, &values[2]),
-        g: host(args.g, &values[3]),
-        beta: host(args.beta, &values[4]),
-        initial_state: args.initial_state.map(|s| host(s, &values[5])),
+
+    /// Keep this worker for a later call; not in checked mode, whose record of every call is
+    /// kept per device and would grow call after call.
+    fn give_back(self) {
+        if self.dev.instrumentation().is_checked() {
+            return;
+        }
+        let mut workers = IDLE_WORKERS.lock().unwrap_or_else(|e| e.into_inner());
+        if workers.len() < MAX_IDLE_WORKERS {
+            workers.push(self);
+        }
+    }
+}
+
+fn run_core(
+    worker: &Worker,
+    args: CoreArgs,
+    dims: CoreDims,
+    scale: f32,
+    o: ForeignArray,
+    final_state: Option<ForeignArray>,
+) -> Result<()> {
+    let (dev, s) = (&worker.dev, &worker.stream);
+    let CoreDims { batch, tokens, heads, k, v } = dims;
+    let written = |a: ForeignArray,
+                   param: &'static str,
+                   shape: &[usize]|
+     -> Result<Tensor<ReferenceBackend>> {
+        a.expect_dtype(param, &[DType::F32])?;
+        if a.shape() != shape {
+            let message = format!("shape {:?}, expected {shape:?}", a.shape());
+            return Err(EmbedError::Array { param, message });
+        }
+        match a.to_tensor(dev, s, param, false)? {
+            (t, Import::InPlace) => Ok(t),
+            (_, Import::Copied) => Err(EmbedError::Array {
+                param,
+                message: "must be host memory kda writes in place (aligned to 4 bytes, \
+                          non-negative strides)"
+                    .into(),
+            }),
+        }
     };
-    let device = ReferenceBackend::with_options(ReferenceOptions { mode, ..Default::default() })?;
-    Ok(core_on(&device, &inputs, args.options)?)
+    let o = written(o, "o", &[batch, tokens, heads, v])?;
+    let state_shape = [batch, heads, k, v];
+    let state = match (args.in_place, args.initial_state, final_state) {
+        (true, Some(init), _) => written(init, "initial_state", &state_shape)?,
+        (false, init, Some(out)) => {
+            let out = written(out, "final_state", &state_shape)?;
+            match init {
+                Some(init) => {
+                    let (init, _) = init.to_tensor(dev, s, "initial_state", false)?;
+                    dev.launch(s, Op::Copy { src: init, dst: out.clone() })?;
+                }
+                None => dev.launch(s, Op::Fill { dst: out.clone(), value: 0.0 })?,
+            }
+            out
+        }
+        _ => {
+            return Err(EmbedError::Array {
+                param: "final_state",
+                message: "none given, and the initial state is not updated in place".into(),
+            });
+        }
+    };
+    let input = |a: ForeignArray, param| a.to_tensor(dev, s, param, true).map(|(t, _)| t);
+    let operands = CoreOperands {
+        q: input(args.q, "q")?,
+        k: input(args.k, "k")?,
+        v: input(args.v, "v")?,
+        g: input(args.g, "g")?,
+        beta: input(args.beta, "beta")?,
+        state,
+        o,
+    };
+    launch(dev, s, dims, operands, args.options.algo, scale, args.options.l2norm)?;
+    dev.synchronize(s)?;
+    Ok(())
 }
 
 /// `t` as a tensor of its own dtype (its values are exact in it).

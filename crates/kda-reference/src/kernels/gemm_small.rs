@@ -10,15 +10,18 @@
 //! Each output is a dot product along K in eight interleaved f32 lanes (lane `l` takes
 //! `k ≡ l mod 8` in order, by fused multiply-adds), the lanes combined in a fixed tree at the
 //! end. So an entry's bits depend only on its row of `x`, its row of `w` and `K`: not on `M`,
-//! the tiling, the split across threads, or whether the AVX2 kernel ran (the portable one
-//! computes the same fused operations).
+//! the tiling, the split across threads, or which kernel ran (the portable one computes the
+//! same fused operations as the AVX2 one; the AVX-512 one holds two activation rows' eight
+//! lanes in one register, so its lanes are the same lanes).
 
 use rayon::prelude::*;
+
+use super::Isa;
 
 /// Rows of `x` that take this path at most.
 pub(super) const MAX_ROWS: usize = 64;
 /// Activation rows per micro-kernel tile.
-const MR: usize = 3;
+const MR: usize = 4;
 /// Weight rows per micro-kernel tile.
 const NR: usize = 3;
 /// f32 lanes of one accumulator.
@@ -87,6 +90,23 @@ impl Weight<'_> {
 pub(super) fn gemm(
     x: &[f32],
     w: Weight<'_>,
+    dims: (usize, usize, usize),
+    threads: usize,
+    progress: impl Fn(usize, usize),
+) -> Vec<f32> {
+    let isa = match Isa::detect() {
+        Isa::Avx512 => Isa::Avx512,
+        _ if super::has_avx2_fma() => Isa::Avx2,
+        _ => Isa::Portable,
+    };
+    gemm_on(isa, x, w, dims, threads, progress)
+}
+
+/// [`gemm`] on the micro-kernel of `isa` (each gives the same bits).
+fn gemm_on(
+    isa: Isa,
+    x: &[f32],
+    w: Weight<'_>,
     (m, n, k): (usize, usize, usize),
     threads: usize,
     progress: impl Fn(usize, usize),
@@ -99,10 +119,21 @@ pub(super) fn gemm(
     // x padded to whole lanes and whole KC chunks, zeros after K (the products there are 0 · 0).
     let kp = k.div_ceil(KC) * KC;
     let mut xp = vec![0.0f32; m.div_ceil(MR) * MR * kp];
-    for (dst, src) in xp.chunks_exact_mut(kp).zip(x.chunks_exact(k.max(1))) {
-        dst[..k].copy_from_slice(src);
+    if isa == Isa::Avx512 {
+        // Rows in pairs, a lane group of each in turn (`[pair][k / 8][2][8]`), so that one
+        // 16-lane load holds the same eight K of both rows.
+        for (i, src) in x.chunks_exact(k.max(1)).enumerate() {
+            let pair = &mut xp[(i / 2) * 2 * kp..][..2 * kp];
+            for (c, chunk) in src.chunks(LANES).enumerate() {
+                pair[c * 2 * LANES + (i % 2) * LANES..][..chunk.len()].copy_from_slice(chunk);
+            }
+        }
+    } else {
+        for (dst, src) in xp.chunks_exact_mut(kp).zip(x.chunks_exact(k.max(1))) {
+            dst[..k].copy_from_slice(src);
+        }
     }
-    let rows = |range: std::ops::Range<usize>| weight_rows(&xp, w, m, k, range);
+    let rows = |range: std::ops::Range<usize>| weight_rows(isa, &xp, w, m, k, range);
     let tasks = n.div_ceil(ROWS_PER_TASK);
     let copy = |y: &mut [f32], r0: usize, part: &[f32]| {
         let width = part.len() / m;
@@ -136,6 +167,7 @@ pub(super) fn gemm(
 /// activations are read from the next levels once per [`TILES`] tiles, not once per tile (with
 /// two threads the two cores' activation traffic, not the weights, bounded the rate).
 fn weight_rows(
+    isa: Isa,
     xp: &[f32],
     w: Weight<'_>,
     m: usize,
@@ -172,8 +204,29 @@ fn weight_rows(
             }
             for (g, tiles) in acc.chunks_exact_mut(TILES).enumerate() {
                 let xs = &xp[g * MR * kp..][..MR * kp];
-                for (a, wt) in tiles.iter_mut().zip(&wbuf).take(np.div_ceil(NR)) {
-                    micro_kernel(xs, kp, k0, wt, a);
+                let used = np.div_ceil(NR);
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Avx512 {
+                    // Two tiles at a time: twelve independent accumulators, enough to cover the
+                    // fused multiply-add's latency (six leave the units idle half the time).
+                    let mut pairs = tiles[..used].chunks_mut(2).zip(wbuf[..used].chunks(2));
+                    for (a, wt) in pairs.by_ref() {
+                        match (a, wt) {
+                            ([a0, a1], [w0, w1]) => {
+                                // SAFETY: `Isa::Avx512` only where `Isa::detect` found it.
+                                unsafe { micro_kernel_avx512([w0, w1], [a0, a1], (xs, kp, k0)) }
+                            }
+                            ([a0], [w0]) => {
+                                // SAFETY: as above.
+                                unsafe { micro_kernel_avx512([w0], [a0], (xs, kp, k0)) }
+                            }
+                            _ => unreachable!("chunks of the same lengths"),
+                        }
+                    }
+                    continue;
+                }
+                for (a, wt) in tiles.iter_mut().zip(&wbuf).take(used) {
+                    micro_kernel(isa, xs, kp, k0, wt, a);
                 }
             }
         }
@@ -196,7 +249,10 @@ fn reduce(l: &[f32; LANES]) -> f32 {
 }
 
 /// `acc[i·NR + j][l] += Σ x[i][k0 + 8t + l] · w[j][8t + l]` over the chunk, `t` in order.
+/// `xs`: the group's `MR` rows, laid out as [`gemm_on`] lays them out for `isa` (not AVX-512:
+/// [`weight_rows`] calls [`micro_kernel_avx512`] itself).
 fn micro_kernel(
+    isa: Isa,
     xs: &[f32],
     kp: usize,
     k0: usize,
@@ -204,12 +260,79 @@ fn micro_kernel(
     acc: &mut [[f32; LANES]; NR * MR],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if super::has_avx2_fma() {
+    if isa != Isa::Portable && super::has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA (checked at run time).
         unsafe { micro_kernel_avx2(xs, kp, k0, w, acc) };
         return;
     }
     micro_kernel_portable(xs, kp, k0, w, acc);
+}
+
+/// [`micro_kernel_portable`] on `T` tiles at once in AVX-512 registers, each holding one weight
+/// row's eight lanes for two activation rows (the rows' lane groups interleaved in `xs`, the
+/// weight's lanes broadcast to both halves): a `4 × 3` tile's twelve accumulators in six
+/// registers, twice the products per instruction of the AVX2 kernel, the same fused operations
+/// lane by lane.
+///
+/// # Safety
+/// The CPU must support AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn micro_kernel_avx512<const T: usize>(
+    w: [&[[f32; KC]; NR]; T],
+    acc: [&mut [[f32; LANES]; NR * MR]; T],
+    (xs, kp, k0): (&[f32], usize, usize),
+) {
+    use std::arch::x86_64::*;
+    const PAIRS: usize = MR / 2;
+    const { assert!(MR == 4 && NR == 3 && KC.is_multiple_of(LANES)) };
+    assert!(xs.len() >= (PAIRS - 1) * 2 * kp + 2 * (k0 + KC));
+    let mut a = [[[_mm512_setzero_ps(); NR]; PAIRS]; T];
+    for (tile, acc) in a.iter_mut().zip(&acc) {
+        for (p, row) in tile.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                let (lo, hi) = (&acc[2 * p * NR + j], &acc[(2 * p + 1) * NR + j]);
+                // SAFETY: each holds 8 f32.
+                let (lo, hi) =
+                    unsafe { (_mm256_loadu_ps(lo.as_ptr()), _mm256_loadu_ps(hi.as_ptr())) };
+                *v = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                    _mm256_castps_pd(hi),
+                ));
+            }
+        }
+    }
+    let x0 = xs.as_ptr();
+    for t in (0..KC).step_by(LANES) {
+        // SAFETY: `t + 8 <= KC`: within each weight row; pair `p`'s sixteen values for K
+        // `k0 + t ..` lie at `p·2·kp + 2·(k0 + t)`, inside `xs` (asserted above).
+        unsafe {
+            let xv: [__m512; PAIRS] =
+                std::array::from_fn(|p| _mm512_loadu_ps(x0.add(p * 2 * kp + 2 * (k0 + t))));
+            for (tile, wt) in a.iter_mut().zip(w) {
+                for j in 0..NR {
+                    let half = _mm256_castps_pd(_mm256_loadu_ps(wt[j].as_ptr().add(t)));
+                    let wj = _mm512_castpd_ps(_mm512_broadcast_f64x4(half));
+                    for (row, &x) in tile.iter_mut().zip(&xv) {
+                        row[j] = _mm512_fmadd_ps(x, wj, row[j]);
+                    }
+                }
+            }
+        }
+    }
+    for (tile, acc) in a.iter().zip(acc) {
+        for (p, row) in tile.iter().enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                let lo = _mm256_castpd_ps(_mm512_castpd512_pd256(_mm512_castps_pd(v)));
+                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+                // SAFETY: each holds 8 f32.
+                unsafe {
+                    _mm256_storeu_ps(acc[2 * p * NR + j].as_mut_ptr(), lo);
+                    _mm256_storeu_ps(acc[(2 * p + 1) * NR + j].as_mut_ptr(), hi);
+                }
+            }
+        }
+    }
 }
 
 /// The definition, lane by lane, with the same fused multiply-adds as the vector kernel.
@@ -233,7 +356,9 @@ fn micro_kernel_portable(
     }
 }
 
-/// [`micro_kernel_portable`] with the nine accumulators of a `3 × 3` tile in AVX registers.
+/// [`micro_kernel_portable`] with the twelve accumulators of a `4 × 3` tile in AVX registers (with
+/// the three weight vectors and one activation vector, all sixteen: four activation rows per
+/// three weight loads instead of three, about 5 % less time at decode shapes on one thread).
 ///
 /// # Safety
 /// The CPU must support AVX2 and FMA.
@@ -247,7 +372,7 @@ unsafe fn micro_kernel_avx2(
     acc: &mut [[f32; LANES]; NR * MR],
 ) {
     use std::arch::x86_64::*;
-    const { assert!(MR == 3 && NR == 3 && KC.is_multiple_of(LANES)) };
+    const { assert!(MR == 4 && NR == 3 && KC.is_multiple_of(LANES)) };
     assert!(xs.len() >= (MR - 1) * kp + k0 + KC);
     let mut a = [_mm256_setzero_ps(); MR * NR];
     for (v, s) in a.iter_mut().zip(acc.iter()) {
@@ -319,13 +444,16 @@ mod tests {
                         by_definition(&x[i * k..][..k], &values[j * stride..][..k])
                     })
                     .collect();
-                for threads in [1, 2] {
-                    let got = gemm(&x, w, (m, n, k), threads, |_, _| {});
-                    assert_eq!(bits(&got), bits(&want), "[{m}, {n}, {k}] threads {threads}");
+                for isa in Isa::available() {
+                    for threads in [1, 2] {
+                        let got = gemm_on(isa, &x, w, (m, n, k), threads, |_, _| {});
+                        let at = format!("[{m}, {n}, {k}] {isa:?} threads {threads}");
+                        assert_eq!(bits(&got), bits(&want), "{at}");
+                    }
+                    // One row alone gives that row's bits.
+                    let one = gemm_on(isa, &x[(m - 1) * k..], w, (1, n, k), 1, |_, _| {});
+                    assert_eq!(bits(&one), bits(&want[(m - 1) * n..]), "{isa:?}");
                 }
-                // One row alone gives that row's bits.
-                let one = gemm(&x[(m - 1) * k..], w, (1, n, k), 1, |_, _| {});
-                assert_eq!(bits(&one), bits(&want[(m - 1) * n..]));
             }
         }
     }

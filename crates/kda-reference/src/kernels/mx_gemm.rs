@@ -211,8 +211,21 @@ fn gemm_panel_few_rows(
             for b in step.clone() {
                 wp.pack_rows::<NR>(decode, isa, ops.w, ops.w_scale, k, group_rows(h), b..b + 1);
                 let w = wp.group::<NR>(0, 0, 1);
-                for g in 0..row_groups {
+                let mut g = 0;
+                while g < row_groups {
+                    #[cfg(target_arch = "x86_64")]
+                    if isa == Isa::Avx512 && g + 1 < row_groups {
+                        // Two row groups at a time: each weight value loaded once for both.
+                        let (i0, i1) = (g * col_groups + h, (g + 1) * col_groups + h);
+                        let (lo, hi) = tiles.split_at_mut(i1);
+                        let a2 = [a.group::<MR>(g, b, 1), a.group::<MR>(g + 1, b, 1)];
+                        // SAFETY: `Isa::Avx512` is only chosen where the CPU has AVX-512F.
+                        unsafe { micro_kernel_avx512_pair(a2, w, [&mut lo[i0], &mut hi[0]]) };
+                        g += 2;
+                        continue;
+                    }
                     micro_kernel(isa, 1, a.group::<MR>(g, b, 1), w, &mut tiles[g * col_groups + h]);
+                    g += 1;
                 }
             }
         }
@@ -600,6 +613,55 @@ unsafe fn micro_kernel_avx512(nb: usize, a: &[f64], w: &[f64], tile: &mut Tile) 
     }
 }
 
+/// One block of [`micro_kernel_avx512`] for two row groups `a` (their own tiles) and one weight
+/// block: the columns in two halves of twelve, each half's 24 block sums (two row groups by
+/// twelve columns) in registers, so each weight value is loaded once for sixteen rows instead
+/// of eight. Block sums are exact in f64 whatever their order, and each tile takes them in the
+/// same order as the one-group kernel: the same bits.
+///
+/// # Safety
+/// The CPU must support AVX-512F (`Isa::Avx512`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn micro_kernel_avx512_pair(a: [&[f64]; 2], w: &[f64], mut tiles: [&mut Tile; 2]) {
+    use std::arch::x86_64::*;
+    const HALF: usize = NR / 2;
+    const { assert!(MR == 8 && NR == 2 * HALF) };
+    assert!(a.iter().all(|a| a.len() >= BLOCK_SIZE * MR) && w.len() >= BLOCK_SIZE * NR);
+    let wp = w.as_ptr();
+    for c0 in [0, HALF] {
+        let mut s = [[_mm512_setzero_pd(); HALF]; 2];
+        for kk in 0..BLOCK_SIZE {
+            // SAFETY: `kk < 32`, `c0 + j < 24`: the 8 activation values at `kk·8` of each
+            // group and the weight value at `(c0 + j)·32 + kk` lie within their slices
+            // (asserted above).
+            unsafe {
+                let x = [
+                    _mm512_loadu_pd(a[0].as_ptr().add(kk * MR)),
+                    _mm512_loadu_pd(a[1].as_ptr().add(kk * MR)),
+                ];
+                let wk = wp.add(c0 * BLOCK_SIZE + kk);
+                let [s0, s1] = &mut s;
+                for (j, (s0, s1)) in s0.iter_mut().zip(s1.iter_mut()).enumerate() {
+                    let y = _mm512_set1_pd(*wk.add(j * BLOCK_SIZE));
+                    *s0 = _mm512_fmadd_pd(x[0], y, *s0);
+                    *s1 = _mm512_fmadd_pd(x[1], y, *s1);
+                }
+            }
+        }
+        for (sums, tile) in s.iter().zip(tiles.iter_mut()) {
+            let tp = tile.as_mut_ptr();
+            for (j, &sj) in sums.iter().enumerate() {
+                // SAFETY: `c0 + j < 24`: column `c0 + j`'s 8 f32 lie within the tile.
+                unsafe {
+                    let at = tp.add((c0 + j) * MR);
+                    _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), _mm512_cvtpd_ps(sj)));
+                }
+            }
+        }
+    }
+}
+
 /// [`micro_kernel_portable`] on AVX2: the tile as four `8 × 6` sub-tiles, each with its 48
 /// block sums in twelve 4-lane registers (two per column) and fused multiply-adds.
 ///
@@ -785,6 +847,28 @@ mod tests {
             let mut fast = [0.5f32; MR * NR];
             micro_kernel(isa, nb, ag, wg, &mut fast);
             assert_eq!(bits(&plain), bits(&fast), "{isa:?}");
+        }
+        // The two-group kernel of the few-row path: each group's tile as the one-group
+        // kernel's, block by block.
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() == Isa::Avx512 {
+            let a2 = random_bytes(&mut rng, MR * k, true);
+            let sa2 = scales(&mut rng, MR * nb, true);
+            let mut ap2 = Packed::new::<MR>(1, nb);
+            ap2.pack::<MR>(&decode, Isa::Portable, &a2, &sa2, k, 0..MR, 0..nb);
+            let ag2 = ap2.group::<MR>(0, 0, nb);
+            let mut plain2 = [0.25f32; MR * NR];
+            micro_kernel_portable(nb, ag2, wg, &mut plain2);
+            let (mut t0, mut t1) = ([0.5f32; MR * NR], [0.25f32; MR * NR]);
+            for b in 0..nb {
+                let (a0, a1) = (ap.group::<MR>(0, b, 1), ap2.group::<MR>(0, b, 1));
+                // SAFETY: the CPU has AVX-512F (checked above).
+                unsafe {
+                    micro_kernel_avx512_pair([a0, a1], wp.group::<NR>(0, b, 1), [&mut t0, &mut t1])
+                };
+            }
+            assert_eq!(bits(&plain), bits(&t0), "pair, first group");
+            assert_eq!(bits(&plain2), bits(&t1), "pair, second group");
         }
     }
 }

@@ -971,9 +971,16 @@ pub fn chunk_boundary_states_match_f64_and_resume<B: Backend>(make: &impl Factor
             other => panic!("{needle}: {other:?}"),
         }
     };
-    fails_with(&[-1; 7], "chunk_state_slots");
-    fails_with(&[-1, -1, -1, 2, -1, -1, -1, -1], "chunk_state_slots[3] = 2");
-    fails_with(&[5, 5, -1, -1, -1, -1, -1, -1], "chunk_state_slots[1] = 5");
+    let cases: [(&[i32], &str); 3] = [
+        (&[-1; 7], "chunk_state_slots"),
+        (&[-1, -1, -1, 2, -1, -1, -1, -1], "chunk_state_slots[3] = 2"),
+        (&[5, 5, -1, -1, -1, -1, -1, -1], "chunk_state_slots[1] = 5"),
+    ];
+    for (case, (kept, needle)) in cases.into_iter().enumerate() {
+        if super::runs_fault_case(&b, case) {
+            fails_with(kept, needle);
+        }
+    }
 }
 
 /// `KdaChunk` on `seq` as one request continuing from slot 0 of `state`, f32, scale 0.25 (as
@@ -1365,9 +1372,11 @@ pub fn kda_bad_metadata_fails_at_synchronize<B: Backend>(make: &impl Factory<B>)
             other => panic!("{needle}: {other:?}"),
         }
     };
-    fails_with(Op::KdaChunk(chunk(&[0, 4, 3], 1)), "cu_seqlens");
-    fails_with(Op::KdaChunk(chunk(&[0, 4, 7], 1)), "cu_seqlens");
-    fails_with(Op::KdaChunk(chunk(&[0, 4, 6], 2)), "state_slots[1] = 2");
+    let mut cases: Vec<(Op<B>, &str)> = vec![
+        (Op::KdaChunk(chunk(&[0, 4, 3], 1)), "cu_seqlens"),
+        (Op::KdaChunk(chunk(&[0, 4, 7], 1)), "cu_seqlens"),
+        (Op::KdaChunk(chunk(&[0, 4, 6], 2)), "state_slots[1] = 2"),
+    ];
     let rec = |accepted: i32| KdaRecurrent {
         q: zeros(&[1, 2, h, kd]),
         k: zeros(&[1, 2, h, kd]),
@@ -1381,8 +1390,8 @@ pub fn kda_bad_metadata_fails_at_synchronize<B: Backend>(make: &impl Factory<B>)
         scale: 1.0,
         qk_l2norm: true,
     };
-    fails_with(Op::KdaRecurrent(rec(0)), "num_accepted_tokens[0] = 0");
-    fails_with(Op::KdaRecurrent(rec(3)), "num_accepted_tokens[0] = 3");
+    cases.push((Op::KdaRecurrent(rec(0)), "num_accepted_tokens[0] = 0"));
+    cases.push((Op::KdaRecurrent(rec(3)), "num_accepted_tokens[0] = 3"));
     let update = CausalConvUpdate {
         x: zeros(&[1, 1, 3]),
         weight: zeros(&[3, 4]),
@@ -1391,10 +1400,23 @@ pub fn kda_bad_metadata_fails_at_synchronize<B: Backend>(make: &impl Factory<B>)
         state: zeros(&[1, 4, 3]),
         y: zeros(&[1, 1, 3]),
     };
-    fails_with(Op::CausalConvUpdate(update), "num_accepted_tokens[0] = 3");
-    // The stream works again after the errors were reported.
-    b.launch(&s, Op::KdaChunk(chunk(&[0, 4, 6], 1))).unwrap();
-    b.synchronize(&s).unwrap();
+    cases.push((Op::CausalConvUpdate(update), "num_accepted_tokens[0] = 3"));
+    let good = Op::KdaChunk(chunk(&[0, 4, 6], 1));
+    for (case, (op, needle)) in cases.into_iter().enumerate() {
+        if super::runs_fault_case(&b, case) {
+            fails_with(op, needle);
+        }
+    }
+    if b.info().capabilities.device_faults_are_fatal {
+        // The device stays failed: good work fails (when queued or at synchronize) with the
+        // fault already reported.
+        let after = b.launch(&s, good).and_then(|()| b.synchronize(&s));
+        assert!(after.is_err(), "work after a fatal device fault must fail: {after:?}");
+    } else {
+        // The stream works again after the errors were reported.
+        b.launch(&s, good).unwrap();
+        b.synchronize(&s).unwrap();
+    }
 }
 
 /// NaN in the inputs propagates and never crashes: a NaN key at token 70 of head 1 makes that
@@ -1505,17 +1527,20 @@ macro_rules! conformance_kda {
             kda_l2norm_matches_f64 => kda::l2norm_matches_f64(&$plain),
             kda_gate_forms_match_f64_at_extremes => kda::gate_forms_match_f64_at_extremes(&$plain),
             kda_gated_rms_norm_matches_f64 => kda::gated_rms_norm_matches_f64(&$plain),
-            kda_zero_padding_clears_rows => kda::zero_padding_clears_rows(&$plain),
             kda_recurrence_and_chunk_match_f64 => kda::recurrence_and_chunk_match_f64(&$plain),
             kda_chunk_split_equals_one_call => kda::chunk_split_equals_one_call(&$plain),
             kda_chunk_varlen_batch_matches_f64 => kda::chunk_varlen_batch_matches_f64(&$plain),
-            kda_chunk_boundary_states_match_f64_and_resume => kda::chunk_boundary_states_match_f64_and_resume(&$plain),
             kda_chunk_in_kernel_gate_equals_gate_then_chunk => kda::chunk_in_kernel_gate_equals_gate_then_chunk(&$plain),
             kda_recurrent_speculative_reads_and_writes_slots => kda::recurrent_speculative_reads_and_writes_slots(&$plain),
             kda_ops_reject_bad_operands => kda::kda_ops_reject_bad_operands(&$plain),
-            kda_bad_metadata_fails_at_synchronize => kda::kda_bad_metadata_fails_at_synchronize(&$plain),
             kda_nan_inputs_propagate_without_crashing => kda::nan_inputs_propagate_without_crashing(&$plain),
             kda_chunk_reads_and_writes_a_transposed_state_view => kda::chunk_reads_and_writes_a_transposed_state_view(&$plain),
+        );
+        // Each faults the device on purpose: processes of their own, one per fault case.
+        $crate::conformance_tests!(@isolated
+            kda_zero_padding_clears_rows => 1 cases: kda::zero_padding_clears_rows(&$plain),
+            kda_chunk_boundary_states_match_f64_and_resume => 3 cases: kda::chunk_boundary_states_match_f64_and_resume(&$plain),
+            kda_bad_metadata_fails_at_synchronize => 6 cases: kda::kda_bad_metadata_fails_at_synchronize(&$plain),
         );
     };
 }

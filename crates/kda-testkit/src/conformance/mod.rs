@@ -47,6 +47,70 @@ macro_rules! conformance_tests {
             }
         )*
     };
+    // Bodies that fault the device on purpose, each in processes of its own, one per fault case
+    // (`conformance::isolated`).
+    (@isolated $($name:ident => $cases:literal cases: $module:ident :: $body:ident ( $($arg:tt)* )),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::conformance::isolated(module_path!(), stringify!($name), $cases, || {
+                    $crate::conformance::$module::$body($($arg)*)
+                });
+            }
+        )*
+    };
+}
+
+/// Which body a process started by [`isolated`] runs (its test name), and which fault case.
+const ISOLATED: &str = "KDA_CONFORMANCE_ISOLATED";
+const CASE: &str = "KDA_CONFORMANCE_CASE";
+
+/// Run the body of test `name` (of this test binary, declared in `module_path`) in processes of
+/// its own, one per fault case
+/// `0..cases`, each of which must pass. A body that faults the device on purpose cannot share a
+/// process with other bodies where a device fault is fatal
+/// ([`Capabilities::device_faults_are_fatal`](kda_core::resource::Capabilities): on Ascend one
+/// fault stops every stream of the context, so every later test of the binary would fail), and
+/// there each fault case needs a process of its own ([`runs_fault_case`]). Inside such a process
+/// (the test's path in `KDA_CONFORMANCE_ISOLATED`) the body runs here.
+pub fn isolated(module_path: &str, name: &str, cases: usize, body: impl FnOnce()) {
+    // The test's path below the crate: libtest's name for it, and a part of any harness's.
+    let name = &match module_path.split_once("::") {
+        Some((_, module)) => format!("{module}::{name}"),
+        None => name.to_string(),
+    };
+    if std::env::var(ISOLATED).is_ok_and(|v| v == *name) {
+        body();
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    for case in 0..cases {
+        let out = std::process::Command::new(&exe)
+            .args([name, "--test-threads=1"])
+            .env(ISOLATED, name)
+            .env(CASE, case.to_string())
+            .output()
+            .expect("start the test binary again");
+        let (stdout, stderr) =
+            (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && stdout.contains(" 1 passed;"),
+            "{name}, fault case {case}, in a process of its own ({}):\n{stdout}\n{stderr}",
+            out.status
+        );
+    }
+}
+
+/// Whether this process runs fault case `case` of an [`isolated`] body on `b`: only its own case
+/// where device faults are fatal, all of them in the first process where they are not (and
+/// outside `isolated`).
+pub fn runs_fault_case<B: Backend>(b: &Device<B>, case: usize) -> bool {
+    let own: Option<usize> = std::env::var(CASE).ok().and_then(|c| c.parse().ok());
+    match own {
+        None => true,
+        Some(own) if b.info().capabilities.device_faults_are_fatal => own == case,
+        Some(own) => own == 0,
+    }
 }
 
 /// Run `f` on its own thread and fail if it does not finish within `limit` (a hang in a broken

@@ -7,7 +7,7 @@ use kda_core::{DType, Layout};
 use super::super::Exec;
 use super::io::{T, par_map, read_f32, read_i32, row, slot, write_f32};
 use super::norm::l2norm_row;
-use super::simd::dot;
+use super::simd;
 use crate::ReferenceBackend;
 
 /// One token through one head's v-first state `s` (`[V, K]`, in place): decay, delta-rule
@@ -15,8 +15,52 @@ use crate::ReferenceBackend;
 /// scratch of `K` elements.
 ///
 /// Row `r` of `s` is column `r` of the formulas' `S`, so `(S^T k)[r]` is a row dot product.
+/// Each row is read twice (decay with `S^T k`, then the update with `S^T q`), its sums in
+/// [`dot`](simd::dot)'s order.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn step(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    decay: &mut [f32],
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time), all this build assumes.
+        unsafe { step_avx2(s, q, k, v, g, beta, decay, o) };
+        return;
+    }
+    step_impl::<false>(s, q, k, v, g, beta, decay, o);
+}
+
+/// [`step_impl`] compiled for AVX2 (same bits: Rust never fuses a multiply and an add).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn step_avx2(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    decay: &mut [f32],
+    o: &mut [f32],
+) {
+    step_impl::<true>(s, q, k, v, g, beta, decay, o);
+}
+
+/// `AVX2`: the rows' passes in AVX2 intrinsics (the caller has checked the CPU has them).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn step_impl<const AVX2: bool>(
     s: &mut [f32],
     q: &[f32],
     k: &[f32],
@@ -34,24 +78,90 @@ pub(crate) fn step(
     for (d, &g) in decay.iter_mut().zip(g) {
         *d = g.exp();
     }
+    let decay = &*decay;
     for ((row, &v), o) in s.chunks_exact_mut(kd).zip(v).zip(o) {
-        for (x, &d) in row.iter_mut().zip(&*decay) {
-            *x *= d;
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: `AVX2` is set only under `step_avx2`, whose caller checked the CPU.
+            unsafe {
+                let u = beta * (v - update_dot_avx2::<false>(row, decay, 0.0, k));
+                *o = update_dot_avx2::<true>(row, k, u, q);
+            }
+            continue;
         }
-        let u = beta * (v - dot(row, k));
-        for (x, &k) in row.iter_mut().zip(k) {
-            *x += k * u;
-        }
-        *o = dot(row, q);
+        let u = beta * (v - update_dot::<false>(row, decay, 0.0, k));
+        *o = update_dot::<true>(row, k, u, q);
     }
+}
+
+/// `row[i] = row[i]·a[i]` (`add` false) or `row[i] + a[i]·u` (`add` true) for every `i`, and
+/// the dot product of the new row with `w`, summed exactly as [`dot`](simd::dot) sums it: one pass over the
+/// row instead of two.
+#[inline(always)]
+fn update_dot<const ADD: bool>(row: &mut [f32], a: &[f32], u: f32, w: &[f32]) -> f32 {
+    let n = row.len().min(w.len()).min(a.len());
+    let (rows, row_tail) = row[..n].as_chunks_mut::<8>();
+    let ((a8, a_tail), (w8, w_tail)) = (a[..n].as_chunks::<8>(), w[..n].as_chunks::<8>());
+    let mut acc = [0.0f32; 8];
+    for ((x, a), y) in rows.iter_mut().zip(a8).zip(w8) {
+        for l in 0..8 {
+            x[l] = if ADD { x[l] + a[l] * u } else { x[l] * a[l] };
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for ((x, &a), &y) in row_tail.iter_mut().zip(a_tail).zip(w_tail) {
+        *x = if ADD { *x + a * u } else { *x * a };
+        sum += *x * y;
+    }
+    sum
+}
+
+/// [`update_dot`] in AVX2 registers, with its bits: lane `l` of the accumulator is `acc[l]`,
+/// every operation the same IEEE one (no fused multiply-add).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn update_dot_avx2<const ADD: bool>(row: &mut [f32], a: &[f32], u: f32, w: &[f32]) -> f32 {
+    use std::arch::x86_64::{
+        _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_ps, _mm256_setzero_ps,
+        _mm256_storeu_ps,
+    };
+    let n = row.len().min(w.len()).min(a.len());
+    let (rows, row_tail) = row[..n].as_chunks_mut::<8>();
+    let ((a8, a_tail), (w8, w_tail)) = (a[..n].as_chunks::<8>(), w[..n].as_chunks::<8>());
+    let uv = _mm256_set1_ps(u);
+    let mut acc = _mm256_setzero_ps();
+    for ((x, a), y) in rows.iter_mut().zip(a8).zip(w8) {
+        // SAFETY: each pointer is to eight f32 (an `[f32; 8]`); loads and stores are unaligned.
+        unsafe {
+            let (xv, av) = (_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(a.as_ptr()));
+            let nx =
+                if ADD { _mm256_add_ps(xv, _mm256_mul_ps(av, uv)) } else { _mm256_mul_ps(xv, av) };
+            _mm256_storeu_ps(x.as_mut_ptr(), nx);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(nx, _mm256_loadu_ps(y.as_ptr())));
+        }
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: eight f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc) };
+    let l = lanes;
+    let mut sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for ((x, &a), &y) in row_tail.iter_mut().zip(a_tail).zip(w_tail) {
+        *x = if ADD { *x + a * u } else { *x * a };
+        sum += *x * y;
+    }
+    sum
 }
 
 /// [`step`] on a K-first head state `s` (`[K, V]`, flash-linear-attention's layout, which
 /// `kda core`, `kda.core` and an engine's transformers-layout cache hand over as a transposed
 /// view), in place, **with [`step`]'s bits**: the element-wise lines are the same, and each
-/// column's `S^T k` and `S^T q` is summed in [`dot`]'s order ([`column_dots`]), so a K-first
-/// cache and kda's own v-first one give the same results. `u` is scratch of `V` elements,
-/// `lanes` of `8 V`.
+/// column's `S^T k` and `S^T q` is summed in [`dot`](simd::dot)'s order ([`strip`]), so a
+/// K-first cache and kda's own v-first one give the same results. `u` and `decay` are scratch
+/// of `V` and `K` elements.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn step_kfirst(
     s: &mut [f32],
@@ -60,7 +170,48 @@ pub(crate) fn step_kfirst(
     v: &[f32],
     g: &[f32],
     beta: f32,
-    (u, lanes): (&mut [f32], &mut [f32]),
+    (u, decay): (&mut [f32], &mut [f32]),
+    o: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time), all this build assumes.
+        unsafe { step_kfirst_avx2(s, q, k, v, g, beta, (u, decay), o) };
+        return;
+    }
+    step_kfirst_impl(s, q, k, v, g, beta, (u, decay), o);
+}
+
+/// [`step_kfirst_impl`] compiled for AVX2 (same bits).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn step_kfirst_avx2(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    scratch: (&mut [f32], &mut [f32]),
+    o: &mut [f32],
+) {
+    step_kfirst_impl(s, q, k, v, g, beta, scratch, o);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn step_kfirst_impl(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: f32,
+    (u, decay): (&mut [f32], &mut [f32]),
     o: &mut [f32],
 ) {
     let vd = v.len();
@@ -68,45 +219,92 @@ pub(crate) fn step_kfirst(
         o.fill(0.0);
         return;
     }
-    for (row, &gc) in s.chunks_exact_mut(vd).zip(g) {
-        let d = gc.exp();
-        row.iter_mut().for_each(|x| *x *= d);
+    for (d, &gc) in decay.iter_mut().zip(g) {
+        *d = gc.exp();
     }
-    column_dots(s, k, lanes, u);
-    for (acc, &vj) in u.iter_mut().zip(v) {
-        *acc = beta * (vj - *acc);
-    }
-    for (row, &kc) in s.chunks_exact_mut(vd).zip(k) {
-        for (x, &uj) in row.iter_mut().zip(&*u) {
-            *x += kc * uj;
+    let decay = &*decay;
+    // Column j's update needs only column j's `S^T k`: the whole step runs a strip of columns
+    // at a time, the strip read from memory once and its second pass served from cache.
+    let full = k.len() - k.len() % 8;
+    let mut j0 = 0;
+    while j0 < vd {
+        let width = if j0 + STRIP <= vd { STRIP } else { 1 };
+        let cols = j0..j0 + width;
+        let at = (j0, vd, full);
+        if width == STRIP {
+            strip::<STRIP, false>(s, decay, &[], k, &mut u[cols.clone()], at);
+        } else {
+            strip::<1, false>(s, decay, &[], k, &mut u[cols.clone()], at);
         }
+        for (acc, &vj) in u[cols.clone()].iter_mut().zip(&v[cols.clone()]) {
+            *acc = beta * (vj - *acc);
+        }
+        if width == STRIP {
+            strip::<STRIP, true>(s, k, u, q, &mut o[cols], at);
+        } else {
+            strip::<1, true>(s, k, u, q, &mut o[cols], at);
+        }
+        j0 += width;
     }
-    column_dots(s, q, lanes, o);
 }
 
-/// `out[j] = dot(column j of the [K, V] block s, w)` for every `j`, each summed exactly as
-/// [`dot`] sums a row: eight lanes (`i mod 8`) over the whole groups of eight, in order, the
-/// lanes added as `dot` adds them, then the remaining terms one by one. `lanes` is scratch of
-/// `8 V`.
-fn column_dots(s: &[f32], w: &[f32], lanes: &mut [f32], out: &mut [f32]) {
-    let vd = out.len();
-    let full = w.len() - w.len() % 8;
-    lanes.fill(0.0);
-    for (i, (row, &wi)) in s.chunks_exact(vd).zip(w).take(full).enumerate() {
-        let lane = &mut lanes[(i % 8) * vd..(i % 8 + 1) * vd];
-        for (a, &x) in lane.iter_mut().zip(row) {
-            *a += x * wi;
+/// Columns of the K-first strip kernel: one vector of eight.
+const STRIP: usize = 8;
+
+/// `s[i][j] = s[i][j]·a[i]` (`ADD` false) or `s[i][j] + a[i]·u[j]` (`ADD` true) for every
+/// row `i` of the `[K, V]` block `s` and the `W` columns `j0 .. j0 + W`, and `out[l] =
+/// dot(column j0 + l of the new s, w)`, each summed exactly as [`dot`](simd::dot) sums a row:
+/// eight lanes (`i mod 8`) over the whole groups of eight (`full` rows), in order, the lanes
+/// added as `dot` adds them, then the remaining terms one by one; the strip's eight lanes stay
+/// in registers.
+#[inline(always)]
+fn strip<const W: usize, const ADD: bool>(
+    s: &mut [f32],
+    a: &[f32],
+    u: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    (j0, vd, full): (usize, usize, usize),
+) {
+    let kd = w.len();
+    let mut us = [0.0f32; W];
+    if ADD {
+        us.copy_from_slice(&u[j0..j0 + W]);
+    }
+    let update = |row: &mut [f32], i: usize| {
+        let row = &mut row[..W];
+        let ai = a[i];
+        for l in 0..W {
+            row[l] = if ADD { row[l] + ai * us[l] } else { row[l] * ai };
+        }
+    };
+    let mut acc = [[0.0f32; W]; 8];
+    for i0 in (0..full).step_by(8) {
+        for (lane, acc) in acc.iter_mut().enumerate() {
+            let i = i0 + lane;
+            let at = i * vd + j0;
+            let row = &mut s[at..at + W];
+            update(row, i);
+            let wi = w[i];
+            for l in 0..W {
+                acc[l] += row[l] * wi;
+            }
         }
     }
-    for (j, o) in out.iter_mut().enumerate() {
-        let l = |n: usize| lanes[n * vd + j];
-        *o = ((l(0) + l(4)) + (l(2) + l(6))) + ((l(1) + l(5)) + (l(3) + l(7)));
+    let mut sum = [0.0f32; W];
+    for (l, x) in sum.iter_mut().enumerate() {
+        let c = |n: usize| acc[n][l];
+        *x = ((c(0) + c(4)) + (c(2) + c(6))) + ((c(1) + c(5)) + (c(3) + c(7)));
     }
-    for (row, &wi) in s.chunks_exact(vd).zip(w).skip(full) {
-        for (o, &x) in out.iter_mut().zip(row) {
-            *o += x * wi;
+    for (i, &wi) in w.iter().enumerate().take(kd).skip(full) {
+        let at = i * vd + j0;
+        let row = &mut s[at..at + W];
+        update(row, i);
+        for l in 0..W {
+            sum[l] += row[l] * wi;
         }
     }
+    out.copy_from_slice(&sum);
 }
 
 /// One head's state where it lies in the cache, in one of the two layouts the decode step
@@ -172,12 +370,12 @@ pub(in crate::kernels) fn recurrent(
     };
     if n == 1 && in_place(&initial, &writes) {
         let taken = decode_in_place(op, exec, &initial, (heads, kd, vd), |at, s, o, scratch| {
-            let [qt, kt, decay, u, lanes] = scratch;
+            let [qt, kt, decay, u] = scratch;
             load(at, qt, kt);
             let (vt, gt) = (&v[at * vd..(at + 1) * vd], &g[at * kd..(at + 1) * kd]);
             match s {
                 HeadState::VFirst(s) => step(s, qt, kt, vt, gt, beta[at], decay, o),
-                HeadState::KFirst(s) => step_kfirst(s, qt, kt, vt, gt, beta[at], (u, lanes), o),
+                HeadState::KFirst(s) => step_kfirst(s, qt, kt, vt, gt, beta[at], (u, decay), o),
             }
         })?;
         if taken {
@@ -254,7 +452,7 @@ fn decode_in_place(
     exec: &Exec,
     initial: &[Option<usize>],
     (heads, kd, vd): (usize, usize, usize),
-    run: impl Fn(usize, HeadState<'_>, &mut [f32], [&mut [f32]; 5]) + Sync,
+    run: impl Fn(usize, HeadState<'_>, &mut [f32], [&mut [f32]; 4]) + Sync,
 ) -> Result<bool, String> {
     let batch = initial.len();
     let mut o_all = vec![0.0f32; batch * heads * vd];
@@ -300,9 +498,9 @@ fn decode_in_place(
         }
     }
     super::io::par_for_each(exec, tasks, |(at, state, o)| {
-        let (mut qt, mut kt, mut decay, mut u, mut lanes) =
-            (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd], vec![0.0; vd], vec![0.0; 8 * vd]);
-        run(at, state, o, [&mut qt, &mut kt, &mut decay, &mut u, &mut lanes]);
+        let (mut qt, mut kt, mut decay, mut u) =
+            (vec![0.0; kd], vec![0.0; kd], vec![0.0; kd], vec![0.0; vd]);
+        run(at, state, o, [&mut qt, &mut kt, &mut decay, &mut u]);
     });
     write_f32(&op.o, &o_all);
     Ok(true)
@@ -313,6 +511,116 @@ mod tests {
     use super::*;
     use kda_testkit::Gen;
     use kda_testkit::oracle_kda::{KdaSequence, kda_recurrence};
+
+    /// The step as first written, one pass per line of the formulas: the spec of [`step`]'s
+    /// bits.
+    #[allow(clippy::too_many_arguments)]
+    fn plain_step(
+        s: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: f32,
+        o: &mut [f32],
+    ) {
+        let kd = k.len();
+        let decay: Vec<f32> = g.iter().map(|g| g.exp()).collect();
+        for ((row, &v), o) in s.chunks_exact_mut(kd).zip(v).zip(o) {
+            for (x, &d) in row.iter_mut().zip(&decay) {
+                *x *= d;
+            }
+            let u = beta * (v - simd::dot(row, k));
+            for (x, &k) in row.iter_mut().zip(k) {
+                *x += k * u;
+            }
+            *o = simd::dot(row, q);
+        }
+    }
+
+    /// [`plain_step`] on the K-first state, its column sums through eight lanes held in memory.
+    #[allow(clippy::too_many_arguments)]
+    fn plain_step_kfirst(
+        s: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        g: &[f32],
+        beta: f32,
+        o: &mut [f32],
+    ) {
+        let vd = v.len();
+        let column_dots = |s: &[f32], w: &[f32], out: &mut [f32]| {
+            let full = w.len() - w.len() % 8;
+            let mut lanes = vec![0.0f32; 8 * vd];
+            for (i, (row, &wi)) in s.chunks_exact(vd).zip(w).take(full).enumerate() {
+                for (a, &x) in lanes[(i % 8) * vd..(i % 8 + 1) * vd].iter_mut().zip(row) {
+                    *a += x * wi;
+                }
+            }
+            for (j, o) in out.iter_mut().enumerate() {
+                let l = |n: usize| lanes[n * vd + j];
+                *o = ((l(0) + l(4)) + (l(2) + l(6))) + ((l(1) + l(5)) + (l(3) + l(7)));
+            }
+            for (row, &wi) in s.chunks_exact(vd).zip(w).skip(full) {
+                for (o, &x) in out.iter_mut().zip(row) {
+                    *o += x * wi;
+                }
+            }
+        };
+        for (row, &gc) in s.chunks_exact_mut(vd).zip(g) {
+            let d = gc.exp();
+            row.iter_mut().for_each(|x| *x *= d);
+        }
+        let mut u = vec![0.0f32; vd];
+        column_dots(s, k, &mut u);
+        for (acc, &vj) in u.iter_mut().zip(v) {
+            *acc = beta * (vj - *acc);
+        }
+        for (row, &kc) in s.chunks_exact_mut(vd).zip(k) {
+            for (x, &uj) in row.iter_mut().zip(&u) {
+                *x += kc * uj;
+            }
+        }
+        column_dots(s, q, o);
+    }
+
+    /// The fused steps (a pass or two over the state, strips of columns in registers, AVX2
+    /// where the CPU has it) give the bits of the steps as first written, for head dims below,
+    /// at and across the groups of eight and the strips.
+    #[test]
+    fn fused_steps_keep_the_plain_steps_bits() {
+        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for (kd, vd) in [(1, 1), (7, 5), (8, 8), (16, 9), (21, 23), (128, 128), (64, 100)] {
+            let mut rng = Gen::new(kd as u64 * 1000 + vd as u64);
+            let t = 3;
+            let q = rng.uniform_f32(t * kd, -1.0, 1.0);
+            let k = rng.uniform_f32(t * kd, -0.3, 0.3);
+            let v = rng.uniform_f32(t * vd, -1.0, 1.0);
+            let g = rng.uniform_f32(t * kd, -1.0, 0.0);
+            let beta = rng.uniform_f32(t, 0.0, 1.0);
+            let s0 = rng.uniform_f32(kd * vd, -1.0, 1.0);
+            let (mut s_plain, mut s_fused) = (s0.clone(), s0.clone());
+            let (mut s_kplain, mut s_kfused) = (s0.clone(), s0);
+            let mut decay = vec![0.0; kd];
+            let mut u = vec![0.0; vd];
+            for i in 0..t {
+                let (qi, ki, gi) =
+                    (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd], &g[i * kd..(i + 1) * kd]);
+                let vi = &v[i * vd..(i + 1) * vd];
+                let (mut want, mut got) = (vec![0.0; vd], vec![0.0; vd]);
+                plain_step(&mut s_plain, qi, ki, vi, gi, beta[i], &mut want);
+                step(&mut s_fused, qi, ki, vi, gi, beta[i], &mut decay, &mut got);
+                assert_eq!(bits(&got), bits(&want), "v-first o, K {kd} V {vd} token {i}");
+                assert_eq!(bits(&s_fused), bits(&s_plain), "v-first state, K {kd} V {vd}");
+                plain_step_kfirst(&mut s_kplain, qi, ki, vi, gi, beta[i], &mut want);
+                let scratch = (&mut u[..], &mut decay[..]);
+                step_kfirst(&mut s_kfused, qi, ki, vi, gi, beta[i], scratch, &mut got);
+                assert_eq!(bits(&got), bits(&want), "K-first o, K {kd} V {vd} token {i}");
+                assert_eq!(bits(&s_kfused), bits(&s_kplain), "K-first state, K {kd} V {vd}");
+            }
+        }
+    }
 
     /// Steps on the v-first state agree with the f64 recurrence on the K-first one.
     #[test]
@@ -355,12 +663,12 @@ mod tests {
             // The same steps on the K-first state, as a transposed view hands it over: the v-first
             // step's bits (a K-first cache and kda's own give the same results).
             let (o_vfirst, s_vfirst) = (o, s_kfirst);
-            let (mut s, mut u, mut lanes, mut o) =
-                (vec![0.0f32; kd * vd], vec![0.0; vd], vec![0.0; 8 * vd], vec![0.0f32; t * vd]);
+            let (mut s, mut u, mut decay, mut o) =
+                (vec![0.0f32; kd * vd], vec![0.0; vd], vec![0.0; kd], vec![0.0f32; t * vd]);
             for i in 0..t {
                 let (qi, ki) = (&q[i * kd..(i + 1) * kd], &k[i * kd..(i + 1) * kd]);
                 let (vi, gi) = (&v[i * vd..(i + 1) * vd], &g[i * kd..(i + 1) * kd]);
-                let (scratch, oi) = ((&mut u[..], &mut lanes[..]), &mut o[i * vd..(i + 1) * vd]);
+                let (scratch, oi) = ((&mut u[..], &mut decay[..]), &mut o[i * vd..(i + 1) * vd]);
                 step_kfirst(&mut s, qi, ki, vi, gi, beta[i], scratch, oi);
             }
             kda_testkit::Tolerance::exact().assert_close(&[t, vd], &o, &o_vfirst);
