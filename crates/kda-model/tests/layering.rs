@@ -5,7 +5,8 @@
 //!   new module must be given its layer here, and an import that runs upward (or a circle) fails,
 //!   naming it;
 //! - kda-core is the HAL alone: it depends on no checkpoint crate and not on kda-model;
-//! - no backend depends on kda-model (tests and examples may: `[dev-dependencies]`).
+//! - no backend depends on kda-model (tests and examples may: `[dev-dependencies]`);
+//! - the emulated ACL runtime (`kda-acl-emu`) does not depend on the reference backend.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -201,6 +202,16 @@ fn no_backend_depends_on_the_model() {
         let deps = manifest_dependencies(backend);
         assert!(!deps.contains("kda-model"), "{backend}'s [dependencies] name kda-model");
     }
+}
+
+/// The emulated ACL runtime is its own runtime, not a layer over the reference backend: its
+/// streams, events, capture, memory and aclnn math are its own code (issue #29), so a
+/// reference-backend bug cannot hide in both sides of an Ascend test. Its tests may compare
+/// against the reference (`[dev-dependencies]`).
+#[test]
+fn the_emulated_acl_runtime_does_not_depend_on_the_reference_backend() {
+    let deps = manifest_dependencies("kda-ascend/emu");
+    assert!(!deps.contains("kda-reference"), "kda-acl-emu's [dependencies] name kda-reference");
 }
 
 #[test]

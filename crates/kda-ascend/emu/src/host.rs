@@ -104,3 +104,66 @@ pub(crate) unsafe fn write_f32(t: &T, values: &[f32]) {
         }
     }
 }
+
+/// Copy `src`'s elements into `dst` (same dtype and element count) bit for bit.
+///
+/// # Safety
+/// Both tensors' memory is alive; nothing else writes `src` or touches `dst` meanwhile.
+pub(crate) unsafe fn copy_raw(src: &T, dst: &T) {
+    let size = src.dtype().size_bytes();
+    let (s, d) = (src.buffer().element_ptr::<u8>(0), dst.buffer().element_ptr::<u8>(0));
+    // Gathered first: the views may overlap (a device-to-device copy within one allocation).
+    let bytes: Vec<u8> = src
+        .layout()
+        .offsets()
+        // SAFETY: elements of the source view inside its live buffer (caller's contract).
+        .flat_map(|o| unsafe { std::slice::from_raw_parts(s.add(o * size), size) }.to_vec())
+        .collect();
+    for (o, b) in dst.layout().offsets().zip(bytes.chunks(size)) {
+        // SAFETY: an element of the destination view inside its live buffer.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), d.add(o * size), size) };
+    }
+}
+
+/// Every element of a one-byte tensor (`U8`, `E4M3`, `E8M0`) in row-major order.
+///
+/// # Safety
+/// As [`read_f32`].
+pub(crate) unsafe fn read_bytes(t: &T) -> Vec<u8> {
+    let base = t.buffer().element_ptr::<u8>(0);
+    // SAFETY: an element of the view inside its live buffer (caller's contract).
+    t.layout().offsets().map(|o| unsafe { base.add(o).read() }).collect()
+}
+
+/// Store one-byte elements into a one-byte tensor, row-major.
+///
+/// # Safety
+/// As [`write_f32`].
+pub(crate) unsafe fn write_bytes(t: &T, bytes: &[u8]) {
+    let base = t.buffer().element_ptr::<u8>(0);
+    for (o, &b) in t.layout().offsets().zip(bytes) {
+        // SAFETY: an element of the view inside its live buffer (caller's contract).
+        unsafe { base.add(o).write(b) };
+    }
+}
+
+/// Set every element of `dst` to `value`, converted to its dtype (one rounding from f64:
+/// `aclnnInplaceFillScalar` casts the scalar to `selfRef`'s dtype).
+///
+/// # Safety
+/// As [`write_f32`].
+pub(crate) unsafe fn fill(dst: &T, value: f64) {
+    let base = dst.buffer().element_ptr::<u8>(0);
+    let size = dst.dtype().size_bytes();
+    let bytes: Vec<u8> = match dst.dtype() {
+        DType::F32 => (value as f32).to_ne_bytes().to_vec(),
+        DType::BF16 => bf16::from_f64(value).to_bits().to_ne_bytes().to_vec(),
+        DType::F16 => f16::from_f64(value).to_bits().to_ne_bytes().to_vec(),
+        DType::I32 => (value as i32).to_ne_bytes().to_vec(),
+        DType::U8 | DType::E4M3 | DType::E8M0 => vec![value as u8],
+    };
+    for o in dst.layout().offsets() {
+        // SAFETY: an element of the view inside its live buffer (caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(o * size), size) };
+    }
+}

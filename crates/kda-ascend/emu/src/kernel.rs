@@ -25,9 +25,10 @@ use kda_core::kda::{
 use kda_core::{BufferHandle, HostFn, Op};
 
 use crate::abi::{self, GmTensor, names};
+use crate::mem::Mem;
 use crate::twin::{self, GmRange};
 use crate::types::*;
-use crate::{Emu, Ref, Res, T, array, call, emu, invalid, put};
+use crate::{Emu, Res, T, array, call, emu, invalid, put};
 
 /// Where a loaded binary's kernel code is.
 #[derive(Clone, Debug)]
@@ -276,10 +277,8 @@ fn stage_place_holders(
         }
         let end = starts.iter().copied().find(|&s| s > data).unwrap_or(len);
         let region = &block[data..end];
-        let buf = emu
-            .backend
-            .alloc_buffer(region.len().max(1))
-            .map_err(|e| (ACL_ERROR_RT_MEMORY_ALLOCATION, format!("{api}: {e}")))?;
+        let buf = crate::allocate(emu, api, region.len().max(1))
+            .map_err(|(_, m)| (ACL_ERROR_RT_MEMORY_ALLOCATION, m))?;
         let addr = buf.element_ptr::<u8>(0);
         // SAFETY: `addr` starts a fresh allocation of at least `region.len()` bytes that nothing
         // else references yet.
@@ -341,7 +340,7 @@ fn read_and_queue(
         .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{api} {name}: {e}")))?;
     let kernel = code.kernel(name).map_err(|e| bad(e.to_string()))?;
     let run = execution(emu, api, kernel, num_blocks, &params, &meta, stream)?;
-    emu.launch(name, &s, vec![Op::Host { name, f: run }])?;
+    emu.launch(name, &s, vec![run])?;
     crate::log(name, stream as usize, 0);
     Ok(())
 }
@@ -440,7 +439,7 @@ fn scalar(block: &abi::Args, i: usize, what: &str) -> Res<f64> {
 }
 
 /// The HAL op a kernel launch describes (its arguments are checked against it).
-fn describe(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Ref>> {
+fn describe(emu: &Emu, name: &str, block: &abi::Args) -> Res<Op<Mem>> {
     let list = tensors(emu, block)?;
     let count = list.len();
     let mut t = list.into_iter();

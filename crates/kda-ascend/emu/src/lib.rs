@@ -4,12 +4,14 @@
 //! prototypes and the backend's real FFI layer — pointers, out-parameters and structs included —
 //! runs here without an NPU.
 //!
-//! It implements the documented semantics on top of the CPU reference backend: streams are its
-//! asynchronous worker threads, events its snapshots, capture is its graph capture with the ACL
-//! join rule, device memory is its buffers (device addresses are real host addresses), and the
-//! ops-nn aclnn ops compute through its kernels; CANN's KDA operators compute in the emulator's
-//! own code at the precision of their kernel sources (`vendor/`). Every AscendC kernel launch executes the kernel's own
-//! source, compiled for the host against the AscendC twin ([`twin`], `crates/kda-ascend/twin`),
+//! It implements the documented semantics in its own code, on no other backend: streams are
+//! worker threads running queued tasks in order, events records of a stream's position, capture
+//! records the tasks of its streams into a model with the ACL join rule (`sched`), device
+//! memory is its own allocations (`mem`; device addresses are real host addresses), every aclnn
+//! op computes on host vectors from its document (`nn`; CANN's KDA operators at the precision
+//! of their kernel sources, `vendor/`), and every AscendC kernel launch executes the kernel's
+//! own source, compiled for the host against the AscendC twin ([`twin`],
+//! `crates/kda-ascend/twin`),
 //! block by block on the launch's device memory, with the device's rules checked. It rejects what CANN rejects, with CANN's
 //! codes: a wait on an event without `ACL_EVENT_SYNC`, an executor run twice without
 //! `aclSetAclOpExecutorRepeatable`, a capture ending with a forked stream not joined back, a
@@ -31,8 +33,10 @@
 
 mod host;
 mod kernel;
+pub mod mem;
 mod nn;
 mod rt;
+mod sched;
 pub mod twin;
 mod vendor;
 
@@ -46,19 +50,18 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{CString, c_char};
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
-use kda_core::Device;
-use kda_core::graph::Graph;
-use kda_core::{BufferHandle, DType, Layout, Op, Tensor};
-use kda_reference::{RefBuffer, RefEvent, RefStream, ReferenceBackend, ReferenceOptions};
+use kda_core::{BufferHandle, DType, HostFn, InstanceId, Layout, Tensor};
+use mem::{DeviceBuffer, Mem};
 
 use types::*;
 
-type Ref = ReferenceBackend;
-type T = Tensor<Ref>;
+/// A view of the emulated device's memory.
+type T = Tensor<Mem>;
 
 /// An event and the flags it was created with.
 struct EmuEvent {
-    event: RefEvent,
+    /// Where it was last recorded outside a capture (a wait on it waits for that point).
+    mark: Option<sched::Mark>,
     flags: u32,
     /// Records queued so far, and the last one whose work has completed.
     recorded: u64,
@@ -71,7 +74,7 @@ struct EmuEvent {
 /// more than once.
 struct Executor {
     api: &'static str,
-    ops: Vec<Op<Ref>>,
+    tasks: Vec<HostFn>,
     workspace: u64,
     repeatable: bool,
 }
@@ -79,23 +82,27 @@ struct Executor {
 /// The whole emulated device (one device, one context, as kda uses it).
 struct Emu {
     initialized: bool,
-    backend: Device<Ref>,
+    /// The emulated device: its allocations and the HAL op descriptions launches are checked
+    /// against belong to it.
+    instance: InstanceId,
     soc: CString,
     /// Device (and host-pinned) allocations by base address.
-    memory: BTreeMap<usize, RefBuffer>,
-    streams: HashMap<usize, RefStream>,
+    memory: BTreeMap<usize, DeviceBuffer>,
+    streams: HashMap<usize, sched::Stream>,
     events: HashMap<usize, EmuEvent>,
     tensors: HashMap<usize, (T, aclDataType)>,
     scalars: HashMap<usize, f64>,
     executors: HashMap<usize, Executor>,
     /// Executors freed by their (only) run: a second run is the error CANN reports.
     spent: HashSet<usize>,
-    models: HashMap<usize, Graph<Ref>>,
+    models: HashMap<usize, sched::Model>,
     /// Loaded binaries: the kda kernels each contains and where their code is.
     binaries: HashMap<usize, kernel::Binary>,
     functions: HashMap<usize, (&'static str, kernel::Code)>,
     /// The capture open now, if any.
     capture: Option<Capturing>,
+    /// What the open capture has recorded (behind a lock: tasks are queued through `&Emu`).
+    recording: Mutex<Option<sched::Capture>>,
     /// Events recorded in the open capture: they cannot be queried or synchronized until it
     /// ends (`ACL_ERROR_RT_EVENT_CAPTURED`).
     captured_events: HashSet<usize>,
@@ -137,31 +144,19 @@ impl ContextFailure {
     }
 }
 
-/// An open capture: the stream it was begun on and the thread that began it. The emulator
-/// captures through its one reference instance, which holds one capture at a time, so a second
-/// thread's `aclmdlRICaptureBegin` waits for the first capture to end (CANN captures streams of
-/// different threads independently); the calls of other threads meanwhile are not captured.
+/// An open capture: the stream it was begun on and the thread that began it. The emulator holds
+/// one capture at a time, so a second thread's `aclmdlRICaptureBegin` waits for the first
+/// capture to end (CANN captures streams of different threads independently).
 #[derive(Copy, Clone, Debug)]
 struct Capturing {
     stream: usize,
     thread: std::thread::ThreadId,
 }
 
-impl Emu {
-    /// Whether this thread has a capture open (its records and phase-one calls are then part of
-    /// the capture).
-    fn capturing_here(&self) -> bool {
-        self.capture.is_some_and(|c| c.thread == std::thread::current().id())
-    }
-}
-
 static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
-    let options = ReferenceOptions { checked: false, ..ReferenceOptions::default() };
-    let backend =
-        ReferenceBackend::with_options(options).unwrap_or_else(|_| ReferenceBackend::new());
     Mutex::new(Emu {
         initialized: false,
-        backend,
+        instance: InstanceId::fresh(),
         soc: CString::default(),
         memory: BTreeMap::new(),
         streams: HashMap::new(),
@@ -174,6 +169,7 @@ static EMU: LazyLock<Mutex<Emu>> = LazyLock::new(|| {
         binaries: HashMap::new(),
         functions: HashMap::new(),
         capture: None,
+        recording: Mutex::new(None),
         captured_events: HashSet::new(),
         captured_streams: HashSet::new(),
         stop_on_failure: false,
@@ -283,7 +279,7 @@ impl Emu {
     /// The stream behind `handle`, for a call that queues a task or waits for the stream. Under
     /// stop-on-failure, once a task of the context has failed, every stream refuses both with
     /// the failure's code ([`ContextFailure`]).
-    fn stream(&self, api: &str, handle: aclrtStream) -> Res<RefStream> {
+    fn stream(&self, api: &str, handle: aclrtStream) -> Res<sched::Stream> {
         let s = self.known_stream(api, handle)?;
         if self.stop_on_failure
             && let Some((code, why)) = self.failure.get()
@@ -300,15 +296,15 @@ impl Emu {
     }
 
     /// The stream behind `handle`, for a call that neither queues a task nor waits.
-    fn known_stream(&self, api: &str, handle: aclrtStream) -> Res<RefStream> {
+    fn known_stream(&self, api: &str, handle: aclrtStream) -> Res<sched::Stream> {
         self.streams
             .get(&(handle as usize))
             .cloned()
             .ok_or_else(|| (ACL_ERROR_INVALID_PARAM, format!("{api}: unknown stream {handle:?}")))
     }
 
-    fn backend_instance(&self) -> kda_core::InstanceId {
-        self.backend.instance()
+    fn backend_instance(&self) -> InstanceId {
+        self.instance
     }
 
     /// Whether the MX dtypes exist on this SoC (Ascend 950 only).
@@ -317,7 +313,7 @@ impl Emu {
     }
 
     /// The allocation holding `len` bytes from device address `addr`, and the byte offset.
-    fn locate(&self, api: &str, addr: usize, len: usize) -> Res<(RefBuffer, usize)> {
+    fn locate(&self, api: &str, addr: usize, len: usize) -> Res<(DeviceBuffer, usize)> {
         let found = self.memory.range(..=addr).next_back();
         match found {
             Some((&base, buf)) if addr - base + len <= buf.len_bytes() => {
@@ -371,17 +367,25 @@ impl Emu {
         Tensor::new(buf, layout).map_err(bad)
     }
 
-    /// Queue `ops` on `stream` (captured instead, while its capture is open) under the name of
-    /// the task (`aclnnMatmul`, a kernel's name): a failure names it, as an AI Core exception
-    /// report names the kernel.
-    fn launch(&self, task: &str, stream: &RefStream, ops: Vec<Op<Ref>>) -> Res<()> {
-        for op in ops {
-            self.backend
-                .launch_labeled(stream, task, op)
-                .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{task}: {e}")))?;
+    /// Queue `tasks` on `stream` (recorded instead, while it is in the open capture) under the
+    /// name of the task (`aclnnMatmul`, a kernel's name): a failure names it, as an AI Core
+    /// exception report names the kernel.
+    fn launch(&self, name: &'static str, stream: &sched::Stream, tasks: Vec<HostFn>) -> Res<()> {
+        let mut recording = self.recording.lock().unwrap_or_else(PoisonError::into_inner);
+        match recording.as_mut() {
+            Some(c) if c.holds(stream.key) => {
+                tasks.into_iter().for_each(|f| c.run(stream.key, name, f))
+            }
+            _ => tasks.into_iter().for_each(|f| stream.run(name, f)),
         }
         Ok(())
     }
+}
+
+/// A fresh zeroed allocation of the emulated device.
+fn allocate(emu: &Emu, api: &str, len: usize) -> Res<DeviceBuffer> {
+    DeviceBuffer::new(emu.instance, len)
+        .ok_or_else(|| (ACL_ERROR_BAD_ALLOC, format!("{api}: no host memory for {len} bytes")))
 }
 
 fn bad(e: impl std::fmt::Display) -> (aclError, String) {

@@ -3,10 +3,17 @@
 use std::ffi::{CStr, c_char, c_void};
 
 use kda_core::mx::num_blocks as num_blocks_of;
-use kda_core::{Op, ScaleAlg, Tensor};
+use kda_core::{HostFn, Op, ScaleAlg, Tensor};
 
+use crate::host;
 use crate::types::*;
-use crate::{Emu, Executor, Ref, Res, T, array, call, emu, invalid, put};
+use crate::{Emu, Executor, Res, T, array, call, emu, invalid, put};
+
+/// The task phase two queues: `body` on the stream, in order with the stream's other work, on
+/// the tensors it captured (which keep their memory alive until it has run).
+fn task(body: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> HostFn {
+    HostFn::new(body)
+}
 
 /// `aclCreateTensor`: a view of device memory. `tensor_data` is the storage's device address;
 /// `offset`, shape and strides count elements.
@@ -152,16 +159,16 @@ pub(crate) unsafe fn prepare(
     workspace: u64,
     workspace_size: *mut u64,
     executor: *mut *mut aclOpExecutor,
-    build: impl FnOnce(&Emu) -> Res<Vec<Op<Ref>>>,
+    build: impl FnOnce(&Emu) -> Res<Vec<HostFn>>,
 ) -> aclnnStatus {
     call(|| {
         let mut emu = emu();
         emu.ready(api)?;
-        let ops = build(&emu).map_err(|(code, m)| {
+        let tasks = build(&emu).map_err(|(code, m)| {
             (if code == ACL_ERROR_INVALID_PARAM { ACLNN_ERR_PARAM_INVALID } else { code }, m)
         })?;
         let h = emu.handle();
-        emu.executors.insert(h, Executor { api, ops, workspace, repeatable: false });
+        emu.executors.insert(h, Executor { api, tasks, workspace, repeatable: false });
         // SAFETY: the caller's contract.
         unsafe {
             put(api, workspace_size, workspace)?;
@@ -205,13 +212,13 @@ pub(crate) fn execute(
             emu.locate(api, workspace as usize, e.workspace as usize)?;
         }
         let s = emu.stream(api, stream)?;
-        let (ops, repeatable) = (e.ops.clone(), e.repeatable);
+        let (tasks, repeatable) = (e.tasks.clone(), e.repeatable);
         // A one-shot executor is freed by its run, whether or not the run succeeds.
         if !repeatable {
             emu.executors.remove(&key);
             emu.spent.insert(key);
         }
-        emu.launch(api, &s, ops)?;
+        emu.launch(api, &s, tasks)?;
         crate::log(api, stream as usize, 0);
         Ok(())
     })
@@ -255,11 +262,13 @@ pub unsafe extern "C" fn aclnnMatmulGetWorkspaceSize(
                     ),
                 ));
             }
-            // `mat2` is `[K, N]`; the HAL's GEMM takes `w[N, K]`, the same memory transposed.
+            // `mat2` is `[K, N]`; the HAL's GEMM takes `w[N, K]`, the same memory transposed:
+            // the shapes and dtypes are checked as the HAL's GEMM, whose contract kda maps here.
             let w = transpose(&mat2)?;
-            let op = Op::Gemm { x, w, y };
-            op.validate(emu.backend_instance()).map_err(crate::bad)?;
-            Ok(vec![op])
+            Op::Gemm { x: x.clone(), w, y: y.clone() }
+                .validate(emu.backend_instance())
+                .map_err(crate::bad)?;
+            Ok(vec![task(move || matmul(&x, &mat2, &y))])
         })
     }
 }
@@ -291,9 +300,13 @@ pub unsafe extern "C" fn aclnnInplaceCopyGetWorkspaceSize(
         prepare(API, 0, workspace_size, executor, |emu| {
             let (dst, _) = tensor(emu, API, "selfRef", self_ref)?;
             let (src, _) = tensor(emu, API, "src", src)?;
-            let op = Op::Copy { src, dst };
-            op.validate(emu.backend_instance()).map_err(crate::bad)?;
-            Ok(vec![op])
+            Op::Copy { src: src.clone(), dst: dst.clone() }
+                .validate(emu.backend_instance())
+                .map_err(crate::bad)?;
+            Ok(vec![task(move || {
+                copy(&src, &dst);
+                Ok(())
+            })])
         })
     }
 }
@@ -323,9 +336,13 @@ pub unsafe extern "C" fn aclnnInplaceFillScalarGetWorkspaceSize(
             let value = *emu.scalars.get(&(value as usize)).ok_or_else(|| {
                 (ACLNN_ERR_PARAM_INVALID, format!("{API}: unknown scalar {value:?}"))
             })?;
-            let op = Op::Fill { dst, value };
-            op.validate(emu.backend_instance()).map_err(crate::bad)?;
-            Ok(vec![op])
+            Op::Fill { dst: dst.clone(), value }
+                .validate(emu.backend_instance())
+                .map_err(crate::bad)?;
+            Ok(vec![task(move || {
+                fill(&dst, value);
+                Ok(())
+            })])
         })
     }
 }
@@ -416,15 +433,10 @@ pub unsafe extern "C" fn aclnnDynamicMxQuantV3GetWorkspaceSize(
                 return invalid(format!("{API}: x shape {:?} (kda quantizes [M, K])", x.shape()));
             };
             let (plain, pad) = mx_scale_views(API, &scale, m, k)?;
-            let mut ops = Vec::new();
-            if let Some(pad) = pad {
-                ops.push(Op::Fill { dst: pad, value: 0.0 });
-            }
-            ops.push(Op::DynamicQuant { x, data, scale: plain, alg });
-            for op in &ops {
-                op.validate(emu.backend_instance()).map_err(crate::bad)?;
-            }
-            Ok(ops)
+            Op::DynamicQuant { x: x.clone(), data: data.clone(), scale: plain.clone(), alg }
+                .validate(emu.backend_instance())
+                .map_err(crate::bad)?;
+            Ok(vec![task(move || mx_quant(&x, &data, &plain, pad.as_ref(), alg, (m, k)))])
         })
     }
 }
@@ -492,11 +504,15 @@ pub unsafe extern "C" fn aclnnQuantMatmulV5GetWorkspaceSize(
             let ([m, k], [n, _]) = (a.shape(), w.shape()) else {
                 return invalid(format!("{API}: x1 {:?}, x2 {:?}", a.shape(), w.shape()));
             };
-            let (a_scale, _) = mx_scale_views(API, &a_scale, *m, *k)?;
-            let (w_scale, _) = mx_scale_views(API, &w_scale, *n, *k)?;
+            let dims = (*m, *n, *k);
+            let (a_scale, _) = mx_scale_views(API, &a_scale, dims.0, dims.2)?;
+            let (w_scale, _) = mx_scale_views(API, &w_scale, dims.1, dims.2)?;
             let op = Op::MxGemm { a, a_scale, w, w_scale, y };
             op.validate(emu.backend_instance()).map_err(crate::bad)?;
-            Ok(vec![op])
+            let Op::MxGemm { a, a_scale, w, w_scale, y } = op else {
+                return invalid(format!("{API}: not an MX GEMM"));
+            };
+            Ok(vec![task(move || mx_gemm(&a, &a_scale, &w, &w_scale, &y, dims))])
         })
     }
 }
@@ -520,4 +536,132 @@ fn transpose(t: &T) -> Res<T> {
     let layout = kda_core::Layout::strided(l.dtype(), &[*c, *r], &[*sc, *sr], l.offset())
         .map_err(crate::bad)?;
     Tensor::new(t.buffer().clone(), layout).map_err(crate::bad)
+}
+
+/// `aclnnMatmul` with `cubeMathType` `KEEP_DTYPE` (hicann/ops-nn
+/// `matmul/mat_mul_v3/docs/aclnnMatmul.md`: 0 keeps the (deduced) input dtype, so f32 inputs
+/// are not lowered to HFLOAT32, which only types 1 and 3 do): `out = self @ mat2`, with bf16 and
+/// f16 inputs widened exactly (their products are exact in f32), an f32 accumulation (the
+/// emulator's model of the Cube's accumulator; the document fixes no summation order) and one
+/// round-to-nearest-even to `out`'s dtype. A mixed pair is deduced to FLOAT32 on the 950 (the
+/// phase-one check refuses it on A2/A3).
+fn matmul(x: &T, mat2: &T, y: &T) -> Result<(), String> {
+    let (&[m, k], &[_, n]) = (x.shape(), mat2.shape()) else {
+        return Err(format!("aclnnMatmul: shapes {:?} @ {:?}", x.shape(), mat2.shape()));
+    };
+    // SAFETY: the executor's tensors keep their memory alive; the stream runs this task in
+    // order with the work on them, as the device does.
+    let (a, b) = unsafe { (host::read_f32(x), host::read_f32(mat2)) };
+    let mut out = vec![0.0f32; m * n];
+    if m > 0 && n > 0 && k > 0 {
+        // SAFETY: `a` is `[m, k]`, `b` `[k, n]`, `out` `[m, n]`, all row-major and distinct.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                out.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                a.as_ptr(),
+                1,
+                k as isize,
+                b.as_ptr(),
+                1,
+                n as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+    }
+    // SAFETY: as above; `out` is this task's to write.
+    unsafe { host::write_f32(y, &out) };
+    Ok(())
+}
+
+/// `aclnnInplaceCopy`: the same dtype bit for bit; between float dtypes an exact widening or one
+/// round-to-nearest-even narrowing (hicann/ops-math `conversion/view_copy/docs/aclnnInplaceCopy.md`).
+fn copy(src: &T, dst: &T) {
+    // SAFETY: the executor's tensors keep their memory alive; stream order as the device.
+    unsafe {
+        if src.dtype() == dst.dtype() {
+            host::copy_raw(src, dst);
+        } else {
+            host::write_f32(dst, &host::read_f32(src));
+        }
+    }
+}
+
+/// `aclnnInplaceFillScalar`: the scalar cast to `selfRef`'s dtype in every element.
+fn fill(dst: &T, value: f64) {
+    // SAFETY: the executor's tensor keeps its memory alive; stream order as the device.
+    unsafe { host::fill(dst, value) };
+}
+
+/// `aclnnDynamicMxQuantV3` with `axis` −1, block size 32, `dstType` FLOAT8_E4M3FN, "rint"
+/// (hicann/ops-nn `quant/dynamic_mx_quant/docs/aclnnDynamicMxQuantV3.md`, 计算公式: `scaleAlg` 0
+/// is `shared_exp = floor(log2(amax)) − emax` with `emax` 8, `scaleAlg` 1 the block scale
+/// `amax / Amax(E4M3)` rounded up to a power of two; each element `x / mxscale` cast to E4M3 with
+/// round-to-nearest-even; `mxscaleOut`'s axis is padded to an even count with 0). kda's MX codec
+/// (`kda_core::mx`) implements that definition once, for every backend.
+fn mx_quant(
+    x: &T,
+    data: &T,
+    scale: &T,
+    pad: Option<&T>,
+    alg: ScaleAlg,
+    (m, k): (usize, usize),
+) -> Result<(), String> {
+    // SAFETY: the executor's tensors keep their memory alive; stream order as the device.
+    let values = unsafe { host::read_f32(x) };
+    let blocks = num_blocks_of(k);
+    let (mut q, mut s) = (vec![0u8; m * k], vec![0u8; m * blocks]);
+    for r in 0..m {
+        let row = &values[r * k..(r + 1) * k];
+        kda_core::mx::quantize_row(row, alg, &mut q[r * k..][..k], &mut s[r * blocks..][..blocks])
+            .map_err(|e| format!("aclnnDynamicMxQuantV3: {e}"))?;
+    }
+    // SAFETY: as above; the outputs are this task's to write.
+    unsafe {
+        host::write_bytes(data, &q);
+        host::write_bytes(scale, &s);
+        if let Some(pad) = pad {
+            host::write_bytes(pad, &vec![0; pad.numel()]);
+        }
+    }
+    Ok(())
+}
+
+/// `aclnnQuantMatmulV5` in MX mode (`groupSize` `[1, 1, 32]`, hicann/ops-nn
+/// `matmul/quant_batch_matmul_v4/docs/aclnnQuantMatmulV5.md`): `out = Σ_blocks (x1·x2ᵀ over the
+/// block) · 2^(s1) · 2^(s2)`, as kda's MX specification (`kda_core::mx::gemm`, docs/design/
+/// mxfp8.md: exact block sums, each scaled block term rounded to f32 once, terms summed in f32
+/// in block order), rounded to `out`'s dtype.
+fn mx_gemm(
+    a: &T,
+    a_scale: &T,
+    w: &T,
+    w_scale: &T,
+    y: &T,
+    dims: (usize, usize, usize),
+) -> Result<(), String> {
+    // SAFETY: the executor's tensors keep their memory alive; stream order as the device.
+    let (av, asv, wv, wsv) = unsafe {
+        (
+            host::read_bytes(a),
+            host::read_bytes(a_scale),
+            host::read_bytes(w),
+            host::read_bytes(w_scale),
+        )
+    };
+    let out = kda_core::mx::gemm::gemm(&av, &asv, &wv, &wsv, dims)
+        .map_err(|e| format!("aclnnQuantMatmulV5: {e}"))?;
+    // SAFETY: as above; `out` is this task's to write.
+    unsafe { host::write_f32(y, &out) };
+    Ok(())
 }

@@ -1,12 +1,12 @@
 //! The ACL runtime: init, device, memory, copies, streams, events, host functions, capture.
 
 use std::ffi::{CString, c_char, c_void};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 
-use kda_core::CaptureError;
-use kda_core::{DownloadSlot, Error, HostFn, Op};
+use kda_core::HostFn;
 
+use crate::host;
 use crate::types::*;
 use crate::{EmuEvent, Res, array, call, emu, invalid, put};
 
@@ -62,10 +62,7 @@ pub unsafe extern "C" fn aclrtMalloc(
         if size == 0 {
             return invalid("aclrtMalloc: size 0");
         }
-        let buf = emu
-            .backend
-            .alloc_buffer(size)
-            .map_err(|e| (ACL_ERROR_BAD_ALLOC, format!("aclrtMalloc({size}): {e}")))?;
+        let buf = crate::allocate(&emu, "aclrtMalloc", size)?;
         let addr = buf.element_ptr::<u8>(0);
         emu.memory.insert(addr as usize, buf);
         // SAFETY: the caller passes a writable out-parameter (CANN's contract).
@@ -117,19 +114,24 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
         if count == 0 {
             return Ok(());
         }
-        let ops = match kind {
+        let body: HostFn = match kind {
             ACL_MEMCPY_HOST_TO_DEVICE => {
                 // SAFETY: `src` holds `count` readable bytes (CANN's contract); the emulator
                 // stages them at once, which the real runtime does not promise.
                 let data = unsafe { array(src.cast::<u8>(), count) }?;
-                vec![Op::Upload { dst: emu.bytes(API, dst as usize, count)?, data: data.into() }]
+                let dst = emu.bytes(API, dst as usize, count)?;
+                HostFn::new(move || {
+                    // SAFETY: the view keeps its memory alive; stream order as the device.
+                    unsafe { host::write_bytes(&dst, &data) };
+                    Ok(())
+                })
             }
             ACL_MEMCPY_DEVICE_TO_HOST => {
-                let slot = DownloadSlot::default();
                 let src = emu.bytes(API, src as usize, count)?;
-                let (out, target) = (slot.clone(), HostPtr(dst as usize));
-                let write = HostFn::new(move || {
-                    let bytes = out.take().ok_or("device-to-host copy lost its bytes")?;
+                let target = HostPtr(dst as usize);
+                HostFn::new(move || {
+                    // SAFETY: the view keeps its memory alive; stream order as the device.
+                    let bytes = unsafe { host::read_bytes(&src) };
                     let target = &target;
                     // SAFETY: the caller keeps `dst` valid for `count` bytes until the stream has
                     // passed this copy (CANN's contract for asynchronous copies).
@@ -137,15 +139,20 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
                         std::ptr::copy_nonoverlapping(bytes.as_ptr(), target.0 as *mut u8, count)
                     };
                     Ok(())
-                });
-                vec![Op::Download { src, slot }, Op::Host { name: "memcpy_d2h", f: write }]
+                })
             }
-            ACL_MEMCPY_DEVICE_TO_DEVICE => vec![Op::Copy {
-                src: emu.bytes(API, src as usize, count)?,
-                dst: emu.bytes(API, dst as usize, count)?,
-            }],
+            ACL_MEMCPY_DEVICE_TO_DEVICE => {
+                let (src, dst) =
+                    (emu.bytes(API, src as usize, count)?, emu.bytes(API, dst as usize, count)?);
+                HostFn::new(move || {
+                    // SAFETY: the views keep their memory alive; stream order as the device.
+                    unsafe { host::copy_raw(&src, &dst) };
+                    Ok(())
+                })
+            }
             other => return invalid(format!("{API}: copy kind {other}")),
         };
+        let ops = vec![body];
         emu.launch(API, &s, ops)?;
         crate::log(API, stream as usize, 0);
         Ok(())
@@ -157,9 +164,9 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError
     call(|| {
         let mut emu = emu();
         emu.ready("aclrtCreateStream")?;
-        let s =
-            emu.backend.new_stream().map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, e.to_string()))?;
         let h = emu.handle();
+        let s = crate::sched::Stream::new(h)
+            .map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, format!("aclrtCreateStream: {e}")))?;
         emu.streams.insert(h, s);
         // SAFETY: writable out-parameter per CANN's contract.
         unsafe { put("aclrtCreateStream", stream, h as aclrtStream) }
@@ -219,7 +226,7 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
 pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     const API: &str = "aclrtSynchronizeStream";
     call(|| {
-        let (backend, s, failure) = {
+        let (s, failure) = {
             let emu = emu();
             if emu.captured_streams.contains(&(stream as usize)) {
                 return Err((
@@ -227,13 +234,10 @@ pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
                     format!("{API}: stream {stream:?} is capturing"),
                 ));
             }
-            (emu.backend.clone(), emu.known_stream(API, stream)?, emu.failure.clone())
+            (emu.known_stream(API, stream)?, emu.failure.clone())
         };
         // Blocks without the emulator lock: host functions on the stream may call the runtime.
-        let result = backend.synchronize(&s);
-        if let Err(Error::Capture(c)) = result {
-            return Err((ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {c}")));
-        }
+        let result = s.synchronize();
         if let Err(other) = &result {
             failure.record(
                 ACL_ERROR_RT_AICORE_EXCEPTION,
@@ -260,12 +264,10 @@ pub unsafe extern "C" fn aclrtCreateEventExWithFlag(event: *mut aclrtEvent, flag
     call(|| {
         let mut emu = emu();
         emu.ready("aclrtCreateEventExWithFlag")?;
-        let ev =
-            emu.backend.new_event().map_err(|e| (ACL_ERROR_RT_INTERNAL_ERROR, e.to_string()))?;
         let h = emu.handle();
         let at = Arc::default();
         emu.events
-            .insert(h, EmuEvent { event: ev, flags: flag, recorded: 0, done: Arc::default(), at });
+            .insert(h, EmuEvent { mark: None, flags: flag, recorded: 0, done: Arc::default(), at });
         let kind = match flag {
             ACL_EVENT_SYNC => "SYNC".to_string(),
             ACL_EVENT_CAPTURE_STREAM_PROGRESS => "CAPTURE_STREAM_PROGRESS".to_string(),
@@ -298,20 +300,29 @@ pub extern "C" fn aclrtRecordEvent(ev: aclrtEvent, stream: aclrtStream) -> aclEr
     call(|| {
         let mut emu = emu();
         let s = emu.stream(API, stream)?;
-        let e = event(API, &emu, ev)?.event.clone();
-        emu.backend
-            .record(&e, &s)
-            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
+        event(API, &emu, ev)?;
         crate::log(API, stream as usize, ev as usize);
-        if emu.capturing_here() {
+        let captured = {
+            let mut recording = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
+            match recording.as_mut() {
+                Some(c) if c.holds(stream as usize) => {
+                    c.record(stream as usize, ev as usize);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if captured {
             // A captured record completes when the model runs; until the capture ends the event
             // cannot be queried.
             emu.captured_events.insert(ev as usize);
             return Ok(());
         }
+        let mark = s.mark();
         // Completion for `aclrtQueryEventStatus`: a marker right behind the recorded work.
         let slot =
             emu.events.get_mut(&(ev as usize)).ok_or((ACL_ERROR_INVALID_PARAM, API.into()))?;
+        slot.mark = Some(mark);
         slot.recorded += 1;
         let (generation, done, at) = (slot.recorded, Arc::clone(&slot.done), Arc::clone(&slot.at));
         let mark = HostFn::new(move || {
@@ -319,7 +330,7 @@ pub extern "C" fn aclrtRecordEvent(ev: aclrtEvent, stream: aclrtStream) -> aclEr
             done.fetch_max(generation, Ordering::AcqRel);
             Ok(())
         });
-        emu.launch(API, &s, vec![Op::Host { name: "event_complete", f: mark }])
+        emu.launch("event_complete", &s, vec![mark])
     })
 }
 
@@ -329,7 +340,7 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, ev: aclrtEvent) -> a
     const API: &str = "aclrtStreamWaitEvent";
     call(|| {
         let mut emu = emu();
-        let (e, flags) = event(API, &emu, ev).map(|e| (e.event.clone(), e.flags))?;
+        let (mark, flags) = event(API, &emu, ev).map(|e| (e.mark.clone(), e.flags))?;
         if flags & ACL_EVENT_SYNC == 0 {
             return Err((
                 ACL_ERROR_RT_PARAM_INVALID,
@@ -339,12 +350,22 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, ev: aclrtEvent) -> a
             ));
         }
         let s = emu.stream(API, stream)?;
-        emu.backend
-            .wait(&s, &e)
-            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
         if emu.captured_events.contains(&(ev as usize)) {
             // A wait on an event recorded inside the open capture pulls the stream into it.
+            let mut recording = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(c) = recording.as_mut() {
+                c.wait(stream as usize, ev as usize);
+            }
+            drop(recording);
             emu.captured_streams.insert(stream as usize);
+        } else if let Some(mark) = mark {
+            // Outside the capture (or on a record made before it began, which a model then
+            // finds satisfied): order the stream after the record. An event never recorded
+            // orders nothing.
+            let held = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
+            if !held.as_ref().is_some_and(|c| c.holds(stream as usize)) {
+                s.wait(&mark);
+            }
         }
         crate::log(API, stream as usize, ev as usize);
         Ok(())
@@ -434,7 +455,7 @@ pub extern "C" fn aclrtLaunchHostFunc(
             unsafe { (host.f)(host.args as *mut c_void) };
             Ok(())
         });
-        emu.launch(API, &s, vec![Op::Host { name: "host_func", f: run }])?;
+        emu.launch("host_func", &s, vec![run])?;
         crate::log(API, stream as usize, 0);
         Ok(())
     })
@@ -458,10 +479,9 @@ pub extern "C" fn aclmdlRICaptureBegin(stream: aclrtStream, mode: aclmdlRICaptur
         if !(ACL_MODEL_RI_CAPTURE_MODE_GLOBAL..=ACL_MODEL_RI_CAPTURE_MODE_RELAXED).contains(&mode) {
             return invalid(format!("{API}: capture mode {mode}"));
         }
-        let s = emu.known_stream(API, stream)?;
-        emu.backend
-            .begin_capture(&s)
-            .map_err(|e| (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {e}")))?;
+        emu.known_stream(API, stream)?;
+        *emu.recording.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(crate::sched::Capture::new(stream as usize));
         emu.capture =
             Some(crate::Capturing { stream: stream as usize, thread: std::thread::current().id() });
         emu.captured_streams.insert(stream as usize);
@@ -480,19 +500,33 @@ pub unsafe extern "C" fn aclmdlRICaptureEnd(
     const API: &str = "aclmdlRICaptureEnd";
     call(|| {
         let mut emu = emu();
-        let s = emu.known_stream(API, stream)?;
-        let graph = emu.backend.end_capture(&s).map_err(|e| match e {
-            Error::Capture(
-                c @ (CaptureError::NotJoined { .. } | CaptureError::WorkAfterJoin { .. }),
-            ) => (ACL_ERROR_RT_STREAM_UNJOINED, format!("{API}: {c}")),
-            other => (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED, format!("{API}: {other}")),
-        });
-        if emu.capture.is_some_and(|c| c.stream == stream as usize) {
-            emu.capture = None;
-            emu.captured_events.clear();
-            emu.captured_streams.clear();
-        }
-        let graph = graph?;
+        emu.known_stream(API, stream)?;
+        let recording = {
+            let mut held = emu.recording.lock().unwrap_or_else(PoisonError::into_inner);
+            match held.as_ref() {
+                Some(c) if c.origin == stream as usize => held.take(),
+                _ => None,
+            }
+        };
+        let Some(recording) = recording else {
+            return Err((
+                ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+                format!("{API}: stream {stream:?} is not the origin of an open capture"),
+            ));
+        };
+        emu.capture = None;
+        emu.captured_events.clear();
+        emu.captured_streams.clear();
+        let graph =
+            recording.end().map_err(|crate::sched::Unjoined::NotJoined { stream: s }| {
+                (
+                    ACL_ERROR_RT_STREAM_UNJOINED,
+                    format!(
+                        "{API}: stream {s:#x} of the capture was never joined back to its origin \
+                     after its last work"
+                    ),
+                )
+            })?;
         let h = emu.handle();
         emu.models.insert(h, graph);
         // SAFETY: writable out-parameter per CANN's contract.
@@ -537,12 +571,10 @@ pub extern "C" fn aclmdlRIExecuteAsync(model_ri: aclmdlRI, stream: aclrtStream) 
     call(|| {
         let emu = emu();
         let s = emu.stream(API, stream)?;
-        let graph = emu.models.get(&(model_ri as usize)).ok_or_else(|| {
+        let model = emu.models.get(&(model_ri as usize)).ok_or_else(|| {
             (ACL_ERROR_INVALID_PARAM, format!("{API}: unknown model {model_ri:?}"))
         })?;
-        emu.backend
-            .launch_graph(graph, &s)
-            .map_err(|e| (ACL_ERROR_RT_PARAM_INVALID, format!("{API}: {e}")))?;
+        emu.launch(API, &s, vec![model.replay()])?;
         crate::log(API, stream as usize, 0);
         Ok(())
     })

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::{LazyLock, Mutex, PoisonError};
 
-use kda_core::{DType, HostFn, Op};
+use kda_core::{DType, HostFn};
 
 use crate::host::{self, Store};
 use crate::nn::{execute, prepare, tensor};
@@ -495,7 +495,7 @@ pub unsafe extern "C" fn aclnnChunkKdaFwdGetWorkspaceSize(
                 safe_gate,
             };
             let run = HostFn::new(move || job.run());
-            let ops = vec![Op::Host { name: API, f: run }];
+            let ops = vec![run];
             Ok(ops)
         })
     }
@@ -635,7 +635,7 @@ pub unsafe extern "C" fn aclnnRecurrentGatedDeltaRuleGetWorkspaceSize(
                 state_store,
             };
             let run = HostFn::new(move || job.run());
-            let ops = vec![Op::Host { name: API, f: run }];
+            let ops = vec![run];
             Ok(ops)
         })
     }
