@@ -47,6 +47,10 @@ struct State {
     completed: u64,
     /// The first failure not yet reported, and the item count at which it happened.
     failure: Option<(Failure, u64)>,
+    /// Failures already reported by a synchronize: the failure, the item count at which it
+    /// happened and the count at its report (every item in between failed or was skipped). A
+    /// wait on a position inside such a span still fails, whenever it runs.
+    reported: Vec<(Failure, u64, u64)>,
     /// The last handle is gone: the worker drains the queue and exits.
     closed: bool,
 }
@@ -94,10 +98,13 @@ fn work(shared: &Arc<Shared>) {
                     while s.completed < mark {
                         s = on.wait(s);
                     }
-                    match &s.failure {
-                        Some((f, at)) if *at < mark => {
+                    let reported =
+                        s.reported.iter().find(|(_, at, end)| *at < mark && mark <= *end);
+                    match (&s.failure, reported) {
+                        (Some((f, at)), _) if *at < mark => {
                             Some(Failure::Upstream { message: f.to_string() })
                         }
+                        (_, Some((f, _, _))) => Some(Failure::Upstream { message: f.to_string() }),
                         _ => None,
                     }
                 }
@@ -181,7 +188,11 @@ impl Stream {
             s = shared.wait(s);
         }
         match s.failure.take() {
-            Some((f, _)) => Err(f),
+            Some((f, at)) => {
+                let end = s.completed;
+                s.reported.push((f.clone(), at, end));
+                Err(f)
+            }
             None => Ok(()),
         }
     }
