@@ -346,9 +346,8 @@ pub fn overlapped_trace_is_the_seeds_sequence<B: Backend>(make: &impl Factory<B>
             SEEDS_TRACE.replace("dynamic_quant · ", ""),
         ),
     ];
-    for (qkv, bfg, policy, mut expected) in cases {
+    for (mut qkv, bfg, policy, mut expected) in cases {
         let (b, main, mut weights) = setup(make, qkv, bfg);
-        let mut qkv = qkv;
         if qkv != Qkv::Bf16 && !runs_mxfp8(&b) {
             // Refused by design; the same schedule with the bf16 QKV a layer runs there.
             expect_mx_refused(&b, &weights);
