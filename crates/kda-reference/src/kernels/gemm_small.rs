@@ -159,14 +159,50 @@ fn gemm_on(
     y
 }
 
-/// Outputs of weight rows `range` for every row of `xp` (`[_, kp]`, padded), `[m, range.len()]`.
+/// Outputs of weight rows `range` for every row of `xp` (`[_, kp]`, padded), `[m, range.len()]`:
+/// [`weight_rows_with`], compiled for AVX-512 where that kernel runs (its widening loop then
+/// works sixteen elements at a time).
+fn weight_rows(
+    isa: Isa,
+    xp: &[f32],
+    w: Weight<'_>,
+    m: usize,
+    k: usize,
+    range: std::ops::Range<usize>,
+) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        // SAFETY: `Isa::Avx512` is only chosen where the CPU has AVX-512F and BW.
+        return unsafe { weight_rows_avx512(xp, w, m, k, range) };
+    }
+    weight_rows_with(isa, xp, w, m, k, range)
+}
+
+/// [`weight_rows_with`] for the AVX-512 kernel.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX-512BW.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn weight_rows_avx512(
+    xp: &[f32],
+    w: Weight<'_>,
+    m: usize,
+    k: usize,
+    range: std::ops::Range<usize>,
+) -> Vec<f32> {
+    weight_rows_with(Isa::Avx512, xp, w, m, k, range)
+}
+
+/// The work of [`weight_rows`].
 ///
 /// The weight rows are taken [`TILES`] `· [NR]` at a time and widened `KC` elements at a time
 /// into a buffer that stays in the first-level cache; each group of `[MR]` activation rows then
 /// takes its products with every tile of them while its chunk is in that cache too, so the
 /// activations are read from the next levels once per [`TILES`] tiles, not once per tile (with
 /// two threads the two cores' activation traffic, not the weights, bounded the rate).
-fn weight_rows(
+#[inline(always)]
+fn weight_rows_with(
     isa: Isa,
     xp: &[f32],
     w: Weight<'_>,
@@ -202,29 +238,15 @@ fn weight_rows(
             for r in next_rows {
                 w.prefetch(r, next_k, KC, k);
             }
+            let used = np.div_ceil(NR);
+            #[cfg(target_arch = "x86_64")]
+            if isa == Isa::Avx512 {
+                // SAFETY: `Isa::Avx512` only where `Isa::detect` found it.
+                unsafe { tiles_avx512(&mut acc, &wbuf[..used], (xp, kp, k0)) };
+                continue;
+            }
             for (g, tiles) in acc.chunks_exact_mut(TILES).enumerate() {
                 let xs = &xp[g * MR * kp..][..MR * kp];
-                let used = np.div_ceil(NR);
-                #[cfg(target_arch = "x86_64")]
-                if isa == Isa::Avx512 {
-                    // Two tiles at a time: twelve independent accumulators, enough to cover the
-                    // fused multiply-add's latency (six leave the units idle half the time).
-                    let mut pairs = tiles[..used].chunks_mut(2).zip(wbuf[..used].chunks(2));
-                    for (a, wt) in pairs.by_ref() {
-                        match (a, wt) {
-                            ([a0, a1], [w0, w1]) => {
-                                // SAFETY: `Isa::Avx512` only where `Isa::detect` found it.
-                                unsafe { micro_kernel_avx512([w0, w1], [a0, a1], (xs, kp, k0)) }
-                            }
-                            ([a0], [w0]) => {
-                                // SAFETY: as above.
-                                unsafe { micro_kernel_avx512([w0], [a0], (xs, kp, k0)) }
-                            }
-                            _ => unreachable!("chunks of the same lengths"),
-                        }
-                    }
-                    continue;
-                }
                 for (a, wt) in tiles.iter_mut().zip(&wbuf).take(used) {
                     micro_kernel(isa, xs, kp, k0, wt, a);
                 }
@@ -233,13 +255,53 @@ fn weight_rows(
         for (g, tiles) in acc.chunks_exact(TILES).enumerate() {
             for i in 0..MR.min(m - g * MR) {
                 for j in 0..np {
-                    let a = &tiles[j / NR][i * NR + j % NR];
+                    let a = &tiles[j / NR][acc_index(isa, i, j % NR)];
                     out[(g * MR + i) * width + (p0 - range.start) + j] = reduce(a);
                 }
             }
         }
     }
     out
+}
+
+/// One `KC` chunk of every row group's tiles against the widened weight tiles `wbuf`, on
+/// AVX-512: two row groups and two tiles per call (24 independent accumulators, each weight
+/// broadcast serving four activation registers), fewer at the edges.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn tiles_avx512(
+    acc: &mut [[[f32; LANES]; NR * MR]],
+    wbuf: &[[[f32; KC]; NR]],
+    (xp, kp, k0): (&[f32], usize, usize),
+) {
+    for (gg, both) in acc.chunks_mut(2 * TILES).enumerate() {
+        let xs = &xp[gg * 2 * MR * kp..];
+        let (first, second) = both.split_at_mut(TILES);
+        for (t, w) in wbuf.chunks(2).enumerate() {
+            let f = &mut first[2 * t..][..w.len()];
+            let s = second.get_mut(2 * t..2 * t + w.len());
+            match (f, s, w) {
+                ([f0, f1], Some([s0, s1]), [w0, w1]) => {
+                    micro_kernel_avx512([w0, w1], [[f0, f1], [s0, s1]], (xs, kp, k0))
+                }
+                ([f0, f1], _, [w0, w1]) => micro_kernel_avx512([w0, w1], [[f0, f1]], (xs, kp, k0)),
+                ([f0], Some([s0]), [w0]) => micro_kernel_avx512([w0], [[f0], [s0]], (xs, kp, k0)),
+                ([f0], _, [w0]) => micro_kernel_avx512([w0], [[f0]], (xs, kp, k0)),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Where a tile keeps the lanes of activation row `i`, weight row `j`: row by row (`i · NR + j`),
+/// or for the AVX-512 kernel, which holds two rows' lanes in one register, pair by pair (row
+/// `2p + h` at `2 (p · NR + j) + h`), so that register is one contiguous load.
+#[inline(always)]
+fn acc_index(isa: Isa, i: usize, j: usize) -> usize {
+    if isa == Isa::Avx512 { 2 * ((i / 2) * NR + j) + i % 2 } else { i * NR + j }
 }
 
 /// The lanes of an accumulator, combined in a fixed order.
@@ -268,37 +330,35 @@ fn micro_kernel(
     micro_kernel_portable(xs, kp, k0, w, acc);
 }
 
-/// [`micro_kernel_portable`] on `T` tiles at once in AVX-512 registers, each holding one weight
-/// row's eight lanes for two activation rows (the rows' lane groups interleaved in `xs`, the
-/// weight's lanes broadcast to both halves): a `4 × 3` tile's twelve accumulators in six
-/// registers, twice the products per instruction of the AVX2 kernel, the same fused operations
-/// lane by lane.
+/// [`micro_kernel_portable`] on `T` tiles of `G` row groups at once in AVX-512 registers, each
+/// register holding one weight row's eight lanes for two activation rows (the rows' lane groups
+/// interleaved in `xs`, the weight's lanes broadcast to both halves): a `4 × 3` tile's twelve
+/// accumulators in six registers, twice the products per instruction of the AVX2 kernel, the
+/// same fused operations lane by lane. `xs` starts at the first group's rows; group `g`'s lie
+/// `g · MR · kp` further.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn micro_kernel_avx512<const T: usize>(
+fn micro_kernel_avx512<const T: usize, const G: usize>(
     w: [&[[f32; KC]; NR]; T],
-    acc: [&mut [[f32; LANES]; NR * MR]; T],
+    acc: [[&mut [[f32; LANES]; NR * MR]; T]; G],
     (xs, kp, k0): (&[f32], usize, usize),
 ) {
     use std::arch::x86_64::*;
     const PAIRS: usize = MR / 2;
     const { assert!(MR == 4 && NR == 3 && KC.is_multiple_of(LANES)) };
-    assert!(xs.len() >= (PAIRS - 1) * 2 * kp + 2 * (k0 + KC));
-    let mut a = [[[_mm512_setzero_ps(); NR]; PAIRS]; T];
-    for (tile, acc) in a.iter_mut().zip(&acc) {
-        for (p, row) in tile.iter_mut().enumerate() {
-            for (j, v) in row.iter_mut().enumerate() {
-                let (lo, hi) = (&acc[2 * p * NR + j], &acc[(2 * p + 1) * NR + j]);
-                // SAFETY: each holds 8 f32.
-                let (lo, hi) =
-                    unsafe { (_mm256_loadu_ps(lo.as_ptr()), _mm256_loadu_ps(hi.as_ptr())) };
-                *v = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
-                    _mm256_castps_pd(hi),
-                ));
+    assert!(xs.len() >= (G * PAIRS - 1) * 2 * kp + 2 * (k0 + KC));
+    let mut a = [[[[_mm512_setzero_ps(); NR]; PAIRS]; T]; G];
+    for (group, acc) in a.iter_mut().zip(&acc) {
+        for (tile, acc) in group.iter_mut().zip(acc) {
+            let at = acc.as_ptr().cast::<f32>();
+            for (p, row) in tile.iter_mut().enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    // SAFETY: the tile's 96 f32 hold `(p · NR + j)`'s sixteen at `16 (p · NR + j)`.
+                    *v = unsafe { _mm512_loadu_ps(at.add(16 * (p * NR + j))) };
+                }
             }
         }
     }
@@ -307,28 +367,31 @@ fn micro_kernel_avx512<const T: usize>(
         // SAFETY: `t + 8 <= KC`: within each weight row; pair `p`'s sixteen values for K
         // `k0 + t ..` lie at `p·2·kp + 2·(k0 + t)`, inside `xs` (asserted above).
         unsafe {
-            let xv: [__m512; PAIRS] =
-                std::array::from_fn(|p| _mm512_loadu_ps(x0.add(p * 2 * kp + 2 * (k0 + t))));
-            for (tile, wt) in a.iter_mut().zip(w) {
+            let xv: [[__m512; PAIRS]; G] = std::array::from_fn(|g| {
+                std::array::from_fn(|p| {
+                    _mm512_loadu_ps(x0.add((g * PAIRS + p) * 2 * kp + 2 * (k0 + t)))
+                })
+            });
+            for (ti, wt) in w.iter().enumerate() {
                 for j in 0..NR {
                     let half = _mm256_castps_pd(_mm256_loadu_ps(wt[j].as_ptr().add(t)));
                     let wj = _mm512_castpd_ps(_mm512_broadcast_f64x4(half));
-                    for (row, &x) in tile.iter_mut().zip(&xv) {
-                        row[j] = _mm512_fmadd_ps(x, wj, row[j]);
+                    for (group, xg) in a.iter_mut().zip(&xv) {
+                        for (row, &x) in group[ti].iter_mut().zip(xg) {
+                            row[j] = _mm512_fmadd_ps(x, wj, row[j]);
+                        }
                     }
                 }
             }
         }
     }
-    for (tile, acc) in a.iter().zip(acc) {
-        for (p, row) in tile.iter().enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                let lo = _mm256_castpd_ps(_mm512_castpd512_pd256(_mm512_castps_pd(v)));
-                let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-                // SAFETY: each holds 8 f32.
-                unsafe {
-                    _mm256_storeu_ps(acc[2 * p * NR + j].as_mut_ptr(), lo);
-                    _mm256_storeu_ps(acc[(2 * p + 1) * NR + j].as_mut_ptr(), hi);
+    for (group, acc) in a.iter().zip(acc) {
+        for (tile, acc) in group.iter().zip(acc) {
+            let at = acc.as_mut_ptr().cast::<f32>();
+            for (p, row) in tile.iter().enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    // SAFETY: as for the loads.
+                    unsafe { _mm512_storeu_ps(at.add(16 * (p * NR + j)), v) };
                 }
             }
         }

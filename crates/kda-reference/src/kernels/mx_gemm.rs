@@ -18,7 +18,10 @@
 //! activation rows, [`MC`] at a time, `[MR]` rows interleaved per K step, each take their
 //! products from it. With at most [`MC`] rows (decode, [`gemm_panel_few_rows`]), the
 //! activations are decoded once per call and each block of `[NR]` weight rows is decoded just
-//! before every row group uses it, so the weights stream from memory once. A micro-kernel
+//! before every row group uses it, so the weights stream from memory once; on AVX-512 the
+//! micro-kernel reads the weight bytes themselves, each value broadcast from the 256-entry table
+//! (a byte load and a table load instead of decoding instructions on the vector units the
+//! products need), and applies the block factors to the block sums. A micro-kernel
 //! computes an `MR × NR` tile's block sums in registers, one block after the other, and folds
 //! each block's rounded term into the tile's f32 accumulators (kept tile by tile, in block
 //! order).
@@ -195,6 +198,8 @@ fn gemm_panel_few_rows(
     let (row_groups, col_groups) = (m.div_ceil(MR), width.div_ceil(NR));
     let mut tiles = vec![[0.0f32; MR * NR]; row_groups * col_groups];
     let mut wp = Packed::new::<NR>(1, 1);
+    #[cfg(target_arch = "x86_64")]
+    let mut pad = [[0u8; BLOCK_SIZE]; NR];
     let group_rows = |h: usize| cols.start + h * NR..(cols.start + (h + 1) * NR).min(cols.end);
     for b0 in (0..blocks).step_by(KCB_FEW) {
         let step = b0..(b0 + KCB_FEW).min(blocks);
@@ -209,28 +214,153 @@ fn gemm_panel_few_rows(
             let next_k = next_step.start * BLOCK_SIZE..next_step.end * BLOCK_SIZE;
             prefetch_rows(ops.w, k, next_rows, next_k);
             for b in step.clone() {
+                #[cfg(target_arch = "x86_64")]
+                if isa == Isa::Avx512 {
+                    let column = ColumnGroup { rows: group_rows(h), h, col_groups };
+                    // SAFETY: `Isa::Avx512` is only chosen where the CPU has AVX-512F.
+                    unsafe { block_avx512(ops, decode, a, (&column, b), &mut pad, &mut tiles) };
+                    continue;
+                }
                 wp.pack_rows::<NR>(decode, isa, ops.w, ops.w_scale, k, group_rows(h), b..b + 1);
                 let w = wp.group::<NR>(0, 0, 1);
-                let mut g = 0;
-                while g < row_groups {
-                    #[cfg(target_arch = "x86_64")]
-                    if isa == Isa::Avx512 && g + 1 < row_groups {
-                        // Two row groups at a time: each weight value loaded once for both.
-                        let (i0, i1) = (g * col_groups + h, (g + 1) * col_groups + h);
-                        let (lo, hi) = tiles.split_at_mut(i1);
-                        let a2 = [a.group::<MR>(g, b, 1), a.group::<MR>(g + 1, b, 1)];
-                        // SAFETY: `Isa::Avx512` is only chosen where the CPU has AVX-512F.
-                        unsafe { micro_kernel_avx512_pair(a2, w, [&mut lo[i0], &mut hi[0]]) };
-                        g += 2;
-                        continue;
-                    }
+                for g in 0..row_groups {
                     micro_kernel(isa, 1, a.group::<MR>(g, b, 1), w, &mut tiles[g * col_groups + h]);
-                    g += 1;
                 }
             }
         }
     }
     tiles_to_rows(&tiles, m, width)
+}
+
+/// Column group `h` of a panel: its weight rows, and the panel's count of column groups (a
+/// tile's index is `g · col_groups + h` for row group `g`).
+#[cfg(target_arch = "x86_64")]
+struct ColumnGroup {
+    rows: std::ops::Range<usize>,
+    h: usize,
+    col_groups: usize,
+}
+
+/// K block `b` of one column group for every row group of `a`, on AVX-512, without decoding the
+/// weights into a buffer: the micro-kernel ([`micro_kernel_avx512_bytes`]) reads each weight
+/// byte where it lies and broadcasts its value from the 256-entry table, so the vector units do
+/// only the products, and applies each column's block factor to the block sum (exact: a power
+/// of two, or NaN). A block of fewer than [`NR`] weight rows or [`BLOCK_SIZE`] elements is first
+/// copied, zero-padded, into `pad`.
+///
+/// # Safety
+/// The CPU must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn block_avx512(
+    ops: &Operands<'_>,
+    decode: &[f64; 256],
+    a: &Packed,
+    (column, b): (&ColumnGroup, usize),
+    pad: &mut [[u8; BLOCK_SIZE]; NR],
+    tiles: &mut [Tile],
+) {
+    let (k, blocks, rows) = (ops.k, ops.blocks(), column.rows.clone());
+    let (k0, kb) = (b * BLOCK_SIZE, BLOCK_SIZE.min(k - b * BLOCK_SIZE));
+    let factors: [f64; NR] = std::array::from_fn(|j| {
+        let r = rows.start + j;
+        if r < rows.end { mx::decode_e8m0_f64(ops.w_scale[r * blocks + b]) } else { 0.0 }
+    });
+    let (bytes, stride): (&[u8], usize) = if rows.len() == NR && kb == BLOCK_SIZE {
+        (&ops.w[rows.start * k + k0..], k)
+    } else {
+        for (j, p) in pad.iter_mut().enumerate() {
+            p.fill(0);
+            let r = rows.start + j;
+            if r < rows.end {
+                p[..kb].copy_from_slice(&ops.w[r * k + k0..][..kb]);
+            }
+        }
+        (pad.as_flattened(), BLOCK_SIZE)
+    };
+    let w = WeightBlock { bytes, stride, factors: &factors, decode };
+    let (row_groups, cg, h) = (tiles.len() / column.col_groups, column.col_groups, column.h);
+    let mut g = 0;
+    while g < row_groups {
+        let i0 = g * cg + h;
+        if g + 1 < row_groups {
+            // Two row groups at a time: each weight value loaded once for both.
+            let (lo, hi) = tiles.split_at_mut(i0 + cg);
+            let a2 = [a.group::<MR>(g, b, 1), a.group::<MR>(g + 1, b, 1)];
+            micro_kernel_avx512_bytes(a2, &w, [&mut lo[i0], &mut hi[0]]);
+            g += 2;
+        } else {
+            micro_kernel_avx512_bytes([a.group::<MR>(g, b, 1)], &w, [&mut tiles[i0]]);
+            g += 1;
+        }
+    }
+}
+
+/// One K block of [`NR`] weight rows as stored: row `j`'s 32 E4M3 bytes at `j · stride`, its
+/// block factor, and the table of every byte's value.
+#[cfg(target_arch = "x86_64")]
+struct WeightBlock<'a> {
+    bytes: &'a [u8],
+    stride: usize,
+    factors: &'a [f64; NR],
+    decode: &'a [f64; 256],
+}
+
+/// One block of `G` row groups `a` (each with its own tile) against the weight block `w`, the
+/// columns in two halves of twelve: each half's block sums in registers (`G` rows of eight by
+/// twelve columns), each weight value read as its byte and broadcast from the table once for
+/// all `8 G` rows, each sum multiplied by its column's factor (exact) and rounded once to f32
+/// into the tile. The same exact sums as [`micro_kernel_portable`] takes, so the same bits.
+///
+/// # Safety
+/// The CPU must support AVX-512F (`Isa::Avx512`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn micro_kernel_avx512_bytes<const G: usize>(
+    a: [&[f64]; G],
+    w: &WeightBlock<'_>,
+    mut tiles: [&mut Tile; G],
+) {
+    use std::arch::x86_64::*;
+    const HALF: usize = NR / 2;
+    const { assert!(MR == 8 && NR == 2 * HALF) };
+    assert!(a.iter().all(|a| a.len() >= BLOCK_SIZE * MR));
+    assert!(w.bytes.len() >= (NR - 1) * w.stride + BLOCK_SIZE);
+    let table = w.decode.as_ptr();
+    for c0 in [0, HALF] {
+        let rows: [*const u8; HALF] =
+            std::array::from_fn(|j| w.bytes[(c0 + j) * w.stride..].as_ptr());
+        let mut s = [[_mm512_setzero_pd(); HALF]; G];
+        for kk in 0..BLOCK_SIZE {
+            // SAFETY: `kk < 32`: the 8 activation values at `kk·8` of each group and byte `kk`
+            // of each weight row lie within their slices (asserted above); a byte indexes the
+            // 256-entry table.
+            unsafe {
+                let x: [__m512d; G] =
+                    std::array::from_fn(|g| _mm512_loadu_pd(a[g].as_ptr().add(kk * MR)));
+                for (j, row) in rows.iter().enumerate() {
+                    let y = _mm512_set1_pd(*table.add(usize::from(*row.add(kk))));
+                    for (sg, &xg) in s.iter_mut().zip(&x) {
+                        sg[j] = _mm512_fmadd_pd(xg, y, sg[j]);
+                    }
+                }
+            }
+        }
+        for (sums, tile) in s.iter().zip(tiles.iter_mut()) {
+            let tp = tile.as_mut_ptr();
+            for (j, &sj) in sums.iter().enumerate() {
+                let scaled = _mm512_mul_pd(sj, _mm512_set1_pd(w.factors[c0 + j]));
+                // SAFETY: `c0 + j < 24`: column `c0 + j`'s 8 f32 lie within the tile.
+                unsafe {
+                    let at = tp.add((c0 + j) * MR);
+                    _mm256_storeu_ps(
+                        at,
+                        _mm256_add_ps(_mm256_loadu_ps(at), _mm512_cvtpd_ps(scaled)),
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// Ask for elements `range` (clamped to `k`) of every row `rows` of `[_, k]` bytes `data`.
@@ -613,55 +743,6 @@ unsafe fn micro_kernel_avx512(nb: usize, a: &[f64], w: &[f64], tile: &mut Tile) 
     }
 }
 
-/// One block of [`micro_kernel_avx512`] for two row groups `a` (their own tiles) and one weight
-/// block: the columns in two halves of twelve, each half's 24 block sums (two row groups by
-/// twelve columns) in registers, so each weight value is loaded once for sixteen rows instead
-/// of eight. Block sums are exact in f64 whatever their order, and each tile takes them in the
-/// same order as the one-group kernel: the same bits.
-///
-/// # Safety
-/// The CPU must support AVX-512F (`Isa::Avx512`).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn micro_kernel_avx512_pair(a: [&[f64]; 2], w: &[f64], mut tiles: [&mut Tile; 2]) {
-    use std::arch::x86_64::*;
-    const HALF: usize = NR / 2;
-    const { assert!(MR == 8 && NR == 2 * HALF) };
-    assert!(a.iter().all(|a| a.len() >= BLOCK_SIZE * MR) && w.len() >= BLOCK_SIZE * NR);
-    let wp = w.as_ptr();
-    for c0 in [0, HALF] {
-        let mut s = [[_mm512_setzero_pd(); HALF]; 2];
-        for kk in 0..BLOCK_SIZE {
-            // SAFETY: `kk < 32`, `c0 + j < 24`: the 8 activation values at `kk·8` of each
-            // group and the weight value at `(c0 + j)·32 + kk` lie within their slices
-            // (asserted above).
-            unsafe {
-                let x = [
-                    _mm512_loadu_pd(a[0].as_ptr().add(kk * MR)),
-                    _mm512_loadu_pd(a[1].as_ptr().add(kk * MR)),
-                ];
-                let wk = wp.add(c0 * BLOCK_SIZE + kk);
-                let [s0, s1] = &mut s;
-                for (j, (s0, s1)) in s0.iter_mut().zip(s1.iter_mut()).enumerate() {
-                    let y = _mm512_set1_pd(*wk.add(j * BLOCK_SIZE));
-                    *s0 = _mm512_fmadd_pd(x[0], y, *s0);
-                    *s1 = _mm512_fmadd_pd(x[1], y, *s1);
-                }
-            }
-        }
-        for (sums, tile) in s.iter().zip(tiles.iter_mut()) {
-            let tp = tile.as_mut_ptr();
-            for (j, &sj) in sums.iter().enumerate() {
-                // SAFETY: `c0 + j < 24`: column `c0 + j`'s 8 f32 lie within the tile.
-                unsafe {
-                    let at = tp.add((c0 + j) * MR);
-                    _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), _mm512_cvtpd_ps(sj)));
-                }
-            }
-        }
-    }
-}
-
 /// [`micro_kernel_portable`] on AVX2: the tile as four `8 × 6` sub-tiles, each with its 48
 /// block sums in twelve 4-lane registers (two per column) and fused multiply-adds.
 ///
@@ -848,8 +929,9 @@ mod tests {
             micro_kernel(isa, nb, ag, wg, &mut fast);
             assert_eq!(bits(&plain), bits(&fast), "{isa:?}");
         }
-        // The two-group kernel of the few-row path: each group's tile as the one-group
-        // kernel's, block by block.
+        // The few-row kernel, which reads the weight bytes where they lie (here with a row
+        // stride past the block) and applies the factors to the sums: one group and two, each
+        // group's tile as the plain kernel's, block by block.
         #[cfg(target_arch = "x86_64")]
         if Isa::detect() == Isa::Avx512 {
             let a2 = random_bytes(&mut rng, MR * k, true);
@@ -859,16 +941,33 @@ mod tests {
             let ag2 = ap2.group::<MR>(0, 0, nb);
             let mut plain2 = [0.25f32; MR * NR];
             micro_kernel_portable(nb, ag2, wg, &mut plain2);
-            let (mut t0, mut t1) = ([0.5f32; MR * NR], [0.25f32; MR * NR]);
+            let (mut one, mut t0, mut t1) =
+                ([0.5f32; MR * NR], [0.5f32; MR * NR], [0.25f32; MR * NR]);
+            // The weight bytes zero-padded to whole blocks, as the panel pads a partial one.
+            let stride = nb * BLOCK_SIZE + 7;
+            let mut padded = vec![0u8; NR * stride];
+            for (dst, src) in padded.chunks_exact_mut(stride).zip(w.chunks_exact(k)) {
+                dst[..k].copy_from_slice(src);
+            }
             for b in 0..nb {
+                let factors: [f64; NR] =
+                    std::array::from_fn(|j| mx::decode_e8m0_f64(sw[j * nb + b]));
+                let block = WeightBlock {
+                    bytes: &padded[b * BLOCK_SIZE..],
+                    stride,
+                    factors: &factors,
+                    decode: &decode,
+                };
                 let (a0, a1) = (ap.group::<MR>(0, b, 1), ap2.group::<MR>(0, b, 1));
                 // SAFETY: the CPU has AVX-512F (checked above).
                 unsafe {
-                    micro_kernel_avx512_pair([a0, a1], wp.group::<NR>(0, b, 1), [&mut t0, &mut t1])
-                };
+                    micro_kernel_avx512_bytes([a0], &block, [&mut one]);
+                    micro_kernel_avx512_bytes([a0, a1], &block, [&mut t0, &mut t1]);
+                }
             }
-            assert_eq!(bits(&plain), bits(&t0), "pair, first group");
-            assert_eq!(bits(&plain2), bits(&t1), "pair, second group");
+            assert_eq!(bits(&plain), bits(&one), "bytes, one group");
+            assert_eq!(bits(&plain), bits(&t0), "bytes, first of two groups");
+            assert_eq!(bits(&plain2), bits(&t1), "bytes, second of two groups");
         }
     }
 }
