@@ -213,3 +213,51 @@ fn mx_dequant_gathers_a_long_row_in_pieces() {
         );
     }
 }
+
+/// The largest rows `kda_ascend::kernels::tiling::mx_dequant` accepts (multiples of 32; its
+/// `mx_dequant_budget_is_the_sources_allocation` test) run on each SoC, and one block more
+/// overflows the unified buffer: the tiling's budget is what the kernel allocates.
+#[test]
+fn mx_dequant_at_the_tilings_largest_rows_fills_the_ub() {
+    use kda_ascend_sys::{ACL_BF16, ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
+    let cases = [
+        ("Ascend910B3", ACL_FLOAT, 4usize, 21_632usize),
+        ("Ascend910B3", ACL_BF16, 2, 17_728),
+        ("Ascend950PR_9599", ACL_FLOAT, 4, 28_000),
+        ("Ascend950PR_9599", ACL_BF16, 2, 22_912),
+    ];
+    for (soc, dtype, bytes, largest) in cases {
+        for (k, fits) in [(largest, true), (largest + 32, false)] {
+            let blocks = k.div_ceil(32);
+            let data: Vec<u8> = (0..k).map(|c| (c % 256) as u8).collect();
+            let scale = vec![127u8; blocks];
+            let mut y = vec![0u8; k * bytes];
+            let tensors = [
+                gm(data.as_ptr() as u64, &[1, k as i64], None, ACL_FLOAT8_E4M3FN),
+                gm(scale.as_ptr() as u64, &[1, blocks as i64], None, ACL_FLOAT8_E8M0),
+                gm(y.as_mut_ptr() as u64, &[1, k as i64], None, dtype),
+            ];
+            let buffers = [
+                (data.as_ptr() as u64, data.len()),
+                (scale.as_ptr() as u64, scale.len()),
+                (y.as_mut_ptr() as u64, y.len()),
+            ];
+            let tiling = KernelTiling {
+                block_dim: 1,
+                per_core: 1,
+                last_core: 1,
+                tile: 1,
+                ub_bytes: 0,
+                reserved: 0,
+            };
+            let r = launch_one_block_on(soc, "kda_mx_dequant", tiling, &tensors, &buffers);
+            match (fits, r) {
+                (true, r) => r.unwrap_or_else(|e| panic!("{soc} K {k}: {e:?}")),
+                (false, Err(kda_acl_emu::twin::TwinError::Violation { rule, .. })) => {
+                    assert!(rule.contains("UB overflow"), "{soc} K {k}: {rule}");
+                }
+                (false, other) => panic!("{soc} K {k}: expected a UB overflow, got {other:?}"),
+            }
+        }
+    }
+}

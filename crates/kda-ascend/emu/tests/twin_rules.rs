@@ -168,7 +168,12 @@ fn a_correct_gather_runs_and_computes_on_both_socs() {
 #[test]
 fn a_gather_of_a_type_the_soc_lacks_is_rejected() {
     let r = rule_on_only("twin_gather_u8", a2(), a950());
-    assert!(r.contains("Gather") && r.contains("dtype Gather.md does not list") && r.contains("uint8_t"), "{r}");
+    assert!(
+        r.contains("Gather")
+            && r.contains("dtype Gather.md does not list")
+            && r.contains("uint8_t"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -224,10 +229,16 @@ fn a_gather_of_a_scalar_written_table_without_a_flag_is_rejected() {
 #[test]
 fn cast_takes_only_the_pairs_and_round_modes_its_table_lists_for_the_soc() {
     let r = rule_on_only("twin_cast_u8_to_u32", a2(), a950());
-    assert!(r.contains("dtype pair Cast.md does not list") && r.contains("uint8_t -> uint32_t"), "{r}");
+    assert!(
+        r.contains("dtype pair Cast.md does not list") && r.contains("uint8_t -> uint32_t"),
+        "{r}"
+    );
     for profile in [a2(), a950()] {
         let r = rule("twin_cast_half_to_int32_none", profile, 1);
-        assert!(r.contains("round mode Cast.md does not list") && r.contains("half -> int32_t"), "{r}");
+        assert!(
+            r.contains("round mode Cast.md does not list") && r.contains("half -> int32_t"),
+            "{r}"
+        );
     }
 }
 
