@@ -71,10 +71,10 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
     // element), and each row's codes become byte offsets into that table — uint8 -> half (exact
     // for 0..255), x4 in half (exact up to 1020), half -> int32 (CAST_RINT of an integer) —
     // from which Gather picks the values. The 950 also has a direct fp8_e4m3fn_t -> float Cast,
-    // A2/A3 do not; these two casts and an f32 Gather are listed for both (mirror-cann/asc-devkit
-    // docs/zh/api/SIMD-API/基础API/Memory矢量计算/类型转换/Cast.md and 离散与聚合/Gather.md,
-    // 数据类型), so one path serves both chips, and its NaN bits are the table's, as the
-    // reference's. The codes widen to half inside the row's f32 buffer (2 of its 4 bytes per
+    // A2/A3 do not; these two casts and an f32 Gather are listed for both (数据类型 of
+    // mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/类型转换/Cast.md and
+    // of mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/离散与聚合/Gather.md),
+    // so one path serves both chips, and its NaN bits are the table's, as the reference's. The codes widen to half inside the row's f32 buffer (2 of its 4 bytes per
     // value), which the Gather then overwrites.
     TPipe pipe;
     TBuf<TPosition::VECCALC> tb, db, sb, ob, fb, yb;

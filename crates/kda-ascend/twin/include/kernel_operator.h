@@ -25,7 +25,12 @@
 // - SetFlag/WaitFlag paired with identical event and eventID, eventID 0-7
 //   (基础API/同步控制/核内同步/SetFlag-WaitFlag(ISASI).md); PipeBarrier orders one pipe's
 //   dependent instructions and does not take PIPE_S (PipeBarrier(ISASI).md);
-// - the scalar unit reads GM through a cache it must invalidate (缓存控制/DataCacheCleanAndInvalid.md).
+// - the scalar unit reads GM through a cache it must invalidate (缓存控制/DataCacheCleanAndInvalid.md);
+// - Cast: only the dtype pairs and round modes its table lists for the SoC
+//   (基础API/Memory矢量计算/类型转换/Cast.md, 数据类型);
+// - Gather (count form): the SoC's types, operand alignment, no dst/src sharing, offsets and
+//   base element-aligned and inside src, the 950's offset ranges, A2/A3's 255 repeats per call,
+//   count 0 not a NOP on the 950 (基础API/Memory矢量计算/离散与聚合/Gather.md; the rules at Gather).
 // The pipe model behind the synchronisation rules is kda_twin_rt.h's.
 #ifndef KDA_TWIN_KERNEL_OPERATOR_H
 #define KDA_TWIN_KERNEL_OPERATOR_H
