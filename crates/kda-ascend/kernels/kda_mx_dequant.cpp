@@ -67,15 +67,16 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
     // No scalar GM writes: two cores' rows may share a 64-byte line of y.
     //
     // The decode is a table lookup on the vector unit: the scalar unit writes the f32 value of
-    // each of the 256 codes once per launch (e4m3_bits: 256 scalar writes, not one per
-    // element), and each row's codes become byte offsets into that table — uint8 -> half (exact
-    // for 0..255), x4 in half (exact up to 1020), half -> int32 (CAST_RINT of an integer) —
-    // from which Gather picks the values. The 950 also has a direct fp8_e4m3fn_t -> float Cast,
+    // each of the 256 codes once per core (e4m3_bits: 256 scalar writes, not one per element),
+    // and each row's codes become byte offsets into that table — uint8 -> half (exact for
+    // 0..255), x4 in half (exact up to 1020), half -> int32 (CAST_RINT of an integer) — from
+    // which Gather picks the values. The 950 also has a direct fp8_e4m3fn_t -> float Cast,
     // A2/A3 do not; these two casts and an f32 Gather are listed for both (数据类型 of
     // mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/类型转换/Cast.md and
     // of mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/离散与聚合/Gather.md),
-    // so one path serves both chips, and its NaN bits are the table's, as the reference's. The codes widen to half inside the row's f32 buffer (2 of its 4 bytes per
-    // value), which the Gather then overwrites.
+    // so one path serves both chips, and its NaN bits are the table's, as the reference's. The
+    // codes widen to half inside the row's f32 buffer (2 of its 4 bytes per value), which the
+    // Gather then overwrites.
     TPipe pipe;
     TBuf<TPosition::VECCALC> tb, db, sb, ob, fb, yb;
     pipe.InitBuffer(tb, 256 * sizeof(float));
