@@ -46,6 +46,11 @@ __aicore__ inline void scale_block(const LocalTensor<float> &x, uint8_t s, int32
     }
 }
 
+// Gather's count form on A2/A3 issues its 64-value f32 repeats with an 8-bit repeat count
+// (mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/离散与聚合/Gather.md,
+// 约束说明: repeatTime in [0, 255]): longer rows are gathered in pieces of 255 repeats.
+constexpr int64_t kGatherPiece = 255 * 64;
+
 template <typename T>
 __aicore__ inline void dequant(const MxDequantArgs &a)
 {
@@ -58,18 +63,36 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
     scale.SetGlobalBuffer(kda_gm<uint8_t>(a.scale));
     y.SetGlobalBuffer(kda_gm<T>(a.y));
     // A row moves GM -> UB (data and scale bytes) and UB -> GM (the decoded row) through
-    // DataCopyPad; the scalar unit writes the E4M3 values as f32 (whole 32-value blocks, the
-    // last one zero-filled), the vector unit scales each block and rounds to y's dtype. No
-    // scalar GM writes: two cores' rows may share a 64-byte line of y.
+    // DataCopyPad; the vector unit decodes, scales each 32-value block and rounds to y's dtype.
+    // No scalar GM writes: two cores' rows may share a 64-byte line of y.
+    //
+    // The decode is a table lookup on the vector unit: the scalar unit writes the f32 value of
+    // each of the 256 codes once per core (e4m3_bits: 256 scalar writes, not one per element),
+    // and each row's codes become byte offsets into that table — uint8 -> half (exact for
+    // 0..255), x4 in half (exact up to 1020), half -> int32 (CAST_RINT of an integer) — from
+    // which Gather picks the values. The 950 also has a direct fp8_e4m3fn_t -> float Cast,
+    // A2/A3 do not; these two casts and an f32 Gather are listed for both (数据类型 of
+    // mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/类型转换/Cast.md and
+    // of mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/离散与聚合/Gather.md),
+    // so one path serves both chips, and its NaN bits are the table's, as the reference's. The
+    // codes widen to half inside the row's f32 buffer (2 of its 4 bytes per value), which the
+    // Gather then overwrites.
     TPipe pipe;
-    TBuf<TPosition::VECCALC> db, sb, fb, yb;
+    TBuf<TPosition::VECCALC> tb, db, sb, ob, fb, yb;
+    pipe.InitBuffer(tb, 256 * sizeof(float));
     pipe.InitBuffer(db, kda_pitch(k, 1));
     pipe.InitBuffer(sb, kda_pitch(blocks, 1));
-    pipe.InitBuffer(fb, blocks * 32 * sizeof(float));
+    pipe.InitBuffer(ob, kda_pitch(k, sizeof(int32_t)) * sizeof(int32_t));
+    pipe.InitBuffer(fb, kda_pitch(k, sizeof(float)) * sizeof(float));
     pipe.InitBuffer(yb, IsSameType<T, float>::value ? 32 : kda_pitch(k, sizeof(T)) * sizeof(T));
+    LocalTensor<float> tl = tb.Get<float>(), fl = fb.Get<float>();
     LocalTensor<uint8_t> dl = db.Get<uint8_t>(), sl = sb.Get<uint8_t>();
-    LocalTensor<float> fl = fb.Get<float>();
+    LocalTensor<int32_t> ol = ob.Get<int32_t>();
+    LocalTensor<half> hl = fl.ReinterpretCast<half>();
     LocalTensor<T> yl = yb.Get<T>();
+    for (uint32_t q = 0; q < 256; ++q) tl.SetValue(q, kda_f32_from_bits(e4m3_bits(static_cast<uint8_t>(q))));
+    SetFlag<HardEvent::S_V>(EVENT_ID0);
+    WaitFlag<HardEvent::S_V>(EVENT_ID0);
     DataCopyPadExtParams<uint8_t> no_pad{false, 0, 0, 0};
     for (uint32_t row = start; row < start + count; ++row) {
         // The scale row may be strided ([M, ceil(K/64), 2] memory): blocks of one byte each
@@ -82,19 +105,27 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
                 sl.SetValue(j, kda_read(scale, row * a.scale.strides[0] + j * a.scale.strides[1]));
             }
         }
+        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
         SetFlag<HardEvent::MTE2_S>(EVENT_ID0);
         WaitFlag<HardEvent::MTE2_S>(EVENT_ID0);
-        // The previous row's vector instructions and store are done with fl before the scalar
-        // unit writes it again.
-        SetFlag<HardEvent::V_S>(EVENT_ID0);
-        WaitFlag<HardEvent::V_S>(EVENT_ID0);
-        SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
-        WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
-        for (int64_t c = 0; c < k; ++c) fl.SetValue(c, kda_f32_from_bits(e4m3_bits(dl.GetValue(c))));
-        for (int64_t c = k; c < blocks * 32; ++c) fl.SetValue(c, 0.0f);
-        SetFlag<HardEvent::S_V>(EVENT_ID0);
-        WaitFlag<HardEvent::S_V>(EVENT_ID0);
-        for (int64_t j = 0; j < blocks; ++j) scale_block(fl[j * 32], sl.GetValue(j), 32);
+        Cast(hl, dl, RoundMode::CAST_NONE, k);
+        PipeBarrier<PIPE_V>();
+        Muls(hl, hl, half(4.0f), k);
+        PipeBarrier<PIPE_V>();
+        Cast(ol, hl, RoundMode::CAST_RINT, k);
+        PipeBarrier<PIPE_V>();
+        const LocalTensor<uint32_t> offsets = ol.ReinterpretCast<uint32_t>();
+        for (int64_t c = 0; c < k; c += kGatherPiece) {
+            const int64_t n = k - c < kGatherPiece ? k - c : kGatherPiece;
+            Gather(fl[c], tl, offsets[c], 0, static_cast<uint32_t>(n));
+        }
+        PipeBarrier<PIPE_V>();
+        // The last block may be partial: only its live values are scaled.
+        for (int64_t j = 0; j < blocks; ++j) {
+            const int64_t n = k - j * 32 < 32 ? k - j * 32 : 32;
+            scale_block(fl[j * 32], sl.GetValue(j), static_cast<int32_t>(n));
+        }
         PipeBarrier<PIPE_V>();
         if constexpr (IsSameType<T, float>::value) {
             SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
@@ -107,8 +138,11 @@ __aicore__ inline void dequant(const MxDequantArgs &a)
             WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
             DataCopyPad(y[row * a.y.strides[0]], yl, DataCopyExtParams{1, static_cast<uint32_t>(k * sizeof(T)), 0, 0, 0});
         }
-        // The next row's loads overwrite dl and sl, which the scalar unit has finished reading,
-        // and the next Cast overwrites yl, which this store reads.
+        // The next row's loads overwrite dl, which the vector unit has finished reading, and
+        // sl, which the scalar unit has; its first Cast overwrites fl (and the next bf16 Cast
+        // yl), which this store reads.
+        SetFlag<HardEvent::V_MTE2>(EVENT_ID0);
+        WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
         SetFlag<HardEvent::S_MTE2>(EVENT_ID0);
         WaitFlag<HardEvent::S_MTE2>(EVENT_ID0);
         SetFlag<HardEvent::MTE3_V>(EVENT_ID0);

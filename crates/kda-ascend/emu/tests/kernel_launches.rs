@@ -19,9 +19,20 @@ fn gm(addr: u64, shape: &[i64], strides: Option<&[i64]>, dtype: i32) -> GmTensor
     t
 }
 
-/// Launch `kernel` on one block with `tiling`, the pointer parameters of `tensors` and their
-/// host buffers as the GM it may touch.
+/// Launch `kernel` on one block of an A2 with `tiling`, the pointer parameters of `tensors` and
+/// their host buffers as the GM it may touch.
 fn launch_one_block(
+    kernel: &str,
+    tiling: KernelTiling,
+    tensors: &[GmTensor],
+    buffers: &[(u64, usize)],
+) -> Result<(), kda_acl_emu::twin::TwinError> {
+    launch_one_block_on("Ascend910B3", kernel, tiling, tensors, buffers)
+}
+
+/// [`launch_one_block`] on the SoC `soc`.
+fn launch_one_block_on(
+    soc: &str,
     kernel: &str,
     tiling: KernelTiling,
     tensors: &[GmTensor],
@@ -42,7 +53,7 @@ fn launch_one_block(
     let k = Kernel::builtin(kernel).expect("built-in kernel");
     // SAFETY: every range is a live host buffer of the caller's that nothing else touches during
     // the launch; the parameters point into them, the last one to the meta words.
-    unsafe { k.launch(Profile::of_soc("Ascend910B3"), 1, &params, &ranges) }
+    unsafe { k.launch(Profile::of_soc(soc), 1, &params, &ranges) }
 }
 
 /// `kda_conv_prefill` with a `[C, W]` row-major f32 weight (the taps gathered through the
@@ -108,7 +119,8 @@ fn conv_prefill_gathers_strided_taps_after_the_previous_tiles_vector_reads() {
 /// bit for bit: every E4M3 code under every E8M0 scale byte — the subnormal results of the
 /// smallest scales (2^-127, an f32 subnormal, and the scales whose products fall below f32's
 /// normal range), the overflowing products of the largest, NaN codes and the NaN scale — in rows
-/// whose last block is partial.
+/// whose last block is partial, on A2 and on the 950 (the decode's casts and Gather are checked
+/// against each SoC's dtype tables).
 #[test]
 fn mx_dequant_equals_the_codec_bit_for_bit_for_every_code_and_scale() {
     use kda_ascend_sys::{ACL_BF16, ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
@@ -117,7 +129,12 @@ fn mx_dequant_equals_the_codec_bit_for_bit_for_every_code_and_scale() {
     // Row r: every code, then 17 more, all under scale byte r.
     let data: Vec<u8> = (0..m).flat_map(|r| (0..k).map(move |c| ((c + r) % 256) as u8)).collect();
     let scale: Vec<u8> = (0..m).flat_map(|r| std::iter::repeat_n(r as u8, blocks)).collect();
-    for (dtype, bytes) in [(ACL_FLOAT, 4usize), (ACL_BF16, 2)] {
+    for (soc, dtype, bytes) in [
+        ("Ascend910B3", ACL_FLOAT, 4usize),
+        ("Ascend910B3", ACL_BF16, 2),
+        ("Ascend950PR_9599", ACL_FLOAT, 4),
+        ("Ascend950PR_9599", ACL_BF16, 2),
+    ] {
         let mut y = vec![0u8; m * k * bytes];
         let tensors = [
             gm(data.as_ptr() as u64, &[m as i64, k as i64], None, ACL_FLOAT8_E4M3FN),
@@ -137,7 +154,7 @@ fn mx_dequant_equals_the_codec_bit_for_bit_for_every_code_and_scale() {
             ub_bytes: 1 << 16,
             reserved: 0,
         };
-        launch_one_block("kda_mx_dequant", tiling, &tensors, &buffers).expect("mx dequant");
+        launch_one_block_on(soc, "kda_mx_dequant", tiling, &tensors, &buffers).expect("mx dequant");
         for (i, (&q, got)) in data.iter().zip(y.chunks(bytes)).enumerate() {
             let s = scale[(i / k) * blocks + (i % k) / 32];
             let want = kda_core::mx::dequantize_value(q, s);
@@ -151,8 +168,96 @@ fn mx_dequant_equals_the_codec_bit_for_bit_for_every_code_and_scale() {
             };
             assert!(
                 nan || got_bits == want_bits,
-                "dtype {dtype}: code {q:#04x} scale {s}: got bits {got_bits:#x}, want {want_bits:#x}"
+                "{soc} dtype {dtype}: code {q:#04x} scale {s}: got bits {got_bits:#x}, want {want_bits:#x}"
             );
+        }
+    }
+}
+
+/// A row longer than one A2 Gather takes (255 repeats of 64 f32, 16320 values): the kernel
+/// gathers it in pieces, each within the twin's repeat-count rule, and every value is the
+/// codec's, across the piece boundary and in the partial last block.
+#[test]
+fn mx_dequant_gathers_a_long_row_in_pieces() {
+    use kda_ascend_sys::{ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
+    let (m, k) = (2usize, 16_384usize + 40);
+    let blocks = k.div_ceil(32);
+    let data: Vec<u8> = (0..m * k).map(|i| (i * 7 % 256) as u8).collect();
+    let scale: Vec<u8> = (0..m * blocks).map(|j| (120 + j % 16) as u8).collect();
+    let mut y = vec![0f32; m * k];
+    let tensors = [
+        gm(data.as_ptr() as u64, &[m as i64, k as i64], None, ACL_FLOAT8_E4M3FN),
+        gm(scale.as_ptr() as u64, &[m as i64, blocks as i64], None, ACL_FLOAT8_E8M0),
+        gm(y.as_mut_ptr() as u64, &[m as i64, k as i64], None, ACL_FLOAT),
+    ];
+    let buffers = [
+        (data.as_ptr() as u64, data.len()),
+        (scale.as_ptr() as u64, scale.len()),
+        (y.as_mut_ptr() as u64, y.len() * 4),
+    ];
+    let tiling = KernelTiling {
+        block_dim: 1,
+        per_core: m as u32,
+        last_core: m as u32,
+        tile: 1,
+        ub_bytes: 196_608,
+        reserved: 0,
+    };
+    launch_one_block("kda_mx_dequant", tiling, &tensors, &buffers).expect("mx dequant");
+    for (i, (&q, got)) in data.iter().zip(&y).enumerate() {
+        let s = scale[(i / k) * blocks + (i % k) / 32];
+        let want = kda_core::mx::dequantize_value(q, s);
+        assert!(
+            (got.is_nan() && want.is_nan()) || got.to_bits() == want.to_bits(),
+            "value {i}: code {q:#04x} scale {s}: got {got}, want {want}"
+        );
+    }
+}
+
+/// The largest rows `kda_ascend::kernels::tiling::mx_dequant` accepts (multiples of 32; its
+/// `mx_dequant_budget_is_the_sources_allocation` test) run on each SoC, and one block more
+/// overflows the unified buffer: the tiling's budget is what the kernel allocates.
+#[test]
+fn mx_dequant_at_the_tilings_largest_rows_fills_the_ub() {
+    use kda_ascend_sys::{ACL_BF16, ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
+    let cases = [
+        ("Ascend910B3", ACL_FLOAT, 4usize, 21_632usize),
+        ("Ascend910B3", ACL_BF16, 2, 17_728),
+        ("Ascend950PR_9599", ACL_FLOAT, 4, 28_000),
+        ("Ascend950PR_9599", ACL_BF16, 2, 22_912),
+    ];
+    for (soc, dtype, bytes, largest) in cases {
+        for (k, fits) in [(largest, true), (largest + 32, false)] {
+            let blocks = k.div_ceil(32);
+            let data: Vec<u8> = (0..k).map(|c| (c % 256) as u8).collect();
+            let scale = vec![127u8; blocks];
+            let mut y = vec![0u8; k * bytes];
+            let tensors = [
+                gm(data.as_ptr() as u64, &[1, k as i64], None, ACL_FLOAT8_E4M3FN),
+                gm(scale.as_ptr() as u64, &[1, blocks as i64], None, ACL_FLOAT8_E8M0),
+                gm(y.as_mut_ptr() as u64, &[1, k as i64], None, dtype),
+            ];
+            let buffers = [
+                (data.as_ptr() as u64, data.len()),
+                (scale.as_ptr() as u64, scale.len()),
+                (y.as_mut_ptr() as u64, y.len()),
+            ];
+            let tiling = KernelTiling {
+                block_dim: 1,
+                per_core: 1,
+                last_core: 1,
+                tile: 1,
+                ub_bytes: 0,
+                reserved: 0,
+            };
+            let r = launch_one_block_on(soc, "kda_mx_dequant", tiling, &tensors, &buffers);
+            match (fits, r) {
+                (true, r) => r.unwrap_or_else(|e| panic!("{soc} K {k}: {e:?}")),
+                (false, Err(kda_acl_emu::twin::TwinError::Violation { rule, .. })) => {
+                    assert!(rule.contains("UB overflow"), "{soc} K {k}: {rule}");
+                }
+                (false, other) => panic!("{soc} K {k}: expected a UB overflow, got {other:?}"),
+            }
         }
     }
 }

@@ -144,3 +144,111 @@ fn a_block_reading_another_blocks_output_is_rejected() {
     let r = rule("twin_block_reads_another_blocks_output", a2(), 2);
     assert!(r.contains("a block reads GM bytes another block writes"), "{r}");
 }
+
+fn a950() -> Profile {
+    Profile::of_soc("Ascend950PR_9599")
+}
+
+/// The rule a kernel breaks on `profile`, and that it runs clean on `other` (a SoC-specific rule).
+fn rule_on_only(kernel: &str, profile: Profile, other: Profile) -> String {
+    run(kernel, other, 1).0.unwrap_or_else(|e| panic!("{kernel} on the other SoC: {e:?}"));
+    rule(kernel, profile, 1)
+}
+
+#[test]
+fn a_correct_gather_runs_and_computes_on_both_socs() {
+    for profile in [a2(), a950()] {
+        let (result, y) = run("twin_gather_ok", profile, 2);
+        result.expect("twin_gather_ok");
+        let want: Vec<f32> = (1..=64).rev().map(|i| i as f32).collect();
+        assert_eq!(y, want);
+    }
+}
+
+#[test]
+fn a_gather_of_a_type_the_soc_lacks_is_rejected() {
+    let r = rule_on_only("twin_gather_u8", a2(), a950());
+    assert!(
+        r.contains("Gather")
+            && r.contains("dtype Gather.md does not list")
+            && r.contains("uint8_t"),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_gather_into_its_own_table_is_rejected() {
+    let r = rule("twin_gather_into_its_table", a2(), 1);
+    assert!(r.contains("dst and src share memory"), "{r}");
+}
+
+#[test]
+fn gather_offsets_and_base_must_be_element_aligned_and_inside_the_table() {
+    let r = rule("twin_gather_unaligned_offset", a2(), 1);
+    assert!(r.contains("srcOffset not a multiple of sizeof(T)"), "{r}");
+    let r = rule("twin_gather_offset_past_src", a2(), 1);
+    assert!(r.contains("gathered element past src"), "{r}");
+    let r = rule("twin_gather_unaligned_base", a2(), 1);
+    assert!(r.contains("srcBaseAddr not a multiple of sizeof(T) or past src"), "{r}");
+    let r = rule("twin_gather_base_past_src", a2(), 1);
+    assert!(r.contains("srcBaseAddr not a multiple of sizeof(T) or past src"), "{r}");
+}
+
+#[test]
+fn gather_operands_must_be_aligned_and_within_count() {
+    let r = rule("twin_gather_unaligned_table", a2(), 1);
+    assert!(r.contains("Gather") && r.contains("not 32-byte aligned"), "{r}");
+    let r = rule("twin_gather_count_past_offsets", a2(), 1);
+    assert!(r.contains("Gather") && r.contains("srcOffset: count 128"), "{r}");
+}
+
+#[test]
+fn a_gather_of_256_repeats_is_rejected_on_a2_only() {
+    let r = rule_on_only("twin_gather_256_repeats", a2(), a950());
+    assert!(r.contains("more than 255 full repeats"), "{r}");
+}
+
+#[test]
+fn a_gather_of_count_zero_is_rejected_on_the_950_only() {
+    let r = rule_on_only("twin_gather_count_zero", a950(), a2());
+    assert!(r.contains("count 0 on the 950"), "{r}");
+}
+
+#[test]
+fn a_16_bit_gather_offset_past_2_17_is_rejected_on_the_950_only() {
+    let r = rule_on_only("twin_gather_16bit_offset_range", a950(), a2());
+    assert!(r.contains("past its range on this SoC") && r.contains("131072"), "{r}");
+}
+
+#[test]
+fn a_gather_of_a_scalar_written_table_without_a_flag_is_rejected() {
+    let r = rule("twin_gather_of_a_scalar_table_without_a_flag", a2(), 1);
+    assert!(r.contains("Gather") && r.contains("unsynchronised read"), "{r}");
+}
+
+#[test]
+fn cast_takes_only_the_pairs_and_round_modes_its_table_lists_for_the_soc() {
+    let r = rule_on_only("twin_cast_u8_to_u32", a2(), a950());
+    assert!(
+        r.contains("dtype pair Cast.md does not list") && r.contains("uint8_t -> uint32_t"),
+        "{r}"
+    );
+    for profile in [a2(), a950()] {
+        let r = rule("twin_cast_half_to_int32_none", profile, 1);
+        assert!(
+            r.contains("round mode Cast.md does not list") && r.contains("half -> int32_t"),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn a_cast_to_an_integer_rounds_by_its_mode_and_refuses_values_out_of_range() {
+    for profile in [a2(), a950()] {
+        let (result, y) = run("twin_cast_rint_ok", profile, 1);
+        result.expect("twin_cast_rint_ok");
+        assert_eq!(y, vec![4.0f32; 64], "3.5 rounds to even");
+    }
+    let r = rule("twin_cast_out_of_range", a2(), 1);
+    assert!(r.contains("outside the destination type's range"), "{r}");
+}

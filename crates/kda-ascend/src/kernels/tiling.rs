@@ -7,8 +7,8 @@
 //! for the delta-rule kernels. Each kernel states the UB bytes one unit needs and the bytes it
 //! allocates whatever the tile; the tiling keeps a tile's bytes within the UB share of one tile
 //! copy: half the UB for kernels that prefetch the next tile into the other half, the whole UB
-//! for the kernels that hold one tile (the conv and delta-rule kernels, whose budgets are the
-//! exact sums of the `InitBuffer` sizes in their sources).
+//! for the kernels that hold one tile (the conv, delta-rule and MX dequantization kernels, whose
+//! budgets are the exact sums of the `InitBuffer` sizes in their sources).
 
 use crate::error::AscendError;
 use crate::kernels::abi::KernelTiling;
@@ -287,10 +287,27 @@ pub fn gated_rms_norm(rows: usize, dim: usize, in_bytes: usize) -> Work {
     Work::double_buffered(rows, dim * (2 * in_bytes + 3 * F32), 1)
 }
 
-/// MXFP8 dequantization: one unit per row of `k` E4M3 bytes, its E8M0 scales (one per 32,
-/// counted per element as an upper bound), f32 temporary and `out_bytes` outputs.
+/// UB bytes of `kda_mx_dequant.cpp`'s buffers for rows of `k` values to `out_bytes`-wide outputs
+/// (its `InitBuffer` calls, each whole 32-byte blocks): the 256-entry f32 decode table; the row's
+/// E4M3 bytes and its `ceil(k / 32)` E8M0 scale bytes; the int32 gather offsets and the f32 row
+/// (where the codes also widen to half), `k` each, padded; a `k`-value output stage for 16-bit
+/// outputs (an f32 row is stored from the f32 buffer: one block).
+pub fn mx_dequant_bytes(k: usize, out_bytes: usize) -> usize {
+    let pad = |n: usize, bytes: usize| n.div_ceil(block_elems(bytes)) * block_elems(bytes);
+    let stage = if out_bytes == F32 { 32 } else { pad(k, out_bytes) * out_bytes };
+    256 * F32 + pad(k, 1) + pad(k.div_ceil(32), 1) + 2 * pad(k, F32) * F32 + stage
+}
+
+/// MXFP8 dequantization: one unit per row of `k` E4M3 bytes ([`mx_dequant_bytes`]); the kernel
+/// holds one row at a time (it does not use the tile), so the tiling only checks that one fits.
 pub fn mx_dequant(rows: usize, k: usize, out_bytes: usize) -> Work {
-    Work::double_buffered(rows, k * (1 + F32 + out_bytes), 1)
+    Work {
+        units: rows,
+        unit_bytes: mx_dequant_bytes(k, out_bytes),
+        align: 1,
+        fixed_bytes: 0,
+        copies: 1,
+    }
 }
 
 #[cfg(test)]
@@ -423,15 +440,10 @@ mod tests {
         let t = tiled(&a2(), gated_rms_norm(4097 * 12, D, 4));
         assert_eq!((t.block_dim, t.per_core, t.last_core), (48, 1025, 989));
         assert_eq!(t.tile, 98_304 / (128 * 20));
-        // MX dequant of the activation, K = hidden 7168, to bf16: 7 bytes per element, 50176
-        // per row, one row per tile on A2; 130 rows → 3 per core on 44 cores, the last 1.
+        // MX dequant of the activation, K = hidden 7168, to bf16: 80096 bytes per row, two in
+        // A2's UB; 130 rows → 3 per core on 44 cores, the last 1.
         let t = tiled(&a2(), mx_dequant(130, 7168, 2));
-        assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (44, 3, 1, 1));
-        // A row of K = 16384 to f32 (147456 bytes) exceeds half of A2's UB: a named error.
-        assert!(matches!(
-            tile("kda_mx_dequant", &a2(), mx_dequant(1, 16384, 4)),
-            Err(AscendError::Tiling { kernel: "kda_mx_dequant", .. })
-        ));
+        assert_eq!((t.block_dim, t.per_core, t.last_core, t.tile), (44, 3, 1, 2));
     }
 
     /// An `InitBuffer` of `bytes`: the pipe hands out whole 32-byte blocks.
@@ -463,6 +475,49 @@ mod tests {
     fn delta_rule_source(k: usize, v: usize) -> usize {
         let (kp, vp) = (pitch(k, 4), pitch(v, 4));
         init(v * kp * 4) + init((4 * kp + 2 * vp + 24) * 4 + pitch(k.max(v), 2) * 2)
+    }
+
+    /// The `InitBuffer` calls of `kda_mx_dequant.cpp` (table, data, scale, offsets, f32 row,
+    /// output stage).
+    fn mx_dequant_source(k: usize, out_bytes: usize) -> usize {
+        let stage = if out_bytes == 4 { init(32) } else { init(pitch(k, out_bytes) * out_bytes) };
+        init(256 * 4)
+            + init(pitch(k, 1))
+            + init(pitch(k.div_ceil(32), 1))
+            + init(pitch(k, 4) * 4)
+            + init(pitch(k, 4) * 4)
+            + stage
+    }
+
+    /// MX dequantization: the budget is exactly the source's allocation — at K3's hidden 7168,
+    /// at odd K and at the largest K (a multiple of 32) each chip's UB holds, one block more
+    /// being refused.
+    #[test]
+    fn mx_dequant_budget_is_the_sources_allocation() {
+        for k in [1, 31, 33, 1001, 4097, 7168, 7169, 16_384 + 40] {
+            for out in [4, 2] {
+                assert_eq!(mx_dequant_bytes(k, out), mx_dequant_source(k, out), "{k} {out}");
+                assert_eq!(mx_dequant(3, k, out).unit_bytes, mx_dequant_source(k, out));
+            }
+        }
+        // K = 7168: table 1024, data 7168, scales 224, offsets and f32 row 28672 each, a bf16
+        // stage of 14336 (one block for f32).
+        assert_eq!(mx_dequant_source(7168, 2), 1024 + 7168 + 224 + 2 * 28_672 + 14_336);
+        assert_eq!(mx_dequant_source(7168, 4), 1024 + 7168 + 224 + 2 * 28_672 + 32);
+        // K = 1001: 1024 data bytes, 32 scale bytes (32 blocks), 1008-value rows.
+        assert_eq!(mx_dequant_source(1001, 2), 1024 + 1024 + 32 + 2 * 4032 + 2016);
+        for (chip, f32_k, bf16_k) in [(a2(), 21_632, 17_728), (a5(), 28_000, 22_912)] {
+            let ub = chip.ub_bytes as usize;
+            for (k, out) in [(f32_k, 4), (bf16_k, 2)] {
+                assert!(mx_dequant_source(k, out) <= ub, "{k} {out}");
+                assert!(mx_dequant_source(k + 32, out) > ub, "{k} {out}");
+                tiled(&chip, mx_dequant(5, k, out));
+                assert!(matches!(
+                    tile("kda_mx_dequant", &chip, mx_dequant(5, k + 32, out)),
+                    Err(AscendError::Tiling { kernel: "kda_mx_dequant", .. })
+                ));
+            }
+        }
     }
 
     /// The conv kernels: the planned tile's budget covers what the source allocates (exact up

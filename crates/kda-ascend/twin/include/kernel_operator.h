@@ -25,7 +25,12 @@
 // - SetFlag/WaitFlag paired with identical event and eventID, eventID 0-7
 //   (基础API/同步控制/核内同步/SetFlag-WaitFlag(ISASI).md); PipeBarrier orders one pipe's
 //   dependent instructions and does not take PIPE_S (PipeBarrier(ISASI).md);
-// - the scalar unit reads GM through a cache it must invalidate (缓存控制/DataCacheCleanAndInvalid.md).
+// - the scalar unit reads GM through a cache it must invalidate (缓存控制/DataCacheCleanAndInvalid.md);
+// - Cast: only the dtype pairs and round modes its table lists for the SoC
+//   (基础API/Memory矢量计算/类型转换/Cast.md, 数据类型);
+// - Gather (count form): the SoC's types, operand alignment, no dst/src sharing, offsets and
+//   base element-aligned and inside src, the 950's offset ranges, A2/A3's 255 repeats per call,
+//   count 0 not a NOP on the 950 (基础API/Memory矢量计算/离散与聚合/Gather.md; the rules at Gather).
 // The pipe model behind the synchronisation rules is kda_twin_rt.h's.
 #ifndef KDA_TWIN_KERNEL_OPERATOR_H
 #define KDA_TWIN_KERNEL_OPERATOR_H
@@ -35,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -928,9 +934,11 @@ inline void Duplicate(const LocalTensor<T> &dst, const typename detail::Id<T>::t
 }
 
 namespace detail {
-inline float round_to(float v, RoundMode m)
+// Round `v` to an integral value under `mode` (CAST_RINT: to nearest, ties to even).
+inline double round_to(double v, RoundMode m)
 {
     switch (m) {
+        case RoundMode::CAST_RINT: return std::nearbyint(v);
         case RoundMode::CAST_FLOOR: return std::floor(v);
         case RoundMode::CAST_CEIL: return std::ceil(v);
         case RoundMode::CAST_ROUND: return std::round(v);
@@ -962,13 +970,157 @@ inline D narrow(float v, RoundMode mode)
         default: return nearest;
     }
 }
+
+// The element types of the per-SoC dtype tables (the twin's tensors take no others).
+enum class Ty : uint8_t { I8, U8, I16, U16, I32, U32, I64, U64, F16, BF16, F32, F64, OTHER };
+
+template <typename T>
+constexpr Ty ty()
+{
+    return std::is_same<T, int8_t>::value        ? Ty::I8
+           : std::is_same<T, uint8_t>::value     ? Ty::U8
+           : std::is_same<T, int16_t>::value     ? Ty::I16
+           : std::is_same<T, uint16_t>::value    ? Ty::U16
+           : std::is_same<T, int32_t>::value     ? Ty::I32
+           : std::is_same<T, uint32_t>::value    ? Ty::U32
+           : std::is_same<T, int64_t>::value     ? Ty::I64
+           : std::is_same<T, uint64_t>::value    ? Ty::U64
+           : std::is_same<T, half>::value        ? Ty::F16
+           : std::is_same<T, bfloat16_t>::value  ? Ty::BF16
+           : std::is_same<T, float>::value       ? Ty::F32
+           : std::is_same<T, double>::value      ? Ty::F64
+                                                 : Ty::OTHER;
+}
+
+inline const char *ty_name(Ty t)
+{
+    static const char *const names[] = {"int8_t", "uint8_t",    "int16_t", "uint16_t", "int32_t", "uint32_t", "int64_t",
+                                        "uint64_t", "half", "bfloat16_t", "float", "double", "(a type the twin does not model)"};
+    return names[static_cast<int>(t)];
+}
+
+inline const char *soc_name() { return kda_twin::cur().arch == kda_twin::ARCH_3510 ? "the 950" : "A2/A3"; }
+
+constexpr uint8_t rm(RoundMode m) { return static_cast<uint8_t>(1u << static_cast<unsigned>(m)); }
+constexpr uint8_t kNone = rm(RoundMode::CAST_NONE);
+constexpr uint8_t kRounding = rm(RoundMode::CAST_RINT) | rm(RoundMode::CAST_FLOOR) | rm(RoundMode::CAST_CEIL) |
+                              rm(RoundMode::CAST_ROUND) | rm(RoundMode::CAST_TRUNC);
+constexpr uint8_t kTrunc = rm(RoundMode::CAST_TRUNC);
+constexpr uint8_t kOdd = rm(RoundMode::CAST_ODD);
+
+struct CastPair {
+    Ty src, dst;
+    uint8_t modes;
+};
+
+// The src -> dst pairs and round modes Cast lists per SoC (mirror-cann/asc-devkit/docs/zh/api/
+// SIMD-API/基础API/Memory矢量计算/类型转换/Cast.md, 数据类型: the A2 and A3 tables are the same),
+// less the types the twin has no tensors of (int4b_t, the fp8/fp4/hifloat8 types, complex) and
+// int32_t -> half, whose scale comes from SetDeqScale, which the twin does not model.
+constexpr CastPair kCastA2[] = {
+    {Ty::I8, Ty::F16, kNone},           {Ty::U8, Ty::F16, kNone},
+    {Ty::I16, Ty::F16, kRounding | kNone}, {Ty::I16, Ty::F32, kNone},
+    {Ty::F16, Ty::I8, kRounding | kNone}, {Ty::F16, Ty::U8, kRounding | kNone},
+    {Ty::F16, Ty::I16, kRounding},      {Ty::F16, Ty::I32, kRounding},
+    {Ty::F16, Ty::F32, kNone},          {Ty::BF16, Ty::I32, kRounding},
+    {Ty::BF16, Ty::F32, kNone},         {Ty::I32, Ty::I16, kNone},
+    {Ty::I32, Ty::F32, kRounding | kNone}, {Ty::I32, Ty::I64, kNone},
+    {Ty::F32, Ty::I16, kRounding},      {Ty::F32, Ty::F16, kRounding | kOdd | kNone},
+    {Ty::F32, Ty::BF16, kRounding},     {Ty::F32, Ty::I32, kRounding},
+    {Ty::F32, Ty::F32, kRounding},      {Ty::F32, Ty::I64, kRounding},
+    {Ty::I64, Ty::I32, kNone},          {Ty::I64, Ty::F32, kRounding},
+};
+
+// Cast.md's Ascend 950PR/950DT table, less the same types.
+constexpr CastPair kCast950[] = {
+    {Ty::I8, Ty::I16, kNone},    {Ty::I8, Ty::F16, kNone},     {Ty::I8, Ty::I32, kNone},
+    {Ty::U8, Ty::U16, kNone},    {Ty::U8, Ty::F16, kNone},     {Ty::U8, Ty::U32, kNone},
+    {Ty::I16, Ty::U8, kNone},    {Ty::I16, Ty::F16, kRounding}, {Ty::I16, Ty::I32, kNone},
+    {Ty::I16, Ty::U32, kNone},   {Ty::I16, Ty::F32, kNone},    {Ty::U16, Ty::U8, kNone},
+    {Ty::U16, Ty::U32, kNone},   {Ty::F16, Ty::I8, kRounding}, {Ty::F16, Ty::U8, kRounding},
+    {Ty::F16, Ty::I16, kRounding}, {Ty::F16, Ty::BF16, kRounding}, {Ty::F16, Ty::I32, kRounding},
+    {Ty::F16, Ty::F32, kNone},   {Ty::BF16, Ty::F16, kRounding}, {Ty::BF16, Ty::I32, kRounding},
+    {Ty::BF16, Ty::F32, kNone},  {Ty::I32, Ty::U8, kNone},     {Ty::I32, Ty::I16, kNone},
+    {Ty::I32, Ty::U16, kNone},   {Ty::I32, Ty::F32, kRounding}, {Ty::I32, Ty::I64, kNone},
+    {Ty::U32, Ty::U8, kNone},    {Ty::U32, Ty::I16, kNone},    {Ty::U32, Ty::U16, kNone},
+    {Ty::F32, Ty::I16, kRounding}, {Ty::F32, Ty::F16, kRounding | kOdd | kNone}, {Ty::F32, Ty::BF16, kRounding},
+    {Ty::F32, Ty::I32, kRounding}, {Ty::F32, Ty::F32, kRounding}, {Ty::F32, Ty::I64, kRounding},
+    {Ty::I64, Ty::I32, kNone},   {Ty::I64, Ty::F32, kRounding}, {Ty::I64, Ty::F64, kRounding},
+    {Ty::F64, Ty::BF16, kRounding}, {Ty::F64, Ty::I32, kTrunc}, {Ty::F64, Ty::F32, kRounding},
+    {Ty::F64, Ty::I64, kTrunc},
+};
+
+// Cast's dtype rule: the pair and the round mode are in the SoC's table.
+inline void cast_pair(Ty src, Ty dst, RoundMode mode)
+{
+    const bool a950 = kda_twin::cur().arch == kda_twin::ARCH_3510;
+    const CastPair *pairs = a950 ? kCast950 : kCastA2;
+    const size_t n = a950 ? sizeof(kCast950) / sizeof(CastPair) : sizeof(kCastA2) / sizeof(CastPair);
+    const std::string what = std::string(ty_name(src)) + " -> " + ty_name(dst) + " on " + soc_name();
+    for (size_t i = 0; i < n; ++i) {
+        if (pairs[i].src != src || pairs[i].dst != dst) continue;
+        if (!(pairs[i].modes & rm(mode))) {
+            kda_twin::violate("Cast", "a round mode Cast.md does not list for the dtype pair on this SoC (数据类型)",
+                              what + ", RoundMode " + std::to_string(static_cast<int>(mode)));
+        }
+        return;
+    }
+    kda_twin::violate("Cast", "a dtype pair Cast.md does not list for this SoC (数据类型)", what);
+}
+
+template <typename S>
+inline double as_double(S x)
+{
+    if constexpr (std::is_arithmetic<S>::value) {
+        return static_cast<double>(x);
+    } else {
+        return static_cast<double>(float(x));  // half, bfloat16_t: exact through f32
+    }
+}
+
+// One element of Cast: `x` converted to D under `mode`.
+template <typename D, typename S>
+inline D cast_one(S x, RoundMode mode)
+{
+    const double v = as_double(x);
+    if constexpr (std::is_integral<D>::value) {
+        // Integer results: rounded by `mode`; out of D's range the device saturates or wraps
+        // by rules the twin does not model, so such a value is refused.
+        const double r = std::is_integral<S>::value ? v : round_to(v, mode);
+        if (!(r >= static_cast<double>(std::numeric_limits<D>::min()) &&
+              r <= static_cast<double>(std::numeric_limits<D>::max()))) {
+            kda_twin::violate("Cast", "a value outside the destination type's range (the twin does not model "
+                                      "the device's saturation)",
+                              std::to_string(v) + " to " + ty_name(ty<D>()));
+        }
+        return static_cast<D>(r);
+    } else if constexpr (std::is_same<D, half>::value || std::is_same<D, bfloat16_t>::value) {
+        if (static_cast<double>(static_cast<float>(v)) != v && !std::isnan(v)) {
+            kda_twin::violate("Cast", "a value the twin would round twice (no f32 form)", std::to_string(v));
+        }
+        return narrow<D>(static_cast<float>(v), mode);
+    } else {
+        // float or double: float -> float rounds to an integral value; otherwise the
+        // conversion is exact or rounds to nearest.
+        const double r = std::is_floating_point<S>::value && std::is_same<D, S>::value ? round_to(v, mode) : v;
+        const D out = static_cast<D>(r);
+        if (static_cast<double>(out) != r && !std::isnan(r) && mode != RoundMode::CAST_RINT &&
+            mode != RoundMode::CAST_NONE) {
+            kda_twin::violate("Cast", "a directed rounding of an inexact conversion (the twin models only to-nearest)",
+                              std::to_string(v));
+        }
+        return out;
+    }
+}
 }  // namespace detail
 
-// Element type conversion (Cast.md): widening is exact (CAST_NONE); narrowing rounds by `mode`.
+// Element type conversion (Cast.md): only the dtype pairs and round modes its table lists for
+// the SoC; widening is exact (CAST_NONE), narrowing rounds by `mode`.
 template <typename D, typename S>
 inline void Cast(const LocalTensor<D> &dst, const LocalTensor<S> &src, const RoundMode &mode, const uint32_t &count)
 {
     const char *api = "Cast";
+    detail::cast_pair(detail::ty<S>(), detail::ty<D>(), mode);
     if (!detail::vector_count(api, count)) return;
     detail::operand(api, dst, count, "dst");
     detail::operand(api, src, count, "src");
@@ -977,21 +1129,87 @@ inline void Cast(const LocalTensor<D> &dst, const LocalTensor<S> &src, const Rou
     detail::vread(api, src, count);
     std::vector<D> out(count);
     const S *x = detail::ub_ptr(src);
-    for (uint32_t i = 0; i < count; ++i) {
-        if constexpr (std::is_same<D, float>::value) {
-            if constexpr (std::is_floating_point<S>::value) {
-                out[i] = detail::round_to(float(x[i]), mode);
-            } else {
-                out[i] = float(x[i]);  // half / bf16 -> f32: exact
-            }
-        } else if constexpr (std::is_same<D, half>::value || std::is_same<D, bfloat16_t>::value) {
-            out[i] = detail::narrow<D>(float(x[i]), mode);
-        } else {
-            out[i] = static_cast<D>(detail::round_to(float(x[i]), mode));
-        }
-    }
+    for (uint32_t i = 0; i < count; ++i) out[i] = detail::cast_one<D>(x[i], mode);
     detail::vwrite(api, seq, dst, count);
     std::memcpy(detail::ub_ptr(dst), out.data(), count * sizeof(D));
+}
+
+// Gather, the count form (mirror-cann/asc-devkit/docs/zh/api/SIMD-API/基础API/Memory矢量计算/
+// 离散与聚合/Gather.md): dst[i] = the element of src at byte srcBaseAddr + srcOffset[i] from
+// src's start, for i < count. Its rules, each a violation:
+// - T among the SoC's types (数据类型): A2/A3 int16_t, uint16_t, half, bfloat16_t, int32_t,
+//   uint32_t, float; the 950 also int8_t, uint8_t, int64_t, uint64_t;
+// - dst, src and srcOffset 32-byte aligned in UB (参数说明; 通用说明和约束.md);
+// - dst and src share no memory (约束说明); dst and srcOffset follow the general overlap rule;
+// - srcBaseAddr a multiple of sizeof(T) (参数说明, 约束说明) and inside src (the interface's
+//   debug check, mirror-cann/asc-devkit/impl/basic_api/kernel_operator_vec_gather_intf_impl.h);
+// - each srcOffset a multiple of sizeof(T), and on the 950 at most 2^16 - 1 for 8-bit and
+//   2^17 - 1 for 16-bit T (约束说明); the element it names lies inside src (约束说明 bounds it
+//   by the UB; the twin holds it to src's tensor, as every other operand);
+// - count within dst and srcOffset; on A2/A3 the count form issues count / (256 / sizeof(T))
+//   full repeats with an 8-bit repeat count (repeatTime in [0, 255], 约束说明; the same
+//   intf_impl.h), so a count of 256 repeats or more is refused; count 0 is a NOP on A2/A3 and
+//   not guaranteed one on the 950 (约束说明), where the twin refuses it.
+template <typename T>
+inline void Gather(const LocalTensor<T> &dst, const LocalTensor<T> &src, const LocalTensor<uint32_t> &srcOffset,
+                   const uint32_t srcBaseAddr, const uint32_t count)
+{
+    const char *api = "Gather";
+    const bool a950 = kda_twin::cur().arch == kda_twin::ARCH_3510;
+    const detail::Ty t = detail::ty<T>();
+    const bool both = t == detail::Ty::I16 || t == detail::Ty::U16 || t == detail::Ty::F16 ||
+                      t == detail::Ty::BF16 || t == detail::Ty::I32 || t == detail::Ty::U32 || t == detail::Ty::F32;
+    const bool only950 = t == detail::Ty::I8 || t == detail::Ty::U8 || t == detail::Ty::I64 || t == detail::Ty::U64;
+    if (!(both || (a950 && only950))) {
+        kda_twin::violate(api, "a dtype Gather.md does not list for this SoC (数据类型)",
+                          std::string(detail::ty_name(t)) + " on " + detail::soc_name());
+    }
+    if (count == 0) {
+        if (a950) kda_twin::violate(api, "count 0 on the 950: not guaranteed a NOP (Gather.md, 约束说明)", "");
+        return;  // a NOP on A2/A3
+    }
+    detail::operand(api, dst, count, "dst");
+    detail::check_ub_addr(api, src.twin_addr(), "src");
+    detail::operand(api, srcOffset, count, "srcOffset");
+    if (!a950 && count / (256 / sizeof(T)) > 255) {
+        kda_twin::violate(api, "count of more than 255 full repeats on A2/A3 (Gather.md: repeatTime in [0, 255])",
+                          "count " + std::to_string(count) + " of " + std::to_string(256 / sizeof(T)) +
+                              " elements per repeat");
+    }
+    const uint64_t src_bytes = static_cast<uint64_t>(src.twin_size()) * sizeof(T);
+    const uint64_t d0 = dst.twin_addr(), d1 = d0 + static_cast<uint64_t>(count) * sizeof(T);
+    const uint64_t s0 = src.twin_addr(), s1 = s0 + src_bytes;
+    if (d0 < s1 && s0 < d1) {
+        kda_twin::violate(api, "dst and src share memory (Gather.md, 约束说明)",
+                          "dst UB [" + std::to_string(d0) + ", " + std::to_string(d1) + "), src [" +
+                              std::to_string(s0) + ", " + std::to_string(s1) + ")");
+    }
+    detail::no_partial_overlap(api, dst, srcOffset, count);
+    if (srcBaseAddr % sizeof(T) != 0 || srcBaseAddr >= src_bytes) {
+        kda_twin::violate(api, "srcBaseAddr not a multiple of sizeof(T) or past src (Gather.md)",
+                          std::to_string(srcBaseAddr) + " bytes into a src of " + std::to_string(src_bytes));
+    }
+    const uint32_t seq = kda_twin::issue(kda_twin::P_V);
+    detail::vread(api, srcOffset, count);
+    const uint32_t *off = detail::ub_ptr(srcOffset);
+    const uint64_t limit = !a950 ? UINT32_MAX : sizeof(T) == 1 ? 65535 : sizeof(T) == 2 ? 131071 : UINT32_MAX;
+    std::vector<T> out(count);
+    for (uint32_t i = 0; i < count; ++i) {
+        const uint64_t o = off[i], at = srcBaseAddr + o;
+        if (o % sizeof(T) != 0 || o > limit) {
+            kda_twin::violate(api, "a srcOffset not a multiple of sizeof(T) or past its range on this SoC (Gather.md, 约束说明)",
+                              "srcOffset[" + std::to_string(i) + "] = " + std::to_string(o));
+        }
+        if (at + sizeof(T) > src_bytes) {
+            kda_twin::violate(api, "a gathered element past src (srcBaseAddr + srcOffset[i])",
+                              "srcOffset[" + std::to_string(i) + "] = " + std::to_string(o) + " into a src of " +
+                                  std::to_string(src_bytes) + " bytes");
+        }
+        kda_twin::ub_read(api, kda_twin::P_V, src.twin_addr() + static_cast<uint32_t>(at), sizeof(T));
+        std::memcpy(&out[i], kda_twin::cur().ub.data() + src.twin_addr() + at, sizeof(T));
+    }
+    detail::vwrite(api, seq, dst, count);
+    std::memcpy(detail::ub_ptr(dst), out.data(), static_cast<size_t>(count) * sizeof(T));
 }
 
 // The scalar f32 -> bf16 conversion (标量计算/Cast（float转bfloat16_t）.md): round to nearest even.

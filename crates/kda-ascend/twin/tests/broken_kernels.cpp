@@ -205,3 +205,292 @@ extern "C" __global__ __aicore__ void twin_block_reads_another_blocks_output(GM_
         DataCopyPad(t, yg, DataCopyExtParams{1, 8 * sizeof(float), 0, 0, 0}, DataCopyPadExtParams<float>{false, 0, 0, 0});
     }
 }
+
+// ---- Gather (count form) and Cast's per-SoC tables ----
+
+// UB for the Gather kernels: a `table_bytes` table of T (every value 1), 64 byte offsets (each
+// `offset`) and a 64-value destination, all written and ordered before the Gather.
+template <typename T>
+static void gather_setup(TPipe &pipe, TBuf<TPosition::VECCALC> &tb, TBuf<TPosition::VECCALC> &ob,
+                         TBuf<TPosition::VECCALC> &db, uint32_t table_bytes, uint32_t offset, LocalTensor<T> &table,
+                         LocalTensor<uint32_t> &offsets, LocalTensor<T> &dst)
+{
+    pipe.InitBuffer(tb, table_bytes);
+    pipe.InitBuffer(ob, 64 * sizeof(uint32_t));
+    pipe.InitBuffer(db, 64 * sizeof(T));
+    table = tb.Get<T>();
+    offsets = ob.Get<uint32_t>();
+    dst = db.Get<T>();
+    Duplicate(table, T(1), static_cast<int32_t>(table_bytes / sizeof(T)));
+    Duplicate(offsets, offset, 64);
+    PipeBarrier<PIPE_V>();
+}
+
+// A correct Gather (the control): y[i] = x[63 - i] through a table of x and byte offsets the
+// scalar unit writes, on A2 and on the 950.
+extern "C" __global__ __aicore__ void twin_gather_ok(GM_ADDR x, GM_ADDR y)
+{
+    if (GetBlockIdx() != 0) return;
+    GlobalTensor<float> xg, yg;
+    xg.SetGlobalBuffer(reinterpret_cast<__gm__ float *>(x));
+    yg.SetGlobalBuffer(reinterpret_cast<__gm__ float *>(y));
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    pipe.InitBuffer(tb, 64 * sizeof(float));
+    pipe.InitBuffer(ob, 64 * sizeof(uint32_t));
+    pipe.InitBuffer(db, 64 * sizeof(float));
+    LocalTensor<float> table = tb.Get<float>(), dst = db.Get<float>();
+    LocalTensor<uint32_t> offsets = ob.Get<uint32_t>();
+    DataCopy(table, xg, 64);
+    for (uint32_t i = 0; i < 64; ++i) offsets.SetValue(i, (63 - i) * 4);
+    SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    SetFlag<HardEvent::S_V>(EVENT_ID0);
+    WaitFlag<HardEvent::S_V>(EVENT_ID0);
+    Gather(dst, table, offsets, 0, 64);
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    DataCopy(yg, dst, 64);
+}
+
+// Gather of uint8_t: a 950 type only (count form), not A2/A3's.
+extern "C" __global__ __aicore__ void twin_gather_u8(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<uint8_t> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<uint8_t>(pipe, tb, ob, db, 64, 3, table, offsets, dst);
+    Gather(dst, table, offsets, 0, 64);
+}
+
+// Gather whose destination is its table: dst and src share memory.
+extern "C" __global__ __aicore__ void twin_gather_into_its_table(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 4, table, offsets, dst);
+    Gather(table, table, offsets, 0, 64);
+}
+
+// A byte offset of 6 into a table of f32: not a multiple of sizeof(T).
+extern "C" __global__ __aicore__ void twin_gather_unaligned_offset(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 6, table, offsets, dst);
+    Gather(dst, table, offsets, 0, 64);
+}
+
+// A byte offset of 256 into a table of 64 f32: the element lies past src.
+extern "C" __global__ __aicore__ void twin_gather_offset_past_src(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 256, table, offsets, dst);
+    Gather(dst, table, offsets, 0, 64);
+}
+
+// srcBaseAddr 2 into a table of f32: not a multiple of sizeof(T).
+extern "C" __global__ __aicore__ void twin_gather_unaligned_base(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
+    Gather(dst, table, offsets, 2, 64);
+}
+
+// srcBaseAddr 256 into a table of 64 f32: past src.
+extern "C" __global__ __aicore__ void twin_gather_base_past_src(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
+    Gather(dst, table, offsets, 256, 64);
+}
+
+// A table at an address that is not 32-byte aligned.
+extern "C" __global__ __aicore__ void twin_gather_unaligned_table(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
+    Gather(dst, table[1], offsets, 0, 64);
+}
+
+// A count past the 64 offsets.
+extern "C" __global__ __aicore__ void twin_gather_count_past_offsets(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db, big;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
+    pipe.InitBuffer(big, 128 * sizeof(float));
+    LocalTensor<float> wide = big.Get<float>();
+    Gather(wide, table, offsets, 0, 128);
+}
+
+// 16384 f32 in one count-form Gather: 256 repeats of 64, past A2/A3's 8-bit repeat count (the
+// 950 takes it).
+extern "C" __global__ __aicore__ void twin_gather_256_repeats(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    pipe.InitBuffer(tb, 64 * sizeof(float));
+    pipe.InitBuffer(ob, 16384 * sizeof(uint32_t));
+    pipe.InitBuffer(db, 16384 * sizeof(float));
+    LocalTensor<float> table = tb.Get<float>(), dst = db.Get<float>();
+    LocalTensor<uint32_t> offsets = ob.Get<uint32_t>();
+    Duplicate(table, 1.0f, 64);
+    Duplicate(offsets, 4u, 16384);
+    PipeBarrier<PIPE_V>();
+    Gather(dst, table, offsets, 0, 16384);
+}
+
+// A count of 0: a NOP on A2/A3, not guaranteed one on the 950.
+extern "C" __global__ __aicore__ void twin_gather_count_zero(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
+    Gather(dst, table, offsets, 0, 0);
+}
+
+// A 16-bit table of 70000 values and byte offsets of 131072: past the 950's 16-bit offset range
+// (2^17 - 1), inside the table (A2/A3 take it).
+extern "C" __global__ __aicore__ void twin_gather_16bit_offset_range(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<half> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<half>(pipe, tb, ob, db, 70000 * sizeof(half), 131072, table, offsets, dst);
+    Gather(dst, table, offsets, 0, 64);
+}
+
+// A table the scalar unit writes, gathered without S_V between.
+extern "C" __global__ __aicore__ void twin_gather_of_a_scalar_table_without_a_flag(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<float> table, dst;
+    LocalTensor<uint32_t> offsets;
+    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 8, table, offsets, dst);
+    SetFlag<HardEvent::V_S>(EVENT_ID0);
+    WaitFlag<HardEvent::V_S>(EVENT_ID0);
+    table.SetValue(2, 5.0f);
+    Gather(dst, table, offsets, 0, 64);
+}
+
+// uint8_t -> uint32_t: a pair Cast lists for the 950 only.
+extern "C" __global__ __aicore__ void twin_cast_u8_to_u32(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> a, b;
+    pipe.InitBuffer(a, 64);
+    pipe.InitBuffer(b, 64 * sizeof(uint32_t));
+    LocalTensor<uint8_t> src = a.Get<uint8_t>();
+    LocalTensor<uint32_t> dst = b.Get<uint32_t>();
+    Duplicate(src.ReinterpretCast<uint16_t>(), uint16_t(0x0101), 32);
+    PipeBarrier<PIPE_V>();
+    Cast(dst, src, RoundMode::CAST_NONE, 64);
+}
+
+// half -> int32_t under CAST_NONE: the pair is listed, that round mode is not.
+extern "C" __global__ __aicore__ void twin_cast_half_to_int32_none(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> a, b;
+    pipe.InitBuffer(a, 64 * sizeof(half));
+    pipe.InitBuffer(b, 64 * sizeof(int32_t));
+    LocalTensor<half> src = a.Get<half>();
+    LocalTensor<int32_t> dst = b.Get<int32_t>();
+    Duplicate(src, half(3.0f), 64);
+    PipeBarrier<PIPE_V>();
+    Cast(dst, src, RoundMode::CAST_NONE, 64);
+}
+
+// f32 3e9 -> int32_t: outside the destination's range.
+extern "C" __global__ __aicore__ void twin_cast_out_of_range(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    (void)y;
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> a, b;
+    pipe.InitBuffer(a, 64 * sizeof(float));
+    pipe.InitBuffer(b, 64 * sizeof(int32_t));
+    LocalTensor<float> src = a.Get<float>();
+    LocalTensor<int32_t> dst = b.Get<int32_t>();
+    Duplicate(src, 3e9f, 64);
+    PipeBarrier<PIPE_V>();
+    Cast(dst, src, RoundMode::CAST_RINT, 64);
+}
+
+// half 3.5 -> int32_t under CAST_RINT, back to f32 into y: 4 (ties to even; truncation would
+// give 3), on A2 and the 950.
+extern "C" __global__ __aicore__ void twin_cast_rint_ok(GM_ADDR x, GM_ADDR y)
+{
+    (void)x;
+    if (GetBlockIdx() != 0) return;
+    GlobalTensor<float> yg;
+    yg.SetGlobalBuffer(reinterpret_cast<__gm__ float *>(y));
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> a, b, c;
+    pipe.InitBuffer(a, 64 * sizeof(half));
+    pipe.InitBuffer(b, 64 * sizeof(int32_t));
+    pipe.InitBuffer(c, 64 * sizeof(float));
+    LocalTensor<half> src = a.Get<half>();
+    LocalTensor<int32_t> mid = b.Get<int32_t>();
+    LocalTensor<float> out = c.Get<float>();
+    Duplicate(src, half(3.5f), 64);
+    PipeBarrier<PIPE_V>();
+    Cast(mid, src, RoundMode::CAST_RINT, 64);
+    PipeBarrier<PIPE_V>();
+    Cast(out, mid, RoundMode::CAST_RINT, 64);
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    DataCopy(yg, out, 64);
+}
