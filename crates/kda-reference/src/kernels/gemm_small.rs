@@ -118,14 +118,16 @@ fn gemm_on(
     }
     // x padded to whole lanes and whole KC chunks, zeros after K (the products there are 0 · 0).
     let kp = k.div_ceil(KC) * KC;
-    let mut xp = vec![0.0f32; m.div_ceil(MR) * MR * kp];
+    let rows = if isa == Isa::Avx512 { 2 * MR } else { MR };
+    let mut xp = vec![0.0f32; m.div_ceil(rows) * rows * kp];
     if isa == Isa::Avx512 {
-        // Rows in pairs, a lane group of each in turn (`[pair][k / 8][2][8]`), so that one
-        // 16-lane load holds the same eight K of both rows.
+        // Rows eight at a time (two row groups), a lane group of each in turn
+        // (`[rows / 8][k / 8][8][8]`): one 16-lane load holds the same eight K of two rows, and
+        // a step of the micro-kernel reads one contiguous 256 bytes.
         for (i, src) in x.chunks_exact(k.max(1)).enumerate() {
-            let pair = &mut xp[(i / 2) * 2 * kp..][..2 * kp];
+            let block = &mut xp[(i / (2 * MR)) * 2 * MR * kp..][..2 * MR * kp];
             for (c, chunk) in src.chunks(LANES).enumerate() {
-                pair[c * 2 * LANES + (i % 2) * LANES..][..chunk.len()].copy_from_slice(chunk);
+                block[(c * 2 * MR + i % (2 * MR)) * LANES..][..chunk.len()].copy_from_slice(chunk);
             }
         }
     } else {
@@ -210,7 +212,7 @@ fn weight_rows_with(
     k: usize,
     range: std::ops::Range<usize>,
 ) -> Vec<f32> {
-    let kp = xp.len() / m.div_ceil(MR) / MR;
+    let kp = k.div_ceil(KC) * KC;
     let width = range.len();
     let mut out = vec![0.0f32; m * width];
     let groups = m.div_ceil(MR);
@@ -285,11 +287,11 @@ fn tiles_avx512(
             let s = second.get_mut(2 * t..2 * t + w.len());
             match (f, s, w) {
                 ([f0, f1], Some([s0, s1]), [w0, w1]) => {
-                    micro_kernel_avx512([w0, w1], [[f0, f1], [s0, s1]], (xs, kp, k0))
+                    micro_kernel_avx512([w0, w1], [[f0, f1], [s0, s1]], (xs, k0))
                 }
-                ([f0, f1], _, [w0, w1]) => micro_kernel_avx512([w0, w1], [[f0, f1]], (xs, kp, k0)),
-                ([f0], Some([s0]), [w0]) => micro_kernel_avx512([w0], [[f0], [s0]], (xs, kp, k0)),
-                ([f0], _, [w0]) => micro_kernel_avx512([w0], [[f0]], (xs, kp, k0)),
+                ([f0, f1], _, [w0, w1]) => micro_kernel_avx512([w0, w1], [[f0, f1]], (xs, k0)),
+                ([f0], Some([s0]), [w0]) => micro_kernel_avx512([w0], [[f0], [s0]], (xs, k0)),
+                ([f0], _, [w0]) => micro_kernel_avx512([w0], [[f0]], (xs, k0)),
                 _ => {}
             }
         }
@@ -334,8 +336,8 @@ fn micro_kernel(
 /// register holding one weight row's eight lanes for two activation rows (the rows' lane groups
 /// interleaved in `xs`, the weight's lanes broadcast to both halves): a `4 × 3` tile's twelve
 /// accumulators in six registers, twice the products per instruction of the AVX2 kernel, the
-/// same fused operations lane by lane. `xs` starts at the first group's rows; group `g`'s lie
-/// `g · MR · kp` further.
+/// same fused operations lane by lane. `xs` holds the eight rows of two groups as
+/// [`gemm_on`] lays them out (a group alone: its rows first, padding after).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F.
@@ -344,12 +346,12 @@ fn micro_kernel(
 fn micro_kernel_avx512<const T: usize, const G: usize>(
     w: [&[[f32; KC]; NR]; T],
     acc: [[&mut [[f32; LANES]; NR * MR]; T]; G],
-    (xs, kp, k0): (&[f32], usize, usize),
+    (xs, k0): (&[f32], usize),
 ) {
     use std::arch::x86_64::*;
     const PAIRS: usize = MR / 2;
     const { assert!(MR == 4 && NR == 3 && KC.is_multiple_of(LANES)) };
-    assert!(xs.len() >= (G * PAIRS - 1) * 2 * kp + 2 * (k0 + KC));
+    assert!(xs.len() >= 2 * MR * (k0 + KC));
     let mut a = [[[[_mm512_setzero_ps(); NR]; PAIRS]; T]; G];
     for (group, acc) in a.iter_mut().zip(&acc) {
         for (tile, acc) in group.iter_mut().zip(acc) {
@@ -365,11 +367,11 @@ fn micro_kernel_avx512<const T: usize, const G: usize>(
     let x0 = xs.as_ptr();
     for t in (0..KC).step_by(LANES) {
         // SAFETY: `t + 8 <= KC`: within each weight row; pair `p`'s sixteen values for K
-        // `k0 + t ..` lie at `p·2·kp + 2·(k0 + t)`, inside `xs` (asserted above).
+        // `k0 + t ..` lie at `16 (k0 + t) + 16 p`, inside `xs` (asserted above).
         unsafe {
             let xv: [[__m512; PAIRS]; G] = std::array::from_fn(|g| {
                 std::array::from_fn(|p| {
-                    _mm512_loadu_ps(x0.add((g * PAIRS + p) * 2 * kp + 2 * (k0 + t)))
+                    _mm512_loadu_ps(x0.add(2 * MR * (k0 + t) + (g * PAIRS + p) * 2 * LANES))
                 })
             });
             for (ti, wt) in w.iter().enumerate() {
