@@ -280,19 +280,25 @@ fn block_avx512(
     };
     let w = WeightBlock { bytes, stride, factors: &factors, decode };
     let (row_groups, cg, h) = (tiles.len() / column.col_groups, column.col_groups, column.h);
+    // Four row groups at a time (each weight value loaded once for 32 rows), then two, then one.
     let mut g = 0;
     while g < row_groups {
-        let i0 = g * cg + h;
-        if g + 1 < row_groups {
-            // Two row groups at a time: each weight value loaded once for both.
-            let (lo, hi) = tiles.split_at_mut(i0 + cg);
-            let a2 = [a.group::<MR>(g, b, 1), a.group::<MR>(g + 1, b, 1)];
-            micro_kernel_avx512_bytes(a2, &w, [&mut lo[i0], &mut hi[0]]);
-            g += 2;
-        } else {
-            micro_kernel_avx512_bytes([a.group::<MR>(g, b, 1)], &w, [&mut tiles[i0]]);
-            g += 1;
-        }
+        let tiles = &mut tiles[g * cg + h..];
+        let group = |i: usize| a.group::<MR>(g + i, b, 1);
+        g += match row_groups - g {
+            4.. => {
+                micro_kernel_avx512_bytes::<4, 6>(std::array::from_fn(group), &w, (tiles, cg));
+                4
+            }
+            2 | 3 => {
+                micro_kernel_avx512_bytes::<2, 12>(std::array::from_fn(group), &w, (tiles, cg));
+                2
+            }
+            _ => {
+                micro_kernel_avx512_bytes::<1, 12>([group(0)], &w, (tiles, cg));
+                1
+            }
+        };
     }
 }
 
@@ -306,31 +312,30 @@ struct WeightBlock<'a> {
     decode: &'a [f64; 256],
 }
 
-/// One block of `G` row groups `a` (each with its own tile) against the weight block `w`, the
-/// columns in two halves of twelve: each half's block sums in registers (`G` rows of eight by
-/// twelve columns), each weight value read as its byte and broadcast from the table once for
-/// all `8 G` rows, each sum multiplied by its column's factor (exact) and rounded once to f32
-/// into the tile. The same exact sums as [`micro_kernel_portable`] takes, so the same bits.
+/// One block of `G` row groups `a` against the weight block `w`, group `g`'s tile at
+/// `tiles[g · stride]`, the columns `C` at a time: their block sums in registers (`G` rows of
+/// eight by `C` columns), each weight value read as its byte and broadcast from the table once
+/// for all `8 G` rows, each sum multiplied by its column's factor (exact) and rounded once to
+/// f32 into the tile. The same exact sums as [`micro_kernel_portable`] takes, so the same bits.
 ///
 /// # Safety
 /// The CPU must support AVX-512F (`Isa::Avx512`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn micro_kernel_avx512_bytes<const G: usize>(
+fn micro_kernel_avx512_bytes<const G: usize, const C: usize>(
     a: [&[f64]; G],
     w: &WeightBlock<'_>,
-    mut tiles: [&mut Tile; G],
+    (tiles, stride): (&mut [Tile], usize),
 ) {
     use std::arch::x86_64::*;
-    const HALF: usize = NR / 2;
-    const { assert!(MR == 8 && NR == 2 * HALF) };
+    const { assert!(MR == 8 && NR.is_multiple_of(C) && G >= 1) };
     assert!(a.iter().all(|a| a.len() >= BLOCK_SIZE * MR));
     assert!(w.bytes.len() >= (NR - 1) * w.stride + BLOCK_SIZE);
+    assert!(tiles.len() > (G - 1) * stride);
     let table = w.decode.as_ptr();
-    for c0 in [0, HALF] {
-        let rows: [*const u8; HALF] =
-            std::array::from_fn(|j| w.bytes[(c0 + j) * w.stride..].as_ptr());
-        let mut s = [[_mm512_setzero_pd(); HALF]; G];
+    for c0 in (0..NR).step_by(C) {
+        let rows: [*const u8; C] = std::array::from_fn(|j| w.bytes[(c0 + j) * w.stride..].as_ptr());
+        let mut s = [[_mm512_setzero_pd(); C]; G];
         for kk in 0..BLOCK_SIZE {
             // SAFETY: `kk < 32`: the 8 activation values at `kk·8` of each group and byte `kk`
             // of each weight row lie within their slices (asserted above); a byte indexes the
@@ -346,8 +351,8 @@ fn micro_kernel_avx512_bytes<const G: usize>(
                 }
             }
         }
-        for (sums, tile) in s.iter().zip(tiles.iter_mut()) {
-            let tp = tile.as_mut_ptr();
+        for (g, sums) in s.iter().enumerate() {
+            let tp = tiles[g * stride].as_mut_ptr();
             for (j, &sj) in sums.iter().enumerate() {
                 let scaled = _mm512_mul_pd(sj, _mm512_set1_pd(w.factors[c0 + j]));
                 // SAFETY: `c0 + j < 24`: column `c0 + j`'s 8 f32 lie within the tile.
@@ -941,8 +946,11 @@ mod tests {
             let ag2 = ap2.group::<MR>(0, 0, nb);
             let mut plain2 = [0.25f32; MR * NR];
             micro_kernel_portable(nb, ag2, wg, &mut plain2);
-            let (mut one, mut t0, mut t1) =
-                ([0.5f32; MR * NR], [0.5f32; MR * NR], [0.25f32; MR * NR]);
+            // Tiles side by side (stride 1): one group, two, and four (the two groups twice).
+            let mut one = [[0.5f32; MR * NR]];
+            let mut two = [[0.5f32; MR * NR], [0.25f32; MR * NR]];
+            let mut four =
+                [[0.5f32; MR * NR], [0.25f32; MR * NR], [0.5f32; MR * NR], [0.25f32; MR * NR]];
             // The weight bytes zero-padded to whole blocks, as the panel pads a partial one.
             let stride = nb * BLOCK_SIZE + 7;
             let mut padded = vec![0u8; NR * stride];
@@ -961,13 +969,16 @@ mod tests {
                 let (a0, a1) = (ap.group::<MR>(0, b, 1), ap2.group::<MR>(0, b, 1));
                 // SAFETY: the CPU has AVX-512F (checked above).
                 unsafe {
-                    micro_kernel_avx512_bytes([a0], &block, [&mut one]);
-                    micro_kernel_avx512_bytes([a0, a1], &block, [&mut t0, &mut t1]);
+                    micro_kernel_avx512_bytes::<1, 12>([a0], &block, (&mut one, 1));
+                    micro_kernel_avx512_bytes::<2, 12>([a0, a1], &block, (&mut two, 1));
+                    micro_kernel_avx512_bytes::<4, 6>([a0, a1, a0, a1], &block, (&mut four, 1));
                 }
             }
-            assert_eq!(bits(&plain), bits(&one), "bytes, one group");
-            assert_eq!(bits(&plain), bits(&t0), "bytes, first of two groups");
-            assert_eq!(bits(&plain2), bits(&t1), "bytes, second of two groups");
+            assert_eq!(bits(&plain), bits(&one[0]), "bytes, one group");
+            for (g, tile) in two.iter().chain(&four).enumerate() {
+                let want = if g % 2 == 0 { &plain } else { &plain2 };
+                assert_eq!(bits(want), bits(tile), "bytes, group {g} of two then four");
+            }
         }
     }
 }
