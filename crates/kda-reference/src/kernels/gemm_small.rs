@@ -366,8 +366,8 @@ fn micro_kernel_avx512<const T: usize, const G: usize>(
     }
     let x0 = xs.as_ptr();
     for t in (0..KC).step_by(LANES) {
-        // SAFETY: `t + 8 <= KC`: within each weight row; pair `p`'s sixteen values for K
-        // `k0 + t ..` lie at `16 (k0 + t) + 16 p`, inside `xs` (asserted above).
+        // SAFETY: `t + 8 <= KC`: within each weight row; row pair `q = 2 g + p`'s sixteen
+        // values for K `k0 + t ..` lie at `8 (k0 + t) + 16 q`, inside `xs` (asserted above).
         unsafe {
             let xv: [[__m512; PAIRS]; G] = std::array::from_fn(|g| {
                 std::array::from_fn(|p| {
