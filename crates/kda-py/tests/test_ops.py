@@ -49,14 +49,8 @@ def naive_recurrent_kda(q, k, v, g, beta, scale, initial_state=None):
 
 @pytest.mark.parametrize("algo", ["chunk", "recurrent"])
 def test_core_matches_the_naive_recurrence(algo):
-    rng = np.random.default_rng(1)
     b, t, h, kd, vd = 2, 70, 2, 16, 8
-    q = rng.standard_normal((b, t, h, kd)).astype(np.float32) * 0.3
-    k = rng.standard_normal((b, t, h, kd)).astype(np.float32) * 0.3
-    v = rng.standard_normal((b, t, h, vd)).astype(np.float32)
-    g = -rng.uniform(0.01, 0.2, (b, t, h, kd)).astype(np.float32)
-    beta = rng.uniform(0.1, 0.9, (b, t, h)).astype(np.float32)
-    s0 = rng.standard_normal((b, h, kd, vd)).astype(np.float32) * 0.1
+    q, k, v, g, beta, s0 = _core_inputs(b, t, h, kd, vd, seed=1)
     o, state = kda.core(q, k, v, g, beta, initial_state=s0, algo=algo)
     assert o.shape == (b, t, h, vd) and state.shape == (b, h, kd, vd)
     o_ref, s_ref = naive_recurrent_kda(q, k, v, g, beta, kd ** -0.5, s0)

@@ -56,6 +56,40 @@ fn launch_one_block_on(
     unsafe { k.launch(Profile::of_soc(soc), 1, &params, &ranges) }
 }
 
+/// `kda_mx_dequant` on one block of `soc`: `m` rows of `k` E4M3 codes `data` under their E8M0
+/// `scale` (`[m, ceil(k / 32)]`) into `y` (`dtype`), all rows on that block, the UB the tiling
+/// reports being `ub_bytes`.
+fn launch_mx_dequant<T>(
+    soc: &str,
+    (data, scale): (&[u8], &[u8]),
+    (m, k): (usize, usize),
+    (y, dtype): (&mut [T], i32),
+    ub_bytes: u32,
+) -> Result<(), kda_acl_emu::twin::TwinError> {
+    use kda_ascend_sys::{ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
+    let blocks = k.div_ceil(32);
+    let tensors = [
+        gm(data.as_ptr() as u64, &[m as i64, k as i64], None, ACL_FLOAT8_E4M3FN),
+        gm(scale.as_ptr() as u64, &[m as i64, blocks as i64], None, ACL_FLOAT8_E8M0),
+        gm(y.as_mut_ptr() as u64, &[m as i64, k as i64], None, dtype),
+    ];
+    let buffers = [
+        (data.as_ptr() as u64, data.len()),
+        (scale.as_ptr() as u64, scale.len()),
+        (y.as_mut_ptr() as u64, std::mem::size_of_val(y)),
+    ];
+    let rows = m as u32;
+    let tiling = KernelTiling {
+        block_dim: 1,
+        per_core: rows,
+        last_core: rows,
+        tile: 1,
+        ub_bytes,
+        reserved: 0,
+    };
+    launch_one_block_on(soc, "kda_mx_dequant", tiling, &tensors, &buffers)
+}
+
 /// `kda_conv_prefill` with a `[C, W]` row-major f32 weight (the taps gathered through the
 /// scalar unit) over two channel tiles in one block: the second tile's scalar writes of the taps
 /// follow the first tile's vector reads of them only through a V→S flag. Values against the
@@ -123,7 +157,7 @@ fn conv_prefill_gathers_strided_taps_after_the_previous_tiles_vector_reads() {
 /// against each SoC's dtype tables).
 #[test]
 fn mx_dequant_equals_the_codec_bit_for_bit_for_every_code_and_scale() {
-    use kda_ascend_sys::{ACL_BF16, ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
+    use kda_ascend_sys::ACL_BF16;
     let (m, k) = (256usize, 256usize + 17);
     let blocks = k.div_ceil(32);
     // Row r: every code, then 17 more, all under scale byte r.
@@ -136,25 +170,8 @@ fn mx_dequant_equals_the_codec_bit_for_bit_for_every_code_and_scale() {
         ("Ascend950PR_9599", ACL_BF16, 2),
     ] {
         let mut y = vec![0u8; m * k * bytes];
-        let tensors = [
-            gm(data.as_ptr() as u64, &[m as i64, k as i64], None, ACL_FLOAT8_E4M3FN),
-            gm(scale.as_ptr() as u64, &[m as i64, blocks as i64], None, ACL_FLOAT8_E8M0),
-            gm(y.as_mut_ptr() as u64, &[m as i64, k as i64], None, dtype),
-        ];
-        let buffers = [
-            (data.as_ptr() as u64, data.len()),
-            (scale.as_ptr() as u64, scale.len()),
-            (y.as_mut_ptr() as u64, y.len()),
-        ];
-        let tiling = KernelTiling {
-            block_dim: 1,
-            per_core: m as u32,
-            last_core: m as u32,
-            tile: 1,
-            ub_bytes: 1 << 16,
-            reserved: 0,
-        };
-        launch_one_block_on(soc, "kda_mx_dequant", tiling, &tensors, &buffers).expect("mx dequant");
+        launch_mx_dequant(soc, (&data, &scale), (m, k), (&mut y, dtype), 1 << 16)
+            .expect("mx dequant");
         for (i, (&q, got)) in data.iter().zip(y.chunks(bytes)).enumerate() {
             let s = scale[(i / k) * blocks + (i % k) / 32];
             let want = kda_core::mx::dequantize_value(q, s);
@@ -179,31 +196,13 @@ fn mx_dequant_equals_the_codec_bit_for_bit_for_every_code_and_scale() {
 /// codec's, across the piece boundary and in the partial last block.
 #[test]
 fn mx_dequant_gathers_a_long_row_in_pieces() {
-    use kda_ascend_sys::{ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
     let (m, k) = (2usize, 16_384usize + 40);
     let blocks = k.div_ceil(32);
     let data: Vec<u8> = (0..m * k).map(|i| (i * 7 % 256) as u8).collect();
     let scale: Vec<u8> = (0..m * blocks).map(|j| (120 + j % 16) as u8).collect();
     let mut y = vec![0f32; m * k];
-    let tensors = [
-        gm(data.as_ptr() as u64, &[m as i64, k as i64], None, ACL_FLOAT8_E4M3FN),
-        gm(scale.as_ptr() as u64, &[m as i64, blocks as i64], None, ACL_FLOAT8_E8M0),
-        gm(y.as_mut_ptr() as u64, &[m as i64, k as i64], None, ACL_FLOAT),
-    ];
-    let buffers = [
-        (data.as_ptr() as u64, data.len()),
-        (scale.as_ptr() as u64, scale.len()),
-        (y.as_mut_ptr() as u64, y.len() * 4),
-    ];
-    let tiling = KernelTiling {
-        block_dim: 1,
-        per_core: m as u32,
-        last_core: m as u32,
-        tile: 1,
-        ub_bytes: 196_608,
-        reserved: 0,
-    };
-    launch_one_block("kda_mx_dequant", tiling, &tensors, &buffers).expect("mx dequant");
+    launch_mx_dequant("Ascend910B3", (&data, &scale), (m, k), (&mut y, ACL_FLOAT), 196_608)
+        .expect("mx dequant");
     for (i, (&q, got)) in data.iter().zip(&y).enumerate() {
         let s = scale[(i / k) * blocks + (i % k) / 32];
         let want = kda_core::mx::dequantize_value(q, s);
@@ -219,7 +218,7 @@ fn mx_dequant_gathers_a_long_row_in_pieces() {
 /// overflows the unified buffer: the tiling's budget is what the kernel allocates.
 #[test]
 fn mx_dequant_at_the_tilings_largest_rows_fills_the_ub() {
-    use kda_ascend_sys::{ACL_BF16, ACL_FLOAT8_E4M3FN, ACL_FLOAT8_E8M0};
+    use kda_ascend_sys::ACL_BF16;
     let cases = [
         ("Ascend910B3", ACL_FLOAT, 4usize, 21_632usize),
         ("Ascend910B3", ACL_BF16, 2, 17_728),
@@ -232,25 +231,7 @@ fn mx_dequant_at_the_tilings_largest_rows_fills_the_ub() {
             let data: Vec<u8> = (0..k).map(|c| (c % 256) as u8).collect();
             let scale = vec![127u8; blocks];
             let mut y = vec![0u8; k * bytes];
-            let tensors = [
-                gm(data.as_ptr() as u64, &[1, k as i64], None, ACL_FLOAT8_E4M3FN),
-                gm(scale.as_ptr() as u64, &[1, blocks as i64], None, ACL_FLOAT8_E8M0),
-                gm(y.as_mut_ptr() as u64, &[1, k as i64], None, dtype),
-            ];
-            let buffers = [
-                (data.as_ptr() as u64, data.len()),
-                (scale.as_ptr() as u64, scale.len()),
-                (y.as_mut_ptr() as u64, y.len()),
-            ];
-            let tiling = KernelTiling {
-                block_dim: 1,
-                per_core: 1,
-                last_core: 1,
-                tile: 1,
-                ub_bytes: 0,
-                reserved: 0,
-            };
-            let r = launch_one_block_on(soc, "kda_mx_dequant", tiling, &tensors, &buffers);
+            let r = launch_mx_dequant(soc, (&data, &scale), (1, k), (&mut y, dtype), 0);
             match (fits, r) {
                 (true, r) => r.unwrap_or_else(|e| panic!("{soc} K {k}: {e:?}")),
                 (false, Err(kda_acl_emu::twin::TwinError::Violation { rule, .. })) => {

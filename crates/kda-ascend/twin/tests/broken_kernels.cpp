@@ -211,20 +211,25 @@ extern "C" __global__ __aicore__ void twin_block_reads_another_blocks_output(GM_
 // UB for the Gather kernels: a `table_bytes` table of T (every value 1), 64 byte offsets (each
 // `offset`) and a 64-value destination, all written and ordered before the Gather.
 template <typename T>
-static void gather_setup(TPipe &pipe, TBuf<TPosition::VECCALC> &tb, TBuf<TPosition::VECCALC> &ob,
-                         TBuf<TPosition::VECCALC> &db, uint32_t table_bytes, uint32_t offset, LocalTensor<T> &table,
-                         LocalTensor<uint32_t> &offsets, LocalTensor<T> &dst)
-{
-    pipe.InitBuffer(tb, table_bytes);
-    pipe.InitBuffer(ob, 64 * sizeof(uint32_t));
-    pipe.InitBuffer(db, 64 * sizeof(T));
-    table = tb.Get<T>();
-    offsets = ob.Get<uint32_t>();
-    dst = db.Get<T>();
-    Duplicate(table, T(1), static_cast<int32_t>(table_bytes / sizeof(T)));
-    Duplicate(offsets, offset, 64);
-    PipeBarrier<PIPE_V>();
-}
+struct GatherUb {
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> tb, ob, db;
+    LocalTensor<T> table, dst;
+    LocalTensor<uint32_t> offsets;
+
+    GatherUb(uint32_t table_bytes, uint32_t offset)
+    {
+        pipe.InitBuffer(tb, table_bytes);
+        pipe.InitBuffer(ob, 64 * sizeof(uint32_t));
+        pipe.InitBuffer(db, 64 * sizeof(T));
+        table = tb.Get<T>();
+        offsets = ob.Get<uint32_t>();
+        dst = db.Get<T>();
+        Duplicate(table, T(1), static_cast<int32_t>(table_bytes / sizeof(T)));
+        Duplicate(offsets, offset, 64);
+        PipeBarrier<PIPE_V>();
+    }
+};
 
 // A correct Gather (the control): y[i] = x[63 - i] through a table of x and byte offsets the
 // scalar unit writes, on A2 and on the 950.
@@ -254,109 +259,62 @@ extern "C" __global__ __aicore__ void twin_gather_ok(GM_ADDR x, GM_ADDR y)
 }
 
 // Gather of uint8_t: a 950 type only (count form), not A2/A3's.
-extern "C" __global__ __aicore__ void twin_gather_u8(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_u8(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<uint8_t> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<uint8_t>(pipe, tb, ob, db, 64, 3, table, offsets, dst);
-    Gather(dst, table, offsets, 0, 64);
+    GatherUb<uint8_t> u(64, 3);
+    Gather(u.dst, u.table, u.offsets, 0, 64);
 }
 
 // Gather whose destination is its table: dst and src share memory.
-extern "C" __global__ __aicore__ void twin_gather_into_its_table(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_into_its_table(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 4, table, offsets, dst);
-    Gather(table, table, offsets, 0, 64);
+    GatherUb<float> u(64 * sizeof(float), 4);
+    Gather(u.table, u.table, u.offsets, 0, 64);
 }
 
 // A byte offset of 6 into a table of f32: not a multiple of sizeof(T).
-extern "C" __global__ __aicore__ void twin_gather_unaligned_offset(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_unaligned_offset(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 6, table, offsets, dst);
-    Gather(dst, table, offsets, 0, 64);
+    GatherUb<float> u(64 * sizeof(float), 6);
+    Gather(u.dst, u.table, u.offsets, 0, 64);
 }
 
 // A byte offset of 256 into a table of 64 f32: the element lies past src.
-extern "C" __global__ __aicore__ void twin_gather_offset_past_src(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_offset_past_src(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 256, table, offsets, dst);
-    Gather(dst, table, offsets, 0, 64);
+    GatherUb<float> u(64 * sizeof(float), 256);
+    Gather(u.dst, u.table, u.offsets, 0, 64);
 }
 
 // srcBaseAddr 2 into a table of f32: not a multiple of sizeof(T).
-extern "C" __global__ __aicore__ void twin_gather_unaligned_base(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_unaligned_base(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
-    Gather(dst, table, offsets, 2, 64);
+    GatherUb<float> u(64 * sizeof(float), 0);
+    Gather(u.dst, u.table, u.offsets, 2, 64);
 }
 
 // srcBaseAddr 256 into a table of 64 f32: past src.
-extern "C" __global__ __aicore__ void twin_gather_base_past_src(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_base_past_src(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
-    Gather(dst, table, offsets, 256, 64);
+    GatherUb<float> u(64 * sizeof(float), 0);
+    Gather(u.dst, u.table, u.offsets, 256, 64);
 }
 
 // A table at an address that is not 32-byte aligned.
-extern "C" __global__ __aicore__ void twin_gather_unaligned_table(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_unaligned_table(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
-    Gather(dst, table[1], offsets, 0, 64);
+    GatherUb<float> u(64 * sizeof(float), 0);
+    Gather(u.dst, u.table[1], u.offsets, 0, 64);
 }
 
 // A count past the 64 offsets.
-extern "C" __global__ __aicore__ void twin_gather_count_past_offsets(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_count_past_offsets(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db, big;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
-    pipe.InitBuffer(big, 128 * sizeof(float));
+    GatherUb<float> u(64 * sizeof(float), 0);
+    TBuf<TPosition::VECCALC> big;
+    u.pipe.InitBuffer(big, 128 * sizeof(float));
     LocalTensor<float> wide = big.Get<float>();
-    Gather(wide, table, offsets, 0, 128);
+    Gather(wide, u.table, u.offsets, 0, 128);
 }
 
 // 16384 f32 in one count-form Gather: 256 repeats of 64, past A2/A3's 8-bit repeat count (the
@@ -379,46 +337,28 @@ extern "C" __global__ __aicore__ void twin_gather_256_repeats(GM_ADDR x, GM_ADDR
 }
 
 // A count of 0: a NOP on A2/A3, not guaranteed one on the 950.
-extern "C" __global__ __aicore__ void twin_gather_count_zero(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_count_zero(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 0, table, offsets, dst);
-    Gather(dst, table, offsets, 0, 0);
+    GatherUb<float> u(64 * sizeof(float), 0);
+    Gather(u.dst, u.table, u.offsets, 0, 0);
 }
 
 // A 16-bit table of 70000 values and byte offsets of 131072: past the 950's 16-bit offset range
 // (2^17 - 1), inside the table (A2/A3 take it).
-extern "C" __global__ __aicore__ void twin_gather_16bit_offset_range(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_16bit_offset_range(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<half> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<half>(pipe, tb, ob, db, 70000 * sizeof(half), 131072, table, offsets, dst);
-    Gather(dst, table, offsets, 0, 64);
+    GatherUb<half> u(70000 * sizeof(half), 131072);
+    Gather(u.dst, u.table, u.offsets, 0, 64);
 }
 
 // A table the scalar unit writes, gathered without S_V between.
-extern "C" __global__ __aicore__ void twin_gather_of_a_scalar_table_without_a_flag(GM_ADDR x, GM_ADDR y)
+extern "C" __global__ __aicore__ void twin_gather_of_a_scalar_table_without_a_flag(GM_ADDR, GM_ADDR)
 {
-    (void)x;
-    (void)y;
-    TPipe pipe;
-    TBuf<TPosition::VECCALC> tb, ob, db;
-    LocalTensor<float> table, dst;
-    LocalTensor<uint32_t> offsets;
-    gather_setup<float>(pipe, tb, ob, db, 64 * sizeof(float), 8, table, offsets, dst);
+    GatherUb<float> u(64 * sizeof(float), 8);
     SetFlag<HardEvent::V_S>(EVENT_ID0);
     WaitFlag<HardEvent::V_S>(EVENT_ID0);
-    table.SetValue(2, 5.0f);
-    Gather(dst, table, offsets, 0, 64);
+    u.table.SetValue(2, 5.0f);
+    Gather(u.dst, u.table, u.offsets, 0, 64);
 }
 
 // uint8_t -> uint32_t: a pair Cast lists for the 950 only.
