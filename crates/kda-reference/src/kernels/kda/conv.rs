@@ -2,10 +2,15 @@
 //! flat batch), decode and speculative decode. The state protocol is documented in
 //! [`kda_core::kda::conv`].
 
+use kda_core::DType;
 use kda_core::kda::{CausalConv, CausalConvUpdate, ConvDims, ConvUpdateDims};
+use kda_core::layout::Layout;
 
 use super::super::Exec;
-use super::io::{T, par_map, read_f32, read_i32, request_ranges, row, slot, write_f32};
+use super::io::{
+    T, par_for_each, par_map, read_f32, read_i32, request_ranges, row, slot, with_f32_out,
+    write_f32,
+};
 use crate::ReferenceBackend;
 
 /// `x · sigmoid(x)`.
@@ -33,13 +38,23 @@ pub(crate) fn conv_silu(
     width: usize,
     y: &mut [f32],
 ) {
+    conv_silu_rows(|r| &inputs[r * channels..(r + 1) * channels], weight_t, (channels, width), y);
+}
+
+/// [`conv_silu`] with input row `r` (history first) given by `input`, so that a request's
+/// history can be read where it lies.
+fn conv_silu_rows<'a>(
+    input: impl Fn(usize) -> &'a [f32],
+    weight_t: &[f32],
+    (channels, width): (usize, usize),
+    y: &mut [f32],
+) {
     let mut acc = vec![0.0f32; channels];
     for (t, out) in y.chunks_exact_mut(channels).enumerate() {
         acc.fill(0.0);
         for j in 0..width {
-            let x = &inputs[(t + j) * channels..(t + j + 1) * channels];
             let w = &weight_t[j * channels..(j + 1) * channels];
-            for ((a, &x), &w) in acc.iter_mut().zip(x).zip(w) {
+            for ((a, &x), &w) in acc.iter_mut().zip(input(t + j)).zip(w) {
                 *a += w * x;
             }
         }
@@ -47,6 +62,22 @@ pub(crate) fn conv_silu(
             *o = silu(a);
         }
     }
+}
+
+/// The weights `[C, W]` as `[W, C]`: the view itself when it is the transpose of a contiguous
+/// `[W, C]` f32 tensor (as the layer stores it), else a transposed copy.
+fn weight_by_tap(weight: &T, channels: usize, width: usize) -> std::borrow::Cow<'_, [f32]> {
+    let layout = weight.layout();
+    if weight.dtype() == DType::F32 && layout.strides() == [1, channels] {
+        let by_tap =
+            Layout::strided(DType::F32, &[width, channels], &[channels, 1], layout.offset());
+        if let Ok(by_tap) = by_tap {
+            // SAFETY: the same elements as the validated f32 weight view, which the stream
+            // contract keeps writers off while the op runs.
+            return std::borrow::Cow::Borrowed(unsafe { weight.buffer().slice::<f32>(&by_tap) });
+        }
+    }
+    std::borrow::Cow::Owned(transpose_weight(&read_f32(weight), channels, width))
 }
 
 /// Rows `start .. start + len` of a state slot `[1, L, C]` view.
@@ -83,7 +114,7 @@ pub(in crate::kernels) fn prefill(
         })
         .collect::<Result<Vec<_>, String>>()?;
     let x = read_f32(&op.x);
-    let weight_t = transpose_weight(&read_f32(&op.weight), channels, width);
+    let weight_t = weight_by_tap(&op.weight, channels, width);
     let results = par_map(exec, ranges.len(), |b| {
         let rows = ranges[b].clone();
         let mut inputs = histories[b].clone();
@@ -125,22 +156,30 @@ pub(in crate::kernels) fn update(
         None => vec![1; batch],
     };
     let hist = width - 1;
-    let mut histories = Vec::with_capacity(batch);
+    // Each live request's first history row: `num_accepted_tokens - 1`.
+    let mut starts = Vec::with_capacity(batch);
     for (b, (&s, &a)) in request_slots.iter().zip(&accepted).enumerate() {
-        let Some(s) = s else {
-            histories.push(Vec::new());
-            continue;
-        };
         let max = state_len + 1 - hist;
-        if a < 1 || a as usize > max {
+        if s.is_some() && (a < 1 || a as usize > max) {
             return Err(format!(
                 "num_accepted_tokens[{b}] = {a} is not within 1..={max} (state rows L = {state_len}, W = {width})"
             ));
         }
-        histories.push(read_f32(&state_rows(&op.state, s, a as usize - 1, hist)?).into_owned());
+        starts.push(a.max(1) as usize - 1);
     }
     let x = read_f32(&op.x);
-    let weight_t = transpose_weight(&read_f32(&op.weight), channels, width);
+    let weight_t = weight_by_tap(&op.weight, channels, width);
+    let request = Request { x: &x, weight_t: &weight_t, dims };
+    if update_in_place(op, exec, &request_slots, &starts, &request)? {
+        return Ok(());
+    }
+    let mut histories = Vec::with_capacity(batch);
+    for (&s, &start) in request_slots.iter().zip(&starts) {
+        histories.push(match s {
+            Some(s) => read_f32(&state_rows(&op.state, s, start, hist)?).into_owned(),
+            None => Vec::new(),
+        });
+    }
     let per_request = n * channels;
     let results = par_map(exec, batch, |b| {
         let mut y = vec![0.0f32; per_request];
@@ -165,6 +204,98 @@ pub(in crate::kernels) fn update(
     Ok(())
 }
 
+/// What every request of a conv update shares: the new rows `x` (`[B, n, C]`), the weights by
+/// tap (`[W, C]`) and the op's dimensions.
+struct Request<'a> {
+    x: &'a [f32],
+    weight_t: &'a [f32],
+    dims: ConvUpdateDims,
+}
+
+impl Request<'_> {
+    /// Request `b` against its slot's rows `state` (`[L, C]`, history from row `start`), in
+    /// place: its outputs into `y` (`[n, C]`), then the rows the next step reads (its history
+    /// without the oldest row, then its new rows) into the slot from row 0.
+    fn run_in_place(&self, b: usize, state: &mut [f32], start: usize, y: &mut [f32]) {
+        let ConvUpdateDims { tokens: n, channels: c, width, .. } = self.dims;
+        let hist = width - 1;
+        let new = &self.x[b * n * c..(b + 1) * n * c];
+        {
+            let state = &*state;
+            let input = |r: usize| {
+                if r < hist { &state[(start + r) * c..][..c] } else { &new[(r - hist) * c..][..c] }
+            };
+            conv_silu_rows(input, self.weight_t, (c, width), y);
+        }
+        // Row `i` takes input row `i + 1`; a history row moves towards row 0, never onto a row
+        // still to be read.
+        for i in 0..hist + n - 1 {
+            let r = i + 1;
+            if r < hist {
+                state.copy_within((start + r) * c..(start + r + 1) * c, i * c);
+            } else {
+                state[i * c..(i + 1) * c].copy_from_slice(&new[(r - hist) * c..][..c]);
+            }
+        }
+    }
+}
+
+/// The decode update with every live request's history read, and its new state written, where
+/// they lie in the cache: taken when the state is f32, each live slot's `[L, C]` rows are one
+/// contiguous run, no two live requests share a slot and there are new rows. Otherwise this
+/// returns `Ok(false)` before anything is read or written, and the caller takes the copying
+/// path, which reads and writes any view.
+fn update_in_place(
+    op: &CausalConvUpdate<ReferenceBackend>,
+    exec: &Exec,
+    request_slots: &[Option<usize>],
+    starts: &[usize],
+    request: &Request<'_>,
+) -> Result<bool, String> {
+    let ConvUpdateDims { tokens: n, channels, state_len, .. } = request.dims;
+    let mut seen = std::collections::HashSet::new();
+    if n == 0
+        || op.state.dtype() != DType::F32
+        || !request_slots.iter().flatten().all(|&s| seen.insert(s))
+    {
+        return Ok(false);
+    }
+    // Every view is checked before the first slice is made, so a refusal leaves nothing behind.
+    let mut views = Vec::with_capacity(request_slots.len());
+    for s in request_slots {
+        let Some(s) = *s else {
+            views.push(None);
+            continue;
+        };
+        let view = state_rows(&op.state, s, 0, state_len)?;
+        if !view.layout().is_contiguous() {
+            return Ok(false);
+        }
+        views.push(Some(view.layout().clone()));
+    }
+    with_f32_out(&op.y, |y| {
+        let tasks: Vec<_> = y
+            .chunks_mut(n * channels)
+            .zip(views)
+            .zip(starts)
+            .enumerate()
+            .map(|(b, ((y, view), &start))| {
+                // SAFETY: the elements of a validated f32 view of one slot's rows as the
+                // contiguous run they form; the live requests' slots are distinct (checked
+                // above), so these slices are disjoint; the stream contract keeps every other
+                // thread off the cache while the op runs.
+                let state = view.map(|v| unsafe { op.state.buffer().slice_mut::<f32>(&v) });
+                (b, y, state, start)
+            })
+            .collect();
+        par_for_each(exec, tasks, |(b, y, state, start)| match state {
+            Some(state) => request.run_in_place(b, state, start, y),
+            None => y.fill(0.0),
+        });
+    });
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +313,6 @@ mod tests {
         let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
         let split = (w - 1) * c;
         let want = causal_conv(&f(&inputs[..split]), &f(&inputs[split..]), &f(&weight), c, w);
-        kda_testkit::Tolerance::for_dtype(kda_core::DType::F32).assert_close(&[n, c], &y, &want);
+        kda_testkit::Tolerance::for_dtype(DType::F32).assert_close(&[n, c], &y, &want);
     }
 }
