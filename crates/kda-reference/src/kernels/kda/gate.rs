@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use kda_core::kda::{GateDims, GateForm, KdaGate, SOFTPLUS_THRESHOLD};
 
 use super::super::Exec;
-use super::io::{T, read_f32, with_f32_out, write_f32};
+use super::io::{T, par_for_each, read_f32, with_f32_out};
 
 /// `ln(1 + e^a)`, or `a` above the threshold 20 (where the two agree to f32 precision).
 pub(crate) fn softplus(a: f32) -> f32 {
@@ -22,17 +22,19 @@ pub(crate) fn sigmoid(z: f32) -> f32 {
     }
 }
 
-/// The log decay of one channel from its logit `a = g1 + dt_bias` and its head's `A_log`.
+/// The log decay of one channel from its logit `a = g1 + dt_bias` and its head's `exp(A_log)`
+/// (taken once per head).
 ///
 /// The lower-bound form promises `g ∈ (lower_bound, 0]`, but once `sigmoid` rounds to 1 (for
 /// arguments above about 17) f32 has nothing strictly between `lower_bound · 1` and
 /// `lower_bound`; such results are moved one ulp towards zero, an error of at most one ulp that
 /// keeps the interval open as the formula has it.
-pub(crate) fn gate(form: GateForm, a_log: f32, a: f32) -> f32 {
+#[inline(always)]
+fn gate_of(form: GateForm, exp_a_log: f32, a: f32) -> f32 {
     match form {
-        GateForm::Softplus => -a_log.exp() * softplus(a),
+        GateForm::Softplus => -exp_a_log * softplus(a),
         GateForm::LowerBound { lower_bound } => {
-            let g = lower_bound * sigmoid(a_log.exp() * a);
+            let g = lower_bound * sigmoid(exp_a_log * a);
             if g <= lower_bound {
                 // One step towards zero: for a negative float, the next smaller bit pattern.
                 f32::from_bits(lower_bound.to_bits() - 1)
@@ -61,9 +63,9 @@ impl<'a> GateParams<'a> {
     /// place the gate is applied, for [`KdaGate`] and for the chunk kernel's in-kernel gate.
     #[inline(always)]
     pub(crate) fn activate(&self, h: usize, row: &mut [f32]) {
-        let a_log = self.a_log[h];
+        let exp_a_log = self.a_log[h].exp();
         for (x, &bias) in row.iter_mut().zip(&self.dt_bias[h * self.dim..(h + 1) * self.dim]) {
-            *x = gate(self.form, a_log, *x + bias);
+            *x = gate_of(self.form, exp_a_log, *x + bias);
         }
     }
 }
@@ -71,19 +73,26 @@ impl<'a> GateParams<'a> {
 pub(in crate::kernels) fn kda_gate(
     op: &KdaGate<crate::ReferenceBackend>,
     dims: GateDims,
-    _exec: &Exec,
+    exec: &Exec,
 ) -> Result<(), String> {
     let GateDims { heads, dim, .. } = dims;
     let params = GateParams::read(op.form, &op.a_log, &op.dt_bias, dim);
-    let mut g = read_f32(&op.g1).into_owned();
-    if g.is_empty() {
+    let g1 = read_f32(&op.g1);
+    if g1.is_empty() || dim == 0 {
         return Ok(());
     }
-    // Rows of `D`: the heads of token 0, then of token 1, …
-    for (i, row) in g.chunks_exact_mut(dim).enumerate() {
-        params.activate(i % heads, row);
-    }
-    write_f32(&op.g, &g);
+    with_f32_out(&op.g, |g| {
+        g.copy_from_slice(&g1);
+        // Rows of `D`: the heads of token 0, then of token 1, …; whole tokens per task.
+        let tokens = g.len() / (heads * dim);
+        let chunk = heads * dim * tokens.div_ceil(exec.threads()).max(1);
+        let parts: Vec<&mut [f32]> = g.chunks_mut(chunk).collect();
+        par_for_each(exec, parts, |part| {
+            for (i, row) in part.chunks_exact_mut(dim).enumerate() {
+                params.activate(i % heads, row);
+            }
+        });
+    });
     Ok(())
 }
 
@@ -102,6 +111,11 @@ pub(in crate::kernels) fn sigmoid_op(x: &T, y: &T) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The gate from `A_log` itself.
+    fn gate(form: GateForm, a_log: f32, a: f32) -> f32 {
+        gate_of(form, a_log.exp(), a)
+    }
     use kda_testkit::oracle_kda::{gate_lower_bound, gate_softplus};
 
     #[test]
