@@ -284,6 +284,33 @@ impl Layout {
     pub fn offsets(&self) -> Offsets<'_> {
         Offsets::new(self)
     }
+
+    /// The view as runs of elements that lie next to each other: `(outer, run)`, where the
+    /// offsets of `outer` (row-major, as [`Layout::offsets`]) start one run of `run` elements
+    /// each, the dense innermost dimensions merged into the run (dimensions of size one
+    /// dropped). Together the runs hold the view's elements in row-major order; an empty view
+    /// gives no run.
+    pub fn runs(&self) -> (Layout, usize) {
+        let dims: Vec<(usize, usize)> = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .map(|(&n, &s)| (n, s))
+            .filter(|&(n, _)| n != 1)
+            .collect();
+        let (mut run, mut split) = (1usize, dims.len());
+        while split > 0 && dims[split - 1].1 == run && dims[split - 1].0 > 0 {
+            run = run.saturating_mul(dims[split - 1].0);
+            split -= 1;
+        }
+        let outer = Layout {
+            dtype: self.dtype,
+            shape: dims[..split].iter().map(|&(n, _)| n).collect(),
+            strides: dims[..split].iter().map(|&(_, s)| s).collect(),
+            offset: self.offset,
+        };
+        (outer, run)
+    }
 }
 
 /// Strides for viewing (`shape`, `strides`) as `new_shape`, or `None` when that needs a copy.
@@ -467,6 +494,15 @@ mod tests {
             .collect()
     }
 
+    #[test]
+    fn a_column_block_is_one_run_per_row_and_a_dense_view_one_run() {
+        let block = l(&[3, 10]).narrow(1, 2, 4).unwrap().reshape(&[3, 2, 2]).unwrap();
+        let (outer, run) = block.runs();
+        assert_eq!((outer.offsets().collect::<Vec<_>>(), run), (vec![2, 12, 22], 4));
+        let (outer, run) = l(&[2, 1, 3]).runs();
+        assert_eq!((outer.offsets().collect::<Vec<_>>(), run), (vec![0], 6));
+    }
+
     proptest! {
         #[test]
         fn narrow_selects_exactly_the_parent_elements(
@@ -479,6 +515,20 @@ mod tests {
             let len = len_seed % (shape[dim] - start + 1);
             let v = parent.narrow(dim, start, len).unwrap();
             prop_assert_eq!(v.offsets().collect::<Vec<_>>(), narrowed_offsets(&parent, dim, start, len));
+        }
+
+        #[test]
+        fn runs_hold_the_offsets_in_order(
+            shape in proptest::collection::vec(0usize..5, 0..5),
+            strides in proptest::collection::vec(0usize..40, 5),
+            offset in 0usize..7,
+        ) {
+            // Any strides (overlapping, permuted, broadcast, dense suffixes), any sizes, empty too.
+            let strides = &strides[..shape.len()];
+            let v = Layout::strided(DType::F32, &shape, strides, offset).unwrap();
+            let (outer, run) = v.runs();
+            let from_runs: Vec<usize> = outer.offsets().flat_map(|o| o..o + run).collect();
+            prop_assert_eq!(from_runs, v.offsets().collect::<Vec<_>>());
         }
 
         #[test]

@@ -182,8 +182,14 @@ impl RefBuffer {
             return unsafe { self.slice::<T>(layout) }.to_vec();
         }
         let base = self.base::<T>();
-        // SAFETY: every offset of the view is inside the buffer.
-        layout.offsets().map(|o| unsafe { base.add(o).read() }).collect()
+        let (outer, run) = layout.runs();
+        let mut out = Vec::with_capacity(layout.numel());
+        for start in outer.offsets() {
+            // SAFETY: each run of the view lies inside the buffer, elements `start ..
+            // start + run` next to each other.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(base.add(start), run) });
+        }
+        out
     }
 
     /// Write `values` (row-major) into any view whose elements do not overlap each other.
@@ -199,9 +205,12 @@ impl RefBuffer {
             return;
         }
         let base = self.base::<T>();
-        for (o, v) in layout.offsets().zip(values) {
-            // SAFETY: in bounds; exclusive per the contract.
-            unsafe { base.add(o).write(*v) };
+        let (outer, run) = layout.runs();
+        for (start, v) in outer.offsets().zip(values.chunks(run.max(1))) {
+            // SAFETY: each run of the view lies inside the buffer and no two overlap (the
+            // contract), elements `start .. start + run` next to each other; exclusive per the
+            // contract.
+            unsafe { std::slice::from_raw_parts_mut(base.add(start), v.len()) }.copy_from_slice(v);
         }
     }
 

@@ -21,34 +21,11 @@ impl ByteRanges {
             return Self::default();
         }
         let size = layout.dtype().size_bytes();
-        // Dims of size one do not move the offset; drop them.
-        let dims: Vec<(usize, usize)> = layout
-            .shape()
-            .iter()
-            .zip(layout.strides())
-            .map(|(&n, &s)| (n, s))
-            .filter(|&(n, _)| n > 1)
-            .collect();
-        // Merge the longest innermost suffix of dims that is dense into one run.
-        let mut run = 1;
-        let mut split = dims.len();
-        while split > 0 && dims[split - 1].1 == run {
-            run *= dims[split - 1].0;
-            split -= 1;
-        }
-        let outer = &dims[..split];
-        let count: usize = outer.iter().map(|&(n, _)| n).product();
-        if count > MAX_RUNS {
+        let (outer, run) = layout.runs();
+        if outer.numel() > MAX_RUNS {
             return Self::span(layout.byte_span());
         }
-        let outer_shape: Vec<usize> = outer.iter().map(|&(n, _)| n).collect();
-        let outer_strides: Vec<usize> = outer.iter().map(|&(_, s)| s).collect();
-        let starts =
-            match Layout::strided(layout.dtype(), &outer_shape, &outer_strides, layout.offset()) {
-                Ok(outer) => outer.offsets().collect::<Vec<_>>(),
-                Err(_) => return Self::span(layout.byte_span()),
-            };
-        Self::from_unsorted(starts.into_iter().map(|o| o * size..(o + run) * size).collect())
+        Self::from_unsorted(outer.offsets().map(|o| o * size..(o + run) * size).collect())
     }
 
     /// One interval (empty ranges give the empty set).
