@@ -282,8 +282,9 @@ fn update_in_place(
             .map(|(b, ((y, view), &start))| {
                 // SAFETY: the elements of a validated f32 view of one slot's rows as the
                 // contiguous run they form; the live requests' slots are distinct (checked
-                // above), so these slices are disjoint; the stream contract keeps every other
-                // thread off the cache while the op runs.
+                // above) and `state`, an output, was validated not to overlap itself or any
+                // other operand, so these slices are disjoint from each other and from `y`;
+                // the stream contract keeps every other thread off the cache while the op runs.
                 let state = view.map(|v| unsafe { op.state.buffer().slice_mut::<f32>(&v) });
                 (b, y, state, start)
             })
@@ -301,6 +302,49 @@ mod tests {
     use super::*;
     use kda_testkit::Gen;
     use kda_testkit::oracle_kda::causal_conv;
+
+    /// The layer's cache (f32, contiguous slots) takes the in-place path; the same values seen
+    /// through a strided view, and two requests in one slot, are left to the copying one.
+    #[test]
+    fn the_in_place_path_is_taken_where_it_can_be() {
+        let b = crate::ReferenceBackend::new();
+        let s = b.new_stream().unwrap();
+        let (c, w, n) = (8, 4, 1);
+        let dims = ConvUpdateDims {
+            batch: 2,
+            tokens: n,
+            channels: c,
+            width: w,
+            slots: 3,
+            state_len: w - 1,
+        };
+        let tensor = |dtype: DType, shape: &[usize]| {
+            let t = b.alloc(dtype, shape).unwrap();
+            let value = if dtype == DType::I32 { 0.0 } else { 0.5 };
+            b.launch(&s, kda_core::Op::Fill { dst: t.clone(), value }).unwrap();
+            t
+        };
+        let op = |state: T| CausalConvUpdate {
+            x: tensor(DType::F32, &[2, n, c]),
+            weight: tensor(DType::F32, &[c, w]),
+            state_slots: tensor(DType::I32, &[2]),
+            num_accepted_tokens: None,
+            state,
+            y: tensor(DType::F32, &[2, n, c]),
+        };
+        let dense = op(tensor(DType::F32, &[3, w - 1, c]));
+        let strided = op(tensor(DType::F32, &[3, w - 1, 2 * c]).narrow(2, 0, c).unwrap());
+        b.synchronize(&s).unwrap();
+        let (x, weight_t) = (vec![0.25f32; 2 * n * c], vec![0.1f32; w * c]);
+        let request = Request { x: &x, weight_t: &weight_t, dims };
+        let run = |op: &CausalConvUpdate<ReferenceBackend>, slots: &[Option<usize>]| {
+            update_in_place(op, &Exec::serial(), slots, &[0, 0], &request).unwrap()
+        };
+        assert!(run(&dense, &[Some(2), Some(0)]), "the layer's cache");
+        assert!(run(&dense, &[None, Some(0)]), "with a padding request");
+        assert!(!run(&strided, &[Some(2), Some(0)]), "slots that are not contiguous");
+        assert!(!run(&dense, &[Some(1), Some(1)]), "two requests in one slot");
+    }
 
     #[test]
     fn one_request_matches_the_f64_conv() {
