@@ -173,31 +173,31 @@ pub(in crate::kernels) fn update(
     if update_in_place(op, exec, &request_slots, &starts, &request)? {
         return Ok(());
     }
-    let mut histories = Vec::with_capacity(batch);
-    for (&s, &start) in request_slots.iter().zip(&starts) {
-        histories.push(match s {
-            Some(s) => read_f32(&state_rows(&op.state, s, start, hist)?).into_owned(),
-            None => Vec::new(),
+    // The copying path: every live slot's rows are read before any is written (two requests
+    // may share a slot, and each sees the old one), each request runs on its own copy, and the
+    // rows the next step reads are written back.
+    let mut copies = Vec::with_capacity(batch);
+    for s in &request_slots {
+        copies.push(match *s {
+            Some(s) => Some(read_f32(&state_rows(&op.state, s, 0, state_len)?).into_owned()),
+            None => None,
         });
     }
     let per_request = n * channels;
-    let results = par_map(exec, batch, |b| {
-        let mut y = vec![0.0f32; per_request];
-        if request_slots[b].is_none() || n == 0 {
-            return (y, Vec::new());
-        }
-        let mut inputs = histories[b].clone();
-        inputs.extend_from_slice(&x[b * per_request..(b + 1) * per_request]);
-        conv_silu(&inputs, &weight_t, channels, width, &mut y);
-        // Drop the oldest row: the next step reads its history at row (accepted - 1).
-        let kept = inputs[channels..].to_vec();
-        (y, kept)
-    });
-    let mut y_all = Vec::with_capacity(batch * per_request);
-    for (b, (y, kept)) in results.into_iter().enumerate() {
-        y_all.extend_from_slice(&y);
-        if let (Some(s), false) = (request_slots[b], kept.is_empty()) {
-            write_f32(&state_rows(&op.state, s, 0, kept.len() / channels)?, &kept);
+    let mut y_all = vec![0.0f32; batch * per_request];
+    if n > 0 {
+        let tasks: Vec<_> =
+            y_all.chunks_mut(per_request).zip(copies.iter_mut()).zip(&starts).enumerate().collect();
+        par_for_each(exec, tasks, |(b, ((y, rows), &start))| {
+            if let Some(rows) = rows {
+                request.run_in_place(b, rows, start, y);
+            }
+        });
+        let kept = hist + n - 1;
+        for (s, rows) in request_slots.iter().zip(&copies) {
+            if let (Some(s), Some(rows), true) = (*s, rows, kept > 0) {
+                write_f32(&state_rows(&op.state, s, 0, kept)?, &rows[..kept * channels]);
+            }
         }
     }
     write_f32(&op.y, &y_all);

@@ -85,7 +85,7 @@ pub(in crate::kernels) fn kda_gate(
         g.copy_from_slice(&g1);
         // Rows of `D`: the heads of token 0, then of token 1, …; whole tokens per task.
         let tokens = g.len() / (heads * dim);
-        let chunk = heads * dim * tokens.div_ceil(exec.threads()).max(1);
+        let chunk = super::io::rows_per_thread(exec, tokens, heads * dim);
         let parts: Vec<&mut [f32]> = g.chunks_mut(chunk).collect();
         par_for_each(exec, parts, |part| {
             for (i, row) in part.chunks_exact_mut(dim).enumerate() {

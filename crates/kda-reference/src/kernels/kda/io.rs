@@ -141,6 +141,12 @@ pub(super) fn par_map<R: Send>(exec: &Exec, n: usize, f: impl Fn(usize) -> R + S
     }
 }
 
+/// Elements per task when `rows` rows of `row_len` elements are split, whole rows, across the
+/// op's threads.
+pub(super) fn rows_per_thread(exec: &Exec, rows: usize, row_len: usize) -> usize {
+    row_len * rows.div_ceil(exec.threads()).max(1)
+}
+
 /// Run `f` on every item, across the pool when there is one.
 pub(super) fn par_for_each<I: Send>(exec: &Exec, items: Vec<I>, f: impl Fn(I) + Sync + Send) {
     if exec.threads() == 1 || items.len() <= 1 {

@@ -33,7 +33,7 @@ pub(in crate::kernels) fn l2norm(
     let RowDims { rows, dim } = dims;
     let mut values = read_f32(&op.x).into_owned();
     if dim > 0 {
-        let chunk = dim * rows.div_ceil(exec.threads()).max(1);
+        let chunk = super::io::rows_per_thread(exec, rows, dim);
         let chunks: Vec<&mut [f32]> = values.chunks_mut(chunk).collect();
         super::io::par_for_each(exec, chunks, |rows| {
             for row in rows.chunks_exact_mut(dim) {
@@ -54,7 +54,7 @@ pub(in crate::kernels) fn gated_rms_norm(
     let (x, gate, weight) = (read_f32(&op.x), read_f32(&op.gate), read_f32(&op.weight));
     let mut y = vec![0.0f32; rows * dim];
     if dim > 0 {
-        let chunk = dim * rows.div_ceil(exec.threads()).max(1);
+        let chunk = super::io::rows_per_thread(exec, rows, dim);
         let parts: Vec<(usize, &mut [f32])> =
             y.chunks_mut(chunk).enumerate().map(|(i, p)| (i * chunk, p)).collect();
         super::io::par_for_each(exec, parts, |(start, out)| {
