@@ -49,6 +49,9 @@ const STEP: usize = 8;
 const BIAS: i32 = 135;
 /// The clean path's range of `sa + sw`: `2^s` and `|I| · 2^s < 2^(s + 31)` normal f32.
 const SUM_RANGE: std::ops::RangeInclusive<i32> = 136..=358;
+/// [`SUM_RANGE`] for [`corrected`]'s sums, in units of `2^-10`: `2^(s - 2)` and `|X| · 2^(s - 2)`
+/// normal f32.
+const FIX_RANGE: std::ops::RangeInclusive<i32> = 138..=360;
 
 /// Whether this CPU runs the engine (AVX-512 F, BW and VNNI).
 pub(super) fn available() -> bool {
@@ -72,6 +75,21 @@ fn activation_main(byte: u8) -> Option<i16> {
 struct Small {
     kk: usize,
     values: [f64; LANES],
+    /// The values as `a · 2^10 / 2^KB` (`a · 2^8`) 16-bit integers in half `kk % 2` of each
+    /// lane's pair, for [`corrected`] (when every one is an integer: see `Acts::fix_sw`).
+    pair: [i32; LANES],
+}
+
+/// A small activation's `a · 2^8` when that is an integer (`|a| ≥ 2^-6`, not NaN).
+fn activation_fine(byte: u8) -> Option<i16> {
+    let v = f64::from(mx::decode_e4m3(byte)) * 256.0;
+    (v == v.trunc()).then_some(v as i16)
+}
+
+/// A small weight's `w · 2^4` when that is an integer (`|w| ≥ 1/2`, not NaN).
+fn weight_fine(byte: u8) -> Option<i16> {
+    let v = f64::from(mx::decode_e4m3(byte)) * 16.0;
+    (v == v.trunc() && v.abs() <= f64::from(i16::MAX)).then_some(v as i16)
 }
 
 /// The activations prepared once per call, by row group of [`LANES`] rows and by block.
@@ -88,6 +106,12 @@ pub(super) struct Acts {
     /// `[group][block][lane]`: `2^(sa - 127 - 8)` (0 for padding rows): the activation factor
     /// with the `2^-8` of `I` ([`dirty`] sums `I · 2^8 S` in f64).
     factors: Vec<f64>,
+    /// `[group][block]`: the weight scales for which [`corrected`] may take the group's block:
+    /// its small activations all have an integer `a · 2^8`, and `sa + sw` is within
+    /// [`FIX_RANGE`] for every row; empty when not.
+    fix_sw: Vec<(i32, i32)>,
+    /// `[group][block]`: the K steps where one of the group's activations is small.
+    small_mask: Vec<u32>,
     /// `[group · blocks + block]`: the range of its entries in `small`.
     small_at: Vec<usize>,
     small: Vec<Small>,
@@ -99,12 +123,15 @@ impl Acts {
         let (m, k, blocks) = (ops.m, ops.k, mx::num_blocks(ops.k));
         let groups = m.div_ceil(LANES);
         let mains: [Option<i16>; 256] = std::array::from_fn(|b| activation_main(b as u8));
+        let fines: [Option<i16>; 256] = std::array::from_fn(|b| activation_fine(b as u8));
         let mut acts = Acts {
             groups,
             blocks,
             pairs: vec![0; groups * blocks * PAIRS * LANES],
             exps: vec![0; groups * blocks * LANES],
             clean_sw: vec![(1, 0); groups * blocks],
+            fix_sw: vec![(1, 0); groups * blocks],
+            small_mask: vec![0; groups * blocks],
             factors: vec![0.0; groups * blocks * LANES],
             small_at: vec![0; groups * blocks + 1],
             small: Vec::new(),
@@ -117,6 +144,7 @@ impl Acts {
                 let lo = scales.clone().min().unwrap_or(127);
                 let hi = scales.clone().max().unwrap_or(127);
                 let mut at: [Option<usize>; BLOCK_SIZE] = [None; BLOCK_SIZE];
+                let mut fixable = true;
                 for lane in 0..LANES {
                     let row = rows.start + lane;
                     let sa =
@@ -134,11 +162,20 @@ impl Acts {
                             Some(v) => v,
                             None => {
                                 let i = *at[kk].get_or_insert_with(|| {
-                                    acts.small.push(Small { kk, values: [0.0; LANES] });
+                                    acts.small.push(Small {
+                                        kk,
+                                        values: [0.0; LANES],
+                                        pair: [0; LANES],
+                                    });
                                     acts.small.len() - 1
                                 });
-                                acts.small[i].values[lane] =
-                                    f64::from(mx::decode_e4m3(byte)) * 256.0;
+                                let entry = &mut acts.small[i];
+                                entry.values[lane] = f64::from(mx::decode_e4m3(byte)) * 256.0;
+                                let fine = fines[usize::from(byte)];
+                                fixable &= fine.is_some();
+                                entry.pair[lane] =
+                                    ((fine.unwrap_or(0) as u16 as u32) << (16 * (kk % 2))) as i32;
+                                acts.small_mask[gb] |= 1 << kk;
                                 0
                             }
                         };
@@ -148,8 +185,13 @@ impl Acts {
                     }
                 }
                 acts.small_at[gb + 1] = acts.small.len();
-                if acts.small_at[gb] == acts.small_at[gb + 1] && hi != i32::from(mx::E8M0_NAN) {
-                    acts.clean_sw[gb] = (SUM_RANGE.start() - lo, SUM_RANGE.end() - hi);
+                if hi != i32::from(mx::E8M0_NAN) {
+                    if acts.small_at[gb] == acts.small_at[gb + 1] {
+                        acts.clean_sw[gb] = (SUM_RANGE.start() - lo, SUM_RANGE.end() - hi);
+                    }
+                    if fixable {
+                        acts.fix_sw[gb] = (FIX_RANGE.start() - lo, FIX_RANGE.end() - hi);
+                    }
                 }
             }
         }
@@ -172,6 +214,9 @@ struct Columns {
     /// The scale where the block has no small value and a scale that is a number, else
     /// `i32::MIN` (outside every clean range).
     clean: [[i32; STEP]; C],
+    /// The scale where every small value of the block has an integer `w · 2^4` and the scale
+    /// is a number, else `i32::MIN`.
+    fix: [[i32; STEP]; C],
 }
 
 /// Columns `cols` of the output, `[m, cols.len()]` row-major, for the rows `acts` of `ops`.
@@ -193,22 +238,22 @@ pub(super) fn panel(
         bytes: [[[0; BLOCK_SIZE]; STEP]; C],
         scales: [[0; STEP]; C],
         clean: [[i32::MIN; STEP]; C],
+        fix: [[i32::MIN; STEP]; C],
     };
+    let fine: [i16; 256] = std::array::from_fn(|b| weight_fine(b as u8).unwrap_or(0));
     let group_cols = |h: usize| cols.start + h * C..(cols.start + (h + 1) * C).min(cols.end);
-    for b0 in (0..blocks).step_by(STEP) {
-        let step = b0..(b0 + STEP).min(blocks);
-        for h in 0..col_groups {
-            let (next_cols, next_step) = if h + 1 < col_groups {
-                (group_cols(h + 1), step.clone())
-            } else {
-                (group_cols(0), step.end..(step.end + STEP).min(blocks))
-            };
+    for h in 0..col_groups {
+        for b0 in (0..blocks).step_by(STEP) {
+            let step = b0..(b0 + STEP).min(blocks);
+            // The same rows' next step streams in while this one is used.
+            let ahead = step.end..(step.end + STEP).min(blocks);
             super::prefetch_rows(
                 ops.w,
                 k,
-                next_cols,
-                next_step.start * BLOCK_SIZE..next_step.end * BLOCK_SIZE,
+                group_cols(h),
+                ahead.start * BLOCK_SIZE..ahead.end * BLOCK_SIZE,
             );
+            super::prefetch_rows(ops.w_scale, blocks, group_cols(h), ahead);
             // SAFETY: `available()` (asserted above): the CPU has AVX-512 F, BW and VNNI.
             unsafe { columns.convert(ops, group_cols(h), step.clone()) };
             let tile = &mut acc[h * C * groups * LANES..][..C * groups * LANES];
@@ -217,9 +262,9 @@ pub(super) fn panel(
                 // SAFETY: as above.
                 g += unsafe {
                     if groups - g >= 2 {
-                        columns_step::<2>(acts, g, &columns, step.clone(), decode, tile)
+                        columns_step::<2>(acts, g, &columns, step.clone(), (decode, &fine), tile)
                     } else {
-                        columns_step::<1>(acts, g, &columns, step.clone(), decode, tile)
+                        columns_step::<1>(acts, g, &columns, step.clone(), (decode, &fine), tile)
                     }
                 };
             }
@@ -273,23 +318,25 @@ impl Columns {
                     _mm256_setzero_si256()
                 };
                 unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), v) };
-                let (pairs, small) = weight_main(v);
+                let (pairs, small, tiny) = weight_main(v);
                 // SAFETY: 16 i32 are 64 bytes, one unaligned store.
                 unsafe { _mm512_storeu_si512(self.pairs[c][s].as_mut_ptr().cast(), pairs) };
                 self.small[c][s] = small;
                 let sw = self.scales[c][s];
-                self.clean[c][s] =
-                    if small == 0 && sw != mx::E8M0_NAN { i32::from(sw) } else { i32::MIN };
+                let number = sw != mx::E8M0_NAN;
+                self.clean[c][s] = if small == 0 && number { i32::from(sw) } else { i32::MIN };
+                self.fix[c][s] = if tiny == 0 && number { i32::from(sw) } else { i32::MIN };
             }
         }
     }
 }
 
-/// A weight block's main parts `w · 2^KB` as 32 16-bit values (0 where small or NaN) and a mask
-/// of its small values (NaN included). Main: zero, or a biased exponent of at least 8 (`|w| ≥
+/// A weight block's main parts `w · 2^KB` as 32 16-bit values (0 where small or NaN), a mask
+/// of its small values (NaN included), and of those without an integer `w · 2^4` (exponent
+/// below 6, or NaN). Main: zero, or a biased exponent of at least 8 (`|w| ≥
 /// 2`, so `w · 4 = (8 + mantissa) << (exponent - 8)`, an integer up to `1792`).
 #[inline(always)]
-fn weight_main(bytes: __m256i) -> (__m512i, u32) {
+fn weight_main(bytes: __m256i) -> (__m512i, u32, u32) {
     // SAFETY: the callers run with AVX-512 F and BW enabled.
     unsafe {
         let x = _mm512_cvtepu8_epi16(bytes);
@@ -305,10 +352,14 @@ fn weight_main(bytes: __m256i) -> (__m512i, u32) {
             _mm512_set1_epi16(0x3F),
         );
         let nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7F));
+        let tiny = _mm512_cmplt_epu16_mask(
+            _mm512_sub_epi16(mag, _mm512_set1_epi16(1)),
+            _mm512_set1_epi16(0x2F),
+        );
         let value = _mm512_maskz_mov_epi16(!nan, value);
         let negative = _mm512_test_epi16_mask(x, _mm512_set1_epi16(0x80));
         let value = _mm512_mask_sub_epi16(value, negative, _mm512_setzero_si512(), value);
-        (value, below | nan)
+        (value, below | nan, tiny | nan)
     }
 }
 
@@ -323,7 +374,7 @@ fn columns_step<const G: usize>(
     g0: usize,
     columns: &Columns,
     step: std::ops::Range<usize>,
-    decode: &[f64; 256],
+    (decode, fine): (&[f64; 256], &[i16; 256]),
     tile: &mut [f32],
 ) -> usize {
     let groups = acts.groups;
@@ -347,48 +398,109 @@ fn columns_step<const G: usize>(
                 }
             }
         }
-        let mut pending = 0u32;
-        for (c, sc) in sums.iter().enumerate() {
+        // Which vectors are clean (bit `c · G + g`), without a branch per vector.
+        let mut clean = 0u32;
+        for c in 0..C {
             let sw = columns.clean[c][s];
-            for (g, &sum) in sc.iter().enumerate() {
-                let gb = (g0 + g) * acts.blocks + b;
-                let (lo, hi) = acts.clean_sw[gb];
-                if lo <= sw && sw <= hi {
-                    // SAFETY: 16 exponents of group `g0 + g`, block `b` within `exps`; the
-                    // tile's 16 accumulators at `at(c, g)` (asserted above).
-                    unsafe {
-                        let exps = _mm512_loadu_si512(acts.exps.as_ptr().add(gb * LANES).cast());
-                        let factor = _mm512_castsi512_ps(_mm512_add_epi32(
-                            exps,
-                            _mm512_set1_epi32(sw << 23),
-                        ));
-                        let a = tile.add(at(c, g));
-                        _mm512_storeu_ps(
-                            a,
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), factor, _mm512_loadu_ps(a)),
-                        );
-                    }
-                } else {
-                    pending |= 1 << (c * G + g);
-                }
+            for g in 0..G {
+                let (lo, hi) = acts.clean_sw[(g0 + g) * acts.blocks + b];
+                clean |= u32::from(lo <= sw && sw <= hi) << (c * G + g);
             }
         }
+        // The others first, their terms added to the tile where they lie.
+        let mut pending = !clean & ((1 << (C * G)) - 1);
         while pending != 0 {
             let i = pending.trailing_zeros() as usize;
             pending &= pending - 1;
             let (c, g) = (i / G, i % G);
-            let column = (&columns.bytes[c][s], columns.small[c][s], columns.scales[c][s]);
-            // SAFETY: as above.
+            let gb = (g0 + g) * acts.blocks + b;
+            let ((lo, hi), sw) = (acts.fix_sw[gb], columns.fix[c][s]);
+            let fixed = (lo <= sw && sw <= hi && acts.small_mask[gb] & columns.small[c][s] == 0)
+                .then(|| corrected(acts, (g0 + g, b), sums[c][g], columns, (c, s), fine))
+                .flatten();
+            // SAFETY: 16 exponents of group `g0 + g`, block `b` within `exps`; the tile's 16
+            // accumulators at `at(c, g)` (asserted above).
             unsafe {
                 let a = tile.add(at(c, g));
-                _mm512_storeu_ps(
-                    a,
-                    dirty(acts, (g0 + g, b), sums[c][g], column, decode, _mm512_loadu_ps(a)),
-                );
+                let acc = _mm512_loadu_ps(a);
+                let acc = match fixed {
+                    Some(x) => {
+                        let exps = _mm512_loadu_si512(acts.exps.as_ptr().add(gb * LANES).cast());
+                        let bits = _mm512_add_epi32(exps, _mm512_set1_epi32((sw - 2) << 23));
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_castsi512_ps(bits), acc)
+                    }
+                    None => {
+                        let column =
+                            (&columns.bytes[c][s], columns.small[c][s], columns.scales[c][s]);
+                        dirty(acts, (g0 + g, b), sums[c][g], column, decode, acc)
+                    }
+                };
+                _mm512_storeu_ps(a, acc);
+            }
+        }
+        // The clean ones: `I` rounded to f32 times `2^s` (exact), fused into the accumulator;
+        // the others' lanes are masked off (their factor may be anything).
+        for (c, sc) in sums.iter().enumerate() {
+            let sw = _mm512_set1_epi32(columns.clean[c][s] << 23);
+            for (g, &sum) in sc.iter().enumerate() {
+                let gb = (g0 + g) * acts.blocks + b;
+                let mask = 0u16.wrapping_sub(((clean >> (c * G + g)) & 1) as u16);
+                // SAFETY: as above.
+                unsafe {
+                    let exps = _mm512_loadu_si512(acts.exps.as_ptr().add(gb * LANES).cast());
+                    let factor = _mm512_castsi512_ps(_mm512_add_epi32(exps, sw));
+                    let a = tile.add(at(c, g));
+                    let acc = _mm512_loadu_ps(a);
+                    _mm512_storeu_ps(
+                        a,
+                        _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(sum), factor, acc, mask),
+                    );
+                }
             }
         }
     }
     G
+}
+
+/// A block that is not clean but whose small values all have the integer forms `a · 2^8` and
+/// `w · 2^4` (and no K step where both are small): `X = 4 I + J` in units of `2^-10`, `J` the
+/// small products as 16-bit products (`(a · 2^8)(w · 2^KB)` and `(a · 2^KA)(w · 2^4)`), exact
+/// in 32 bits when `|I| < 2^28` (`|J| < 2^25`); `None` when `I` is larger.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and VNNI.
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn corrected(
+    acts: &Acts,
+    (g, b): (usize, usize),
+    sum: __m512i,
+    columns: &Columns,
+    (c, s): (usize, usize),
+    fine: &[i16; 256],
+) -> Option<__m512i> {
+    if _mm512_cmpgt_epu32_mask(_mm512_abs_epi32(sum), _mm512_set1_epi32((1 << 28) - 1)) != 0 {
+        return None;
+    }
+    let pairs = &columns.pairs[c][s];
+    let mut j = _mm512_setzero_si512();
+    for entry in acts.small(g, b) {
+        // SAFETY: 16 i32, one unaligned load.
+        let x = unsafe { _mm512_loadu_si512(entry.pair.as_ptr().cast()) };
+        j = _mm512_dpwssd_epi32(j, x, _mm512_set1_epi32(pairs[entry.kk / 2]));
+    }
+    let mut bits = columns.small[c][s];
+    while bits != 0 {
+        let kk = bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        let w = fine[usize::from(columns.bytes[c][s][kk])];
+        let y = ((w as u16 as u32) << (16 * (kk % 2))) as i32;
+        let at = ((g * acts.blocks + b) * PAIRS + kk / 2) * LANES;
+        assert!(at + LANES <= acts.pairs.len());
+        // SAFETY: 16 pairs within `pairs` (asserted).
+        let x = unsafe { _mm512_loadu_si512(acts.pairs.as_ptr().add(at).cast()) };
+        j = _mm512_dpwssd_epi32(j, x, _mm512_set1_epi32(y));
+    }
+    Some(_mm512_add_epi32(_mm512_slli_epi32::<2>(sum), j))
 }
 
 /// One block's term for a vector of rows and one column when it is not clean: `I · 2^-8` and
@@ -454,3 +566,6 @@ fn dirty(
         _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(t0)), _mm256_castps_pd(t1));
     _mm512_add_ps(acc, _mm512_castpd_ps(t))
 }
+
+pub(super) static COUNTS: [std::sync::atomic::AtomicUsize; 3] =
+    [const { std::sync::atomic::AtomicUsize::new(0) }; 3];
