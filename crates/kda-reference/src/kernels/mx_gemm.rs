@@ -38,9 +38,6 @@ use kda_core::mx::{self, BLOCK_SIZE};
 
 use super::Isa;
 
-#[cfg(target_arch = "x86_64")]
-mod int16;
-
 /// Activation rows per micro-kernel tile: one 512-bit vector of f64.
 pub(super) const MR: usize = 8;
 /// Weight rows (output columns) per micro-kernel tile.
@@ -80,68 +77,26 @@ fn decode_table() -> [f64; 256] {
     std::array::from_fn(|b| f64::from(mx::decode_e4m3(b as u8)))
 }
 
-/// The engines the GEMM can run on: a micro-kernel `isa`, and whether a few rows take the
-/// 16-bit integer engine ([`int16`], AVX-512 VNNI) instead. All give the same bits.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(super) struct Engine {
-    isa: Isa,
-    int16: bool,
-}
-
-impl Engine {
-    /// The fastest this CPU runs.
-    fn detect() -> Self {
-        Self { isa: Isa::detect(), int16: int16_available() }
-    }
-
-    /// Every engine this CPU runs.
-    #[cfg(test)]
-    fn available() -> Vec<Self> {
-        let mut all: Vec<Self> =
-            Isa::available().into_iter().map(|isa| Self { isa, int16: false }).collect();
-        if int16_available() {
-            all.push(Self { isa: Isa::detect(), int16: true });
-        }
-        all
-    }
-}
-
-/// Whether this CPU runs the 16-bit integer engine.
-fn int16_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return int16::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// The GEMM, `[m, n]` f32 row-major, on the fastest engine this CPU runs (see [`gemm_on`]).
+/// The GEMM, `[m, n]` f32 row-major, on the widest kernel this CPU runs (see [`gemm_on`]).
 pub(super) fn gemm(
     ops: &Operands<'_>,
     threads: usize,
     progress: impl Fn(usize, usize),
 ) -> Vec<f32> {
-    gemm_on(Engine::detect(), ops, threads, progress)
+    gemm_on(Isa::detect(), ops, threads, progress)
 }
 
-/// The activations of a few rows, prepared once per call for the engine that takes them.
-enum FewRows {
-    Float(Packed),
-    #[cfg(target_arch = "x86_64")]
-    Int16(int16::Acts),
-}
-
-/// The GEMM on `engine`: `threads > 1` splits the column panels across the
+/// The GEMM on the micro-kernel `isa`: `threads > 1` splits the column panels across the
 /// current rayon pool; `progress` is told of each finished panel when it runs serially. The
 /// result does not depend on the split or the kernel: every entry is the same exact block sums,
 /// rounded and added in the same order.
 fn gemm_on(
-    engine: Engine,
+    isa: Isa,
     ops: &Operands<'_>,
     threads: usize,
     progress: impl Fn(usize, usize),
 ) -> Vec<f32> {
     let Operands { m, n, .. } = *ops;
-    let isa = engine.isa;
     let mut out = vec![0.0f32; m * n];
     if m == 0 || n == 0 || ops.k == 0 {
         return out;
@@ -149,22 +104,16 @@ fn gemm_on(
     let decode = decode_table();
     // A few rows (decode): decoded once, for every panel.
     let whole_a = (m <= MC).then(|| {
-        #[cfg(target_arch = "x86_64")]
-        if engine.int16 {
-            return FewRows::Int16(int16::Acts::new(ops));
-        }
         let blocks = ops.blocks();
         let mut packed = Packed::new::<MR>(m.div_ceil(MR), blocks);
         packed.pack::<MR>(&decode, isa, ops.a, ops.a_scale, ops.k, 0..m, 0..blocks);
-        FewRows::Float(packed)
+        packed
     });
     let panels = n.div_ceil(NC);
     let panel = |p: usize| {
         let cols = p * NC..(p * NC + NC).min(n);
         let part = match &whole_a {
-            Some(FewRows::Float(a)) => gemm_panel_few_rows(isa, ops, &decode, a, cols.clone()),
-            #[cfg(target_arch = "x86_64")]
-            Some(FewRows::Int16(a)) => int16::panel(ops, a, &decode, cols.clone()),
+            Some(a) => gemm_panel_few_rows(isa, ops, &decode, a, cols.clone()),
             None => gemm_panel(isa, ops, &decode, cols.clone()),
         };
         (cols, part)
@@ -896,13 +845,13 @@ mod tests {
             let (sa, sw) = (scales(&mut rng, m * blocks, nan), scales(&mut rng, n * blocks, nan));
             let want = mx::gemm::gemm(&a, &sa, &w, &sw, (m, n, k)).unwrap();
             let ops = Operands { a: &a, a_scale: &sa, w: &w, w_scale: &sw, m, n, k };
-            for engine in Engine::available() {
+            for isa in Isa::available() {
                 for threads in [1, 2] {
-                    let got = gemm_on(engine, &ops, threads, |_, _| {});
+                    let got = gemm_on(isa, &ops, threads, |_, _| {});
                     assert_eq!(
                         bits(&got),
                         bits(&want),
-                        "[{m}, {n}, {k}] {engine:?} threads {threads}"
+                        "[{m}, {n}, {k}] {isa:?} threads {threads}"
                     );
                 }
             }
@@ -926,8 +875,8 @@ mod tests {
         assert!(want.iter().any(|v| v.is_infinite()) && want.iter().any(|v| v.is_nan()));
         assert!(want.iter().any(|v| v.is_subnormal()));
         let ops = Operands { a: &a, a_scale: &sa, w: &w, w_scale: &sw, m, n, k };
-        for engine in Engine::available() {
-            assert_eq!(bits(&gemm_on(engine, &ops, 1, |_, _| {})), bits(&want), "{engine:?}");
+        for isa in Isa::available() {
+            assert_eq!(bits(&gemm_on(isa, &ops, 1, |_, _| {})), bits(&want), "{isa:?}");
         }
     }
 
@@ -1030,77 +979,6 @@ mod tests {
                 let want = if g % 2 == 0 { &plain } else { &plain2 };
                 assert_eq!(bits(want), bits(tile), "bytes, group {g} of two then four");
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod probe {
-    use super::*;
-    use kda_testkit::Gen;
-
-    #[test]
-    #[ignore]
-    fn probe_engines() {
-        let (m, n, k) = (32usize, 4608usize, 7168usize);
-        let mut rng = Gen::new(5);
-        let x = rng.uniform_f32(m * k, -1.0, 1.0);
-        let w = rng.uniform_f32(n * k, -0.05, 0.05);
-        let qa = mx::quantize(&x, m, k, mx::ScaleAlg::OcpFloor).unwrap();
-        let qw = mx::quantize(&w, n, k, mx::ScaleAlg::OcpFloor).unwrap();
-        let clean = std::env::var("CLEAN").is_ok();
-        let fix = |v: &[u8]| -> Vec<u8> {
-            v.iter()
-                .map(|&b| {
-                    if clean {
-                        let c = b | 0x40;
-                        if c & 0x7F == 0x7F { c & !1 } else { c }
-                    } else {
-                        b
-                    }
-                })
-                .collect()
-        };
-        let (da, dw) = (fix(&qa.data), fix(&qw.data));
-        let ops = Operands { a: &da, a_scale: &qa.scale, w: &dw, w_scale: &qw.scale, m, n, k };
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
-        for _ in 0..3 {
-            let t = std::time::Instant::now();
-            let acts = int16::Acts::new(&ops);
-            let t1 = t.elapsed();
-            let decode = decode_table();
-            let t = std::time::Instant::now();
-            for p in 0..n / NC {
-                std::hint::black_box(int16::panel(&ops, &acts, &decode, p * NC..(p + 1) * NC));
-            }
-            eprintln!(
-                "acts {:.2} ms, panels {:.2} ms",
-                t1.as_secs_f64() * 1e3,
-                t.elapsed().as_secs_f64() * 1e3
-            );
-        }
-        eprintln!("counts {:?}", int16::COUNTS);
-        let variants: Vec<(Engine, bool)> = vec![
-            (Engine { isa: Isa::Avx512, int16: false }, true),
-            (Engine { isa: Isa::Avx512, int16: true }, false),
-            (Engine { isa: Isa::Avx512, int16: true }, true),
-        ];
-        for threads in [1, 2] {
-            let mut best = vec![f64::MAX; variants.len()];
-            for _ in 0..10 {
-                for (v, &(engine, fix)) in variants.iter().enumerate() {
-                    let _ = fix;
-                    let t = std::time::Instant::now();
-                    std::hint::black_box(
-                        pool.install(|| gemm_on(engine, &ops, threads, |_, _| {})),
-                    );
-                    best[v] = best[v].min(t.elapsed().as_secs_f64() * 1e3);
-                }
-            }
-            eprintln!(
-                "threads {threads}: float {:.2} ms, int16 {:.2} ms, int16+fix {:.2} ms",
-                best[0], best[1], best[2]
-            );
         }
     }
 }
