@@ -111,12 +111,12 @@ pub(in crate::kernels) fn sigmoid_op(x: &T, y: &T) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kda_testkit::oracle_kda::{gate_lower_bound, gate_softplus};
 
     /// The gate from `A_log` itself.
     fn gate(form: GateForm, a_log: f32, a: f32) -> f32 {
         gate_of(form, a_log.exp(), a)
     }
-    use kda_testkit::oracle_kda::{gate_lower_bound, gate_softplus};
 
     #[test]
     fn both_forms_follow_their_formulas_and_stay_in_range() {
